@@ -1,0 +1,164 @@
+use std::path::PathBuf;
+
+use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
+
+fn drives(dir: &std::path::Path, n: usize) -> Vec<PathBuf> {
+    (0..n).map(|i| dir.join(format!("d{i}"))).collect()
+}
+
+fn val(k: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u64 * 31 + k * 7 + (i as u64 >> 9)) as u8)
+        .collect()
+}
+
+fn params(level: Level) -> CreateParams {
+    CreateParams {
+        level,
+        chunk: 65536,
+        groups: None,
+        size: Some(64 << 20),
+    }
+}
+
+#[test]
+fn roundtrip_fail_rebuild_reopen_all_levels() {
+    for (level, n, groups) in [
+        (Level::Raid0, 3, None),
+        (Level::Raid1, 3, None),
+        (Level::Raid10, 4, None),
+        (Level::Raid5, 5, None),
+        (Level::Raid6, 5, None),
+        (Level::Raid50, 6, Some(2)),
+        (Level::Raid60, 8, Some(2)),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = drives(dir.path(), n);
+        let mut p = params(level);
+        p.groups = groups;
+        let opts = ArrayOptions::default();
+        let a = Array::create(&paths, &p, &opts).unwrap();
+        let sizes = [0usize, 1, 4095, 4096, 70000, 1 << 20];
+        for (i, &s) in sizes.iter().enumerate() {
+            a.put((1, i as u64), &val(i as u64, s)).unwrap();
+        }
+        for (i, &s) in sizes.iter().enumerate() {
+            assert_eq!(
+                a.get((1, i as u64)).unwrap().unwrap(),
+                val(i as u64, s),
+                "pending {level:?}"
+            );
+        }
+        a.flush().unwrap();
+        for (i, &s) in sizes.iter().enumerate() {
+            assert_eq!(
+                a.get((1, i as u64)).unwrap().unwrap(),
+                val(i as u64, s),
+                "flushed {level:?}"
+            );
+        }
+        drop(a);
+        let a = Array::open(&paths, &opts).unwrap();
+        for (i, &s) in sizes.iter().enumerate() {
+            assert_eq!(
+                a.get((1, i as u64)).unwrap().unwrap(),
+                val(i as u64, s),
+                "reopened {level:?}"
+            );
+        }
+        if level == Level::Raid0 {
+            continue;
+        }
+        a.fail_drive(1).unwrap();
+        for (i, &s) in sizes.iter().enumerate() {
+            assert_eq!(
+                a.get((1, i as u64)).unwrap().unwrap(),
+                val(i as u64, s),
+                "degraded {level:?}"
+            );
+        }
+        a.put((2, 0), &val(99, 300000)).unwrap();
+        a.flush().unwrap();
+        let newp = dir.path().join("new1");
+        a.replace_drive(1, &newp).unwrap();
+        a.rebuild(None, &|_, _| {}).unwrap();
+        assert_eq!(a.status().state, "online");
+        let rep = a.scrub(false, &|_, _| {}).unwrap();
+        assert!(rep.clean(), "{level:?} {rep:?}");
+        let mut paths2 = paths.clone();
+        paths2[1] = newp;
+        drop(a);
+        let a = Array::open(&paths2, &opts).unwrap();
+        assert_eq!(a.get((2, 0)).unwrap().unwrap(), val(99, 300000));
+        for (i, &s) in sizes.iter().enumerate() {
+            assert_eq!(
+                a.get((1, i as u64)).unwrap().unwrap(),
+                val(i as u64, s),
+                "rebuilt {level:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cleaner_reclaims_overwrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = drives(dir.path(), 3);
+    let a = Array::create(&paths, &params(Level::Raid5), &ArrayOptions::default()).unwrap();
+    let cap = a.status().capacity_bytes;
+    // Overwrite a small working set many times its capacity.
+    let v = val(1, 256 << 10);
+    let rounds = (3 * cap / (v.len() as u64 * 8)) as u64;
+    for r in 0..rounds {
+        if r % 7 == 0 {
+            a.delete((5, 3)).unwrap();
+        }
+        for k in 0..8 {
+            a.put((5, k), &val(r * 8 + k, v.len())).unwrap();
+        }
+    }
+    a.flush().unwrap();
+    let last = rounds - 1;
+    for k in 0..8 {
+        assert_eq!(a.get((5, k)).unwrap().unwrap(), val(last * 8 + k, v.len()));
+    }
+    drop(a);
+    let a = Array::open(&paths, &ArrayOptions::default()).unwrap();
+    for k in 0..8 {
+        assert_eq!(a.get((5, k)).unwrap().unwrap(), val(last * 8 + k, v.len()));
+    }
+}
+
+#[test]
+fn full_array_says_no_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = drives(dir.path(), 3);
+    let a = Array::create(&paths, &params(Level::Raid5), &ArrayOptions::default()).unwrap();
+    let mut stored = 0u64;
+    let err = loop {
+        match a.put((9, stored), &val(stored, 1 << 20)) {
+            Ok(()) => stored += 1,
+            Err(e) => break e,
+        }
+        assert!(stored < 10_000);
+    };
+    assert!(
+        matches!(err, tierstack_array::ArrayError::NoSpace(_)),
+        "{err}"
+    );
+    a.flush().unwrap();
+    for k in 0..stored {
+        assert_eq!(a.get((9, k)).unwrap().unwrap(), val(k, 1 << 20));
+    }
+    // Deleting makes room again.
+    for k in 0..stored / 2 {
+        a.delete((9, k)).unwrap();
+    }
+    let s = a.status();
+    eprintln!(
+        "stored {stored} free_segments {} used {} cap {}",
+        s.free_segments, s.used_bytes, s.capacity_bytes
+    );
+    a.put((9, 100_000), &val(1, 1 << 20)).unwrap();
+    a.flush().unwrap();
+}
