@@ -151,10 +151,21 @@ struct Index {
     segs: Vec<SegInfo>,
 }
 
+/// A sealed stripe being written by a background thread while the next one fills.
+struct InFlight {
+    handle: std::thread::JoinHandle<Result<()>>,
+    img: Arc<StripeImage>,
+    seg: u32,
+    stripe: u32,
+    entries: Vec<Entry>,
+}
+
 struct Writer {
     seg: Option<u32>,
     stripe: u32,
     image: StripeImage,
+    spare: Option<StripeImage>,
+    inflight: Option<InFlight>,
     used_blocks: u32,
     entries: Vec<Entry>,
     dirty: bool,
@@ -188,6 +199,8 @@ struct Inner {
 #[derive(Clone)]
 pub struct Array {
     inner: Arc<Inner>,
+    /// Counts user handles (background stripe writers hold `inner` only).
+    handles: Arc<()>,
 }
 
 /// Per-drive line of [`ArrayStatus`].
@@ -425,6 +438,7 @@ impl Array {
         let image = StripeImage::new(&geo);
         let reserve = 2 + geo.nsegs / 64;
         Array {
+            handles: Arc::new(()),
             inner: Arc::new(Inner {
                 engine: io::make_engine(opts.engine, opts.queue_depth),
                 uuid,
@@ -433,6 +447,8 @@ impl Array {
                     seg: None,
                     stripe: 0,
                     image,
+                    spare: None,
+                    inflight: None,
                     used_blocks: 0,
                     entries: Vec::new(),
                     dirty: false,
@@ -844,16 +860,52 @@ impl Array {
     // ---------------------------------------------------------------- reads
 
     /// Reads stripe data `[off, off+len)` of global stripe `gs` (block aligned), reconstructing
-    /// pieces on unreadable drives. `exclude` lists drives to treat as unreadable.
+    /// pieces on unreadable drives. `exclude` lists drives to treat as unreadable. Direct reads
+    /// and the reads that feed reconstruction go to the drives in one batch.
     fn read_raw(&self, gs: u64, off: usize, len: usize, exclude: &[usize]) -> Result<AlignedBuf> {
         let geo = &self.inner.geo;
         let mut buf = AlignedBuf::new(len);
         let drives = self.inner.drives.read();
+        let ok = |d: usize| drives.list[d].readable() && !exclude.contains(&d);
         let pieces = geo.pieces(off, len);
-        let mut missing = Vec::new();
+        // (row, group) -> chunk range [lo, hi) that must be reconstructed.
+        let mut recon: Vec<(u64, usize, usize, usize)> = Vec::new();
+        for p in &pieces {
+            let d = geo.data_drive(geo.global_row(gs, p.row), p.unit);
+            if ok(d) {
+                continue;
+            }
+            let g = p.unit / geo.k;
+            if !recon.iter().any(|r| r.0 == p.row && r.1 == g) {
+                recon.push((p.row, g, p.off, p.off + p.len));
+            }
+        }
+        // Every piece of a row-group being reconstructed comes from the reconstruction inputs,
+        // so no chunk is read twice.
+        for p in &pieces {
+            let g = p.unit / geo.k;
+            match recon.iter_mut().find(|r| r.0 == p.row && r.1 == g) {
+                Some(r) => {
+                    r.2 = r.2.min(p.off);
+                    r.3 = r.3.max(p.off + p.len);
+                }
+                None => {}
+            }
+        }
+        let in_recon =
+            |p: &crate::layout::Piece| recon.iter().any(|r| r.0 == p.row && r.1 == p.unit / geo.k);
+        let n = geo.group_size;
+        let mut inputs: Vec<Vec<AlignedBuf>> = recon
+            .iter()
+            .map(|r| (0..n).map(|_| AlignedBuf::new(r.3 - r.2)).collect())
+            .collect();
+        let mut present: Vec<Vec<bool>> = recon.iter().map(|_| vec![false; n]).collect();
+        let mut failed_direct = Vec::new();
         {
             let mut ops = Vec::new();
-            let mut which = Vec::new();
+            // What each op is: Ok(piece) for a direct read, Err((recon index, unit)) for an input.
+            let mut which: Vec<std::result::Result<crate::layout::Piece, (usize, usize)>> =
+                Vec::new();
             let mut rest: &mut [u8] = buf.as_mut_slice();
             let mut consumed = 0;
             for p in &pieces {
@@ -863,30 +915,74 @@ impl Array {
                 let (mine, tail) = tail.split_at_mut(p.len);
                 rest = tail;
                 consumed = p.dst + p.len;
-                let drv = &drives.list[d];
-                match (&drv.file, drv.readable() && !exclude.contains(&d)) {
-                    (Some(f), true) => {
-                        ops.push(IoOp::Read {
-                            fd: f.fd(),
-                            offset: geo.drive_offset(grow, p.off),
-                            buf: mine,
-                        });
-                        which.push(*p);
-                    }
-                    _ => missing.push(*p),
+                if in_recon(p) {
+                    continue;
+                }
+                if let (Some(f), true) = (&drives.list[d].file, ok(d)) {
+                    ops.push(IoOp::Read {
+                        fd: f.fd(),
+                        offset: geo.drive_offset(grow, p.off),
+                        buf: mine,
+                    });
+                    which.push(Ok(*p));
                 }
             }
-            let res = self.inner.engine.submit(&mut ops);
-            for (r, p) in res.into_iter().zip(which) {
-                if r.is_err() {
-                    let d = geo.data_drive(geo.global_row(gs, p.row), p.unit);
-                    drives.list[d].counters.read_errors.fetch_add(1, Relaxed);
-                    missing.push(p);
+            for (ri, (r, bufs)) in recon.iter().zip(inputs.iter_mut()).enumerate() {
+                let grow = geo.global_row(gs, r.0);
+                for (u, b) in bufs.iter_mut().enumerate() {
+                    let d = geo.unit_drive(grow, r.1, u);
+                    if let (Some(f), true) = (&drives.list[d].file, ok(d)) {
+                        ops.push(IoOp::Read {
+                            fd: f.fd(),
+                            offset: geo.drive_offset(grow, r.2),
+                            buf: b.as_mut_slice(),
+                        });
+                        which.push(Err((ri, u)));
+                    }
+                }
+            }
+            for (res, w) in self.inner.engine.submit(&mut ops).into_iter().zip(which) {
+                match (res, w) {
+                    (Ok(()), Err((ri, u))) => present[ri][u] = true,
+                    (Ok(()), Ok(_)) => {}
+                    (Err(_), w) => {
+                        let d = match w {
+                            Ok(p) => geo.data_drive(geo.global_row(gs, p.row), p.unit),
+                            Err((ri, u)) => {
+                                geo.unit_drive(geo.global_row(gs, recon[ri].0), recon[ri].1, u)
+                            }
+                        };
+                        drives.list[d].counters.read_errors.fetch_add(1, Relaxed);
+                        if let Ok(p) = w {
+                            failed_direct.push(p);
+                        }
+                    }
                 }
             }
         }
-        if !missing.is_empty() {
-            self.reconstruct_pieces(&drives, gs, &missing, exclude, buf.as_mut_slice())?;
+        for (ri, r) in recon.iter().enumerate() {
+            let width = r.3 - r.2;
+            let mut refs: Vec<&mut [u8]> = inputs[ri]
+                .iter_mut()
+                .map(|b| &mut b.as_mut_slice()[..width])
+                .collect();
+            if !crate::parity::reconstruct(geo.k, &mut refs, &present[ri]) {
+                return Err(ArrayError::DataLoss(format!(
+                    "row {} group {}: too many drives unreadable to reconstruct",
+                    geo.global_row(gs, r.0),
+                    r.1
+                )));
+            }
+            for p in pieces
+                .iter()
+                .filter(|p| p.row == r.0 && p.unit / geo.k == r.1)
+            {
+                let src = &inputs[ri][p.unit % geo.k][p.off - r.2..p.off - r.2 + p.len];
+                buf[p.dst..p.dst + p.len].copy_from_slice(src);
+            }
+        }
+        if !failed_direct.is_empty() {
+            self.reconstruct_pieces(&drives, gs, &failed_direct, exclude, buf.as_mut_slice())?;
         }
         Ok(buf)
     }
@@ -1077,8 +1173,11 @@ impl Array {
         let geo = &self.inner.geo;
         let gs = geo.seg_stripes * loc.seg as u64 + loc.stripe as u64;
         let mut out = vec![0u8; loc.len as usize];
-        w.image
-            .gather(geo, gs, loc.block as usize * BLOCK, &mut out);
+        let img = match &w.inflight {
+            Some(f) if f.seg == loc.seg && f.stripe == loc.stripe => &*f.img,
+            _ => &w.image,
+        };
+        img.gather(geo, gs, loc.block as usize * BLOCK, &mut out);
         Ok(Some(out))
     }
 
@@ -1149,6 +1248,7 @@ impl Array {
         if w.dirty {
             self.seal_stripe(w)?;
         }
+        self.finish_inflight(w)?;
         self.inner.sync_all()
     }
 
@@ -1265,12 +1365,47 @@ impl Array {
         let sd = geo.stripe_data();
         w.image.place(geo, gs, sd - summary.len(), &summary);
         w.image.encode(geo, gs);
-        self.inner.write_image(&w.image, gs)?;
+        // At most one stripe in flight: wait for the previous one, then hand this one over.
+        self.finish_inflight(w)?;
+        let fresh = w.spare.take().unwrap_or_else(|| StripeImage::new(geo));
+        let img = Arc::new(std::mem::replace(&mut w.image, fresh));
+        let inner = self.inner.clone();
+        let img2 = img.clone();
+        let handle = std::thread::Builder::new()
+            .name("ts-stripe".into())
+            .spawn(move || inner.write_image(&img2, gs))
+            .map_err(|e| ArrayError::io("starting the stripe writer", e))?;
+        w.inflight = Some(InFlight {
+            handle,
+            img,
+            seg,
+            stripe: w.stripe,
+            entries: std::mem::take(&mut w.entries),
+        });
         let pad = geo.stripe_blocks() as u64 - w.used_blocks as u64;
         self.inner.counters.pad_blocks.fetch_add(pad, Relaxed);
+        w.used_blocks = 0;
+        w.dirty = false;
+        w.stripe += 1;
+        if w.stripe as u64 >= geo.seg_stripes {
+            w.seg = None;
+        }
+        Ok(())
+    }
+
+    /// Waits for the stripe in flight, then publishes it: its records stop being pending and
+    /// its segment counts it (and is sealed after its last stripe).
+    fn finish_inflight(&self, w: &mut Writer) -> Result<()> {
+        let Some(f) = w.inflight.take() else {
+            return Ok(());
+        };
+        let res = f
+            .handle
+            .join()
+            .unwrap_or_else(|_| Err(ArrayError::DataLoss("the stripe writer panicked".into())));
         {
             let mut idx = self.inner.index.write();
-            for e in &w.entries {
+            for e in &f.entries {
                 if e.is_tombstone() {
                     continue;
                 }
@@ -1280,21 +1415,18 @@ impl Array {
                     }
                 }
             }
-            let info = &mut idx.segs[seg as usize];
-            info.stripes = w.stripe + 1;
-            if w.stripe + 1 >= geo.seg_stripes as u32 {
+            let info = &mut idx.segs[f.seg as usize];
+            info.stripes = f.stripe + 1;
+            if f.stripe as u64 + 1 >= self.inner.geo.seg_stripes {
                 info.state = SegState::Sealed;
             }
         }
-        w.image.clear();
-        w.entries.clear();
-        w.used_blocks = 0;
-        w.dirty = false;
-        w.stripe += 1;
-        if w.stripe as u64 >= geo.seg_stripes {
-            w.seg = None;
+        if let Ok(img) = Arc::try_unwrap(f.img) {
+            // No need to zero it: padding is covered by parity like any data, and summaries
+            // are read back by their exact length.
+            w.spare = Some(img);
         }
-        Ok(())
+        res
     }
 
     fn alloc_segment(&self, w: &mut Writer, class: Class) -> Result<u32> {
@@ -1604,41 +1736,60 @@ impl Array {
         }
         let start = Instant::now();
         let mut written = 0u64;
-        let mut img = StripeImage::new(&geo);
-        for gs in 0..total {
-            let seg = (gs / geo.seg_stripes) as usize;
-            let s = (gs % geo.seg_stripes) as u32;
+        const BATCH: usize = 4;
+        let mut cur: Vec<StripeImage> = (0..BATCH).map(|_| StripeImage::new(&geo)).collect();
+        let mut next: Vec<StripeImage> = (0..BATCH).map(|_| StripeImage::new(&geo)).collect();
+        for seg in 0..geo.nsegs as usize {
             {
-                let w = self.inner.writer.lock();
+                // The writer lock keeps the segment from being cleaned, reused or appended to
+                // underneath the rebuild.
+                let mut w = self.inner.writer.lock();
+                self.finish_inflight(&mut w)?;
                 let info = self.inner.index.read().segs[seg];
-                let needed = match info.state {
-                    SegState::Free => s == 0,
-                    SegState::Sealed => true,
-                    SegState::Open => {
-                        s < info.stripes || (w.seg == Some(seg as u32) && s < w.stripe)
-                    }
+                let upto = match info.state {
+                    SegState::Free => 1,
+                    SegState::Sealed => info.stripes as u64,
+                    SegState::Open if w.seg == Some(seg as u32) => w.stripe as u64,
+                    SegState::Open => info.stripes as u64,
                 };
-                if needed {
-                    self.inner.read_image(&mut img, gs, targets)?;
-                    if !img.reconstruct_drives(&geo, gs, targets) {
-                        return Err(ArrayError::DataLoss(format!(
-                            "stripe {gs}: too many drives lost to rebuild"
-                        )));
+                let base = geo.seg_stripes * seg as u64;
+                let batches: Vec<(u64, usize)> = (0..upto)
+                    .step_by(BATCH)
+                    .map(|s| (base + s, (upto - s).min(BATCH as u64) as usize))
+                    .collect();
+                if let Some(&(g0, n0)) = batches.first() {
+                    self.inner
+                        .io_images(None, Some((&mut cur[..n0], g0, targets)))?;
+                }
+                for (bi, &(gs0, n)) in batches.iter().enumerate() {
+                    for (i, img) in cur[..n].iter_mut().enumerate() {
+                        if !img.reconstruct_drives(&geo, gs0 + i as u64, targets) {
+                            return Err(ArrayError::DataLoss(format!(
+                                "stripe {}: too many drives lost to rebuild",
+                                gs0 + i as u64
+                            )));
+                        }
                     }
-                    self.inner.write_image_to(&img, gs, targets)?;
-                    written += (geo.stripe_drive_bytes() * targets.len()) as u64;
+                    // Write this batch while the next one is read.
+                    let rd = batches
+                        .get(bi + 1)
+                        .map(|&(g1, n1)| (&mut next[..n1], g1, targets));
+                    self.inner.io_images(Some((&cur[..n], gs0, targets)), rd)?;
+                    std::mem::swap(&mut cur, &mut next);
+                    written += (geo.stripe_drive_bytes() * targets.len() * n) as u64;
+                    if let Some(r) = rate.filter(|r| *r > 0) {
+                        let due = Duration::from_secs_f64(written as f64 / r as f64);
+                        let el = start.elapsed();
+                        if due > el {
+                            std::thread::sleep(due - el);
+                        }
+                    }
                 }
                 drop(w);
             }
-            self.inner.drives.write().rebuild_done = gs + 1;
-            progress(gs + 1, total);
-            if let Some(r) = rate.filter(|r| *r > 0) {
-                let due = Duration::from_secs_f64(written as f64 / r as f64);
-                let el = start.elapsed();
-                if due > el {
-                    std::thread::sleep(due - el);
-                }
-            }
+            let done = geo.seg_stripes * (seg as u64 + 1);
+            self.inner.drives.write().rebuild_done = done;
+            progress(done, total);
         }
         self.inner.sync_all()?;
         {
@@ -1667,7 +1818,8 @@ impl Array {
         for gs in 0..total {
             let seg = (gs / geo.seg_stripes) as usize;
             let s = (gs % geo.seg_stripes) as u32;
-            let w = self.inner.writer.lock();
+            let mut w = self.inner.writer.lock();
+            self.finish_inflight(&mut w)?;
             let info = self.inner.index.read().segs[seg];
             let written = match info.state {
                 SegState::Free => false,
@@ -1928,41 +2080,94 @@ impl Inner {
     }
 
     fn write_image_to(&self, img: &StripeImage, gs: u64, targets: &[usize]) -> Result<()> {
+        self.io_images(Some((std::slice::from_ref(img), gs, targets)), None)
+            .map(|_| ())
+    }
+
+    /// In one batch: writes consecutive stripe images (from global stripe `wgs0`) to the drives
+    /// in their target list, and reads consecutive images (from `rgs0`) from every readable
+    /// drive not in their skip list. Drives that fail a write are marked failed (an error if
+    /// that exceeds the redundancy). Returns the drives that could not be read.
+    #[allow(clippy::type_complexity)]
+    fn io_images(
+        &self,
+        writes: Option<(&[StripeImage], u64, &[usize])>,
+        reads: Option<(&mut [StripeImage], u64, &[usize])>,
+    ) -> Result<Vec<usize>> {
         let geo = &self.geo;
-        let offset = geo.drive_offset(geo.global_row(gs, 0), 0);
-        let failed_idx: Vec<usize> = {
+        let mut lost: Vec<usize> = Vec::new();
+        let failed_writes: Vec<usize> = {
             let drives = self.drives.read();
             let mut ops = Vec::new();
-            let mut which = Vec::new();
-            for &i in targets {
-                let d = &drives.list[i];
-                if let (Some(f), true) = (&d.file, d.writable()) {
-                    ops.push(IoOp::Write {
-                        fd: f.fd(),
-                        offset,
-                        buf: &img.bufs[i][..],
-                    });
-                    which.push(i);
+            // (drive, is_write)
+            let mut which: Vec<(usize, bool)> = Vec::new();
+            if let Some((imgs, gs0, targets)) = writes {
+                for (j, img) in imgs.iter().enumerate() {
+                    let offset = geo.drive_offset(geo.global_row(gs0 + j as u64, 0), 0);
+                    for &i in targets {
+                        let d = &drives.list[i];
+                        if let (Some(f), true) = (&d.file, d.writable()) {
+                            ops.push(IoOp::Write {
+                                fd: f.fd(),
+                                offset,
+                                buf: &img.bufs[i][..],
+                            });
+                            which.push((i, true));
+                        }
+                    }
+                }
+            }
+            let nwrites = ops.len();
+            if let Some((imgs, gs0, skip)) = reads {
+                lost.extend_from_slice(skip);
+                for (j, img) in imgs.iter_mut().enumerate() {
+                    let offset = geo.drive_offset(geo.global_row(gs0 + j as u64, 0), 0);
+                    for (i, b) in img.bufs.iter_mut().enumerate() {
+                        let d = &drives.list[i];
+                        match &d.file {
+                            Some(f) if d.readable() && !skip.contains(&i) => {
+                                ops.push(IoOp::Read {
+                                    fd: f.fd(),
+                                    offset,
+                                    buf: b.as_mut_slice(),
+                                });
+                                which.push((i, false));
+                            }
+                            _ => lost.push(i),
+                        }
+                    }
                 }
             }
             let res = self.engine.submit(&mut ops);
-            self.counters
-                .drive_bytes_written
-                .fetch_add((ops.len() * geo.stripe_drive_bytes()) as u64, Relaxed);
-            self.counters.stripes_written.fetch_add(1, Relaxed);
-            res.iter()
-                .zip(which)
-                .filter(|(r, _)| r.is_err())
-                .map(|(_, i)| {
+            if nwrites > 0 {
+                self.counters
+                    .drive_bytes_written
+                    .fetch_add((nwrites * geo.stripe_drive_bytes()) as u64, Relaxed);
+                self.counters.stripes_written.fetch_add(1, Relaxed);
+            }
+            let mut bad = Vec::new();
+            for (r, (i, is_write)) in res.iter().zip(which) {
+                if r.is_ok() {
+                    continue;
+                }
+                if is_write {
                     drives.list[i].counters.write_errors.fetch_add(1, Relaxed);
-                    i
-                })
-                .collect()
+                    bad.push(i);
+                } else {
+                    drives.list[i].counters.read_errors.fetch_add(1, Relaxed);
+                    lost.push(i);
+                }
+            }
+            bad.sort_unstable();
+            bad.dedup();
+            bad
         };
-        if failed_idx.is_empty() {
-            return Ok(());
+        lost.sort_unstable();
+        lost.dedup();
+        if !failed_writes.is_empty() {
+            self.drives_failed(&failed_writes)?;
         }
-        self.drives_failed(&failed_idx)
+        Ok(lost)
     }
 
     fn drives_failed(&self, idxs: &[usize]) -> Result<()> {
@@ -1985,37 +2190,7 @@ impl Inner {
     /// Reads every drive's part of a stripe into `img`, skipping `skip`. Returns the drives
     /// that could not be read (skip plus failures).
     fn read_image(&self, img: &mut StripeImage, gs: u64, skip: &[usize]) -> Result<Vec<usize>> {
-        let geo = &self.geo;
-        let offset = geo.drive_offset(geo.global_row(gs, 0), 0);
-        let drives = self.drives.read();
-        let mut lost: Vec<usize> = skip.to_vec();
-        let mut ops = Vec::new();
-        let mut which = Vec::new();
-        for (i, b) in img.bufs.iter_mut().enumerate() {
-            let d = &drives.list[i];
-            match &d.file {
-                Some(f) if d.readable() && !skip.contains(&i) => {
-                    ops.push(IoOp::Read {
-                        fd: f.fd(),
-                        offset,
-                        buf: b.as_mut_slice(),
-                    });
-                    which.push(i);
-                }
-                _ => {
-                    if !lost.contains(&i) {
-                        lost.push(i);
-                    }
-                }
-            }
-        }
-        for (r, i) in self.engine.submit(&mut ops).into_iter().zip(which) {
-            if r.is_err() {
-                drives.list[i].counters.read_errors.fetch_add(1, Relaxed);
-                lost.push(i);
-            }
-        }
-        Ok(lost)
+        self.io_images(None, Some((std::slice::from_mut(img), gs, skip)))
     }
 
     fn sync_all(&self) -> Result<()> {
@@ -2115,7 +2290,7 @@ pub fn read_superblock_path(path: &Path) -> Result<Superblock> {
 impl Drop for Array {
     fn drop(&mut self) {
         // The last handle flushes what was written; errors here cannot be reported.
-        if Arc::strong_count(&self.inner) == 1 {
+        if Arc::strong_count(&self.handles) == 1 {
             let _ = self.flush();
         }
     }

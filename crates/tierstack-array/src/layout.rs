@@ -21,9 +21,9 @@ use crate::error::{ArrayError, Result};
 
 /// First byte of the data area on every drive (the superblocks live before it).
 pub const DATA_OFFSET: u64 = 1 << 20;
-/// Bytes of stripe data a log stripe holds at least; a stripe is a run of whole rows. Two
-/// values of [`MAX_VALUE`] and their summary fit, so large values pack without waste.
-pub const STRIPE_TARGET: u64 = (2 << 20) + (64 << 10);
+/// Bytes of stripe data a log stripe holds at least; a stripe is a run of whole rows. Four
+/// values of [`MAX_VALUE`] and their summary fit, so large values pack with little waste.
+pub const STRIPE_TARGET: u64 = (4 << 20) + (64 << 10);
 /// Largest value stored under one key.
 pub const MAX_VALUE: usize = 1 << 20;
 /// Block size of the log: records start on block boundaries.
@@ -328,7 +328,7 @@ mod tests {
     fn geometry_rules() {
         let g = Geometry::new(Level::Raid5, 5, 65536, None, 256 << 20).unwrap();
         assert_eq!((g.k, g.m, g.groups), (4, 1, 1));
-        assert_eq!(g.stripe_data(), 9 << 18);
+        assert_eq!(g.stripe_data(), 17 << 18);
         assert!(Geometry::new(Level::Raid5, 2, 65536, None, 256 << 20).is_err());
         assert!(Geometry::new(Level::Raid10, 5, 65536, None, 256 << 20).is_err());
         assert!(Geometry::new(Level::Raid5, 4, 3000, None, 256 << 20).is_err());

@@ -1,1 +1,74 @@
-fn main() {}
+//! The `tierstack` command.
+
+mod array_cmd;
+mod demo;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tierstack", version, about = "Tiered memory and storage accelerator for HPC and AI nodes: a user-space software RAID under a write-back store", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create, inspect and repair user-space RAID arrays.
+    #[command(subcommand)]
+    Array(array_cmd::ArrayCmd),
+    /// Benchmarks that print each figure next to its baseline from the same run.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+    /// Run the end-to-end demo on file drives in a temporary folder.
+    Demo {
+        /// Folder for the demo's drives (default: a new temporary folder, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Size of each of the demo's five drives.
+        #[arg(long, default_value = "256M")]
+        size: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Raw drives against the array on the same drives: write, read, random reads, degraded
+    /// read, rebuild, XOR rate.
+    Array(array_cmd::BenchArrayArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TIERSTACK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Array(c) => array_cmd::run(c),
+        Cmd::Bench(BenchCmd::Array(a)) => array_cmd::bench(a),
+        Cmd::Demo { dir, size } => demo::run(dir, &size),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !msg.contains(&c) {
+                    msg.push_str(": ");
+                    msg.push_str(&c);
+                }
+            }
+            eprintln!("tierstack: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

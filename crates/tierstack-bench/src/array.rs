@@ -1,0 +1,416 @@
+//! `tierstack bench array`: raw drives (the baseline) against the array on the same drives,
+//! with the same io engine and 1 MiB requests.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde::Serialize;
+use tierstack_array::io::{make_engine, AlignedBuf, DriveFile, EngineKind, IoOp};
+use tierstack_array::{parity, Array, ArrayOptions, CreateParams, Level};
+
+#[derive(Debug, Clone)]
+pub struct ArrayBenchOpts {
+    pub level: Level,
+    pub drives: usize,
+    pub dir: PathBuf,
+    /// Bytes per drive.
+    pub size: u64,
+    pub chunk: usize,
+    pub groups: Option<usize>,
+    pub engine: EngineKind,
+    pub queue_depth: u32,
+    pub threads: usize,
+    /// Seconds of random reads.
+    pub rand_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ArrayBenchReport {
+    pub level: u32,
+    pub drives: usize,
+    pub data_drives: usize,
+    pub chunk: usize,
+    pub drive_size: u64,
+    pub dir: String,
+    pub engine: String,
+    pub direct_io: bool,
+    pub raw_write_mbps: f64,
+    pub raw_read_mbps: f64,
+    pub seq_write_mbps: f64,
+    pub seq_read_mbps: f64,
+    pub rand_read_iops: f64,
+    pub degraded_read_mbps: f64,
+    pub rebuild_mbps: f64,
+    pub xor_gbps_per_core: f64,
+    pub seq_write_ratio: f64,
+    pub degraded_read_ratio: f64,
+    pub rebuild_ratio: f64,
+    pub bytes_written: u64,
+    pub write_amplification_drives: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Array(#[from] tierstack_array::ArrayError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn ioe(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
+    let what = what.into();
+    move |source| BenchError::Io { what, source }
+}
+
+const REQ: usize = 1 << 20;
+
+fn mbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / d.as_secs_f64().max(1e-9)
+}
+
+/// Runs `ops_per_drive` 1 MiB requests on every drive, several in flight per drive.
+fn raw_pass(
+    paths: &[PathBuf],
+    bytes_per_drive: u64,
+    write: bool,
+    engine: EngineKind,
+    qd: u32,
+) -> Result<(Duration, bool), BenchError> {
+    let eng = make_engine(engine, qd.max(8));
+    let files: Vec<DriveFile> = paths
+        .iter()
+        .map(|p| DriveFile::open(p, true).map_err(ioe(format!("open {}", p.display()))))
+        .collect::<Result<_, _>>()?;
+    let direct = files.iter().all(|f| f.direct);
+    let per_drive_inflight = 4usize;
+    let mut bufs: Vec<AlignedBuf> = (0..files.len() * per_drive_inflight)
+        .map(|i| {
+            let mut b = AlignedBuf::new(REQ);
+            b.fill((i * 37 + 1) as u8);
+            b
+        })
+        .collect();
+    let reqs = bytes_per_drive / REQ as u64;
+    let start = Instant::now();
+    let mut r = 0u64;
+    while r < reqs {
+        let n = per_drive_inflight.min((reqs - r) as usize);
+        let mut ops = Vec::new();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let (d, j) = (i / per_drive_inflight, i % per_drive_inflight);
+            if j >= n {
+                continue;
+            }
+            let offset = (1 << 20) + (r + j as u64) * REQ as u64;
+            let fd = files[d].fd();
+            ops.push(if write {
+                IoOp::Write {
+                    fd,
+                    offset,
+                    buf: &b[..],
+                }
+            } else {
+                IoOp::Read {
+                    fd,
+                    offset,
+                    buf: &mut b[..],
+                }
+            });
+        }
+        for res in eng.submit(&mut ops) {
+            res.map_err(ioe("raw drive I/O"))?;
+        }
+        r += n as u64;
+    }
+    if write {
+        for f in &files {
+            f.sync().map_err(ioe("fdatasync"))?;
+        }
+    }
+    Ok((start.elapsed(), direct))
+}
+
+fn seq_read(a: &Array, keys: &[(u64, u64)], threads: usize) -> Result<Duration, BenchError> {
+    let start = Instant::now();
+    let next = AtomicU64::new(0);
+    let res: Result<(), BenchError> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<(), BenchError> {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                        if i >= keys.len() {
+                            return Ok(());
+                        }
+                        let v = a.get(keys[i])?;
+                        if v.map(|v| v.len()) != Some(REQ) {
+                            return Err(BenchError::Invalid(format!(
+                                "key {:?} read back wrong",
+                                keys[i]
+                            )));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| BenchError::Invalid("reader thread panicked".into()))??;
+        }
+        Ok(())
+    });
+    res?;
+    Ok(start.elapsed())
+}
+
+/// XOR parity rate of one core over `k` 1 MiB sources, in GB/s of source data.
+pub fn xor_rate(k: usize) -> f64 {
+    let k = k.max(2);
+    let srcs: Vec<Vec<u8>> = (0..k).map(|i| vec![i as u8 + 1; REQ]).collect();
+    let refs: Vec<&[u8]> = srcs.iter().map(|v| v.as_slice()).collect();
+    let mut dst = vec![0u8; REQ];
+    let mut iters = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        parity::xor_parity(&mut dst, &refs);
+        iters += 1;
+    }
+    std::hint::black_box(&dst);
+    (iters * (k * REQ) as u64) as f64 / 1e9 / start.elapsed().as_secs_f64()
+}
+
+pub fn run(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, BenchError> {
+    std::fs::create_dir_all(&o.dir).map_err(ioe(format!("create {}", o.dir.display())))?;
+    let tag = format!("tsbench-{}", std::process::id());
+    let paths: Vec<PathBuf> = (0..o.drives)
+        .map(|i| o.dir.join(format!("{tag}-d{i}")))
+        .collect();
+    let spare = o.dir.join(format!("{tag}-spare"));
+    let cleanup = |ps: &[PathBuf]| {
+        for p in ps.iter().chain(std::iter::once(&spare)) {
+            let _ = std::fs::remove_file(p);
+        }
+    };
+    let res = run_inner(o, &paths, &spare, log);
+    cleanup(&paths);
+    res
+}
+
+fn make_file(p: &Path, size: u64) -> Result<(), BenchError> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(p)
+        .map_err(ioe(format!("create {}", p.display())))?;
+    f.set_len(size)
+        .map_err(ioe(format!("size {}", p.display())))?;
+    // Allocate the blocks up front, so neither the baseline nor the array pays for allocation.
+    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, size).map_err(|e| {
+        BenchError::Io {
+            what: format!("fallocate {}", p.display()),
+            source: e.into(),
+        }
+    })
+}
+
+fn run_inner(
+    o: &ArrayBenchOpts,
+    paths: &[PathBuf],
+    spare: &Path,
+    log: &dyn Fn(&str),
+) -> Result<ArrayBenchReport, BenchError> {
+    let params = CreateParams {
+        level: o.level,
+        chunk: o.chunk,
+        groups: o.groups,
+        size: Some(o.size),
+    };
+    // Validate before writing anything.
+    let geo = tierstack_array::Geometry::new(o.level, o.drives, o.chunk, o.groups, o.size)?;
+    for p in paths {
+        make_file(p, o.size)?;
+    }
+    let raw_bytes = (o.size - (1 << 20)) / REQ as u64 * REQ as u64;
+    // A first, untimed pass writes every block once: file systems (tmpfs above all) pay for
+    // first-touch allocation that neither the baseline nor the array should be charged with.
+    log("raw drives: prefill");
+    raw_pass(paths, raw_bytes, true, o.engine, o.queue_depth)?;
+    log("raw drives: sequential write");
+    let (t, direct) = raw_pass(paths, raw_bytes, true, o.engine, o.queue_depth)?;
+    let raw_write = mbps(raw_bytes * o.drives as u64, t);
+    log("raw drives: sequential read");
+    let (t, _) = raw_pass(paths, raw_bytes, false, o.engine, o.queue_depth)?;
+    let raw_read = mbps(raw_bytes * o.drives as u64, t);
+    // The raw pass leaves no superblock, so the array may be created over the same files.
+    let opts = ArrayOptions {
+        engine: o.engine,
+        queue_depth: o.queue_depth,
+        direct: true,
+    };
+    let a = Array::create(paths, &params, &opts)?;
+    let cap = a.status().capacity_bytes;
+    let nvals = ((cap as f64 * 0.6) as u64 / REQ as u64).max(1);
+    let mut val = vec![0u8; REQ];
+    rand::thread_rng().fill(&mut val[..]);
+    log(&format!("array: sequential write of {nvals} x 1 MiB"));
+    let keys: Vec<(u64, u64)> = (0..nvals).map(|i| (1, i)).collect();
+    let start = Instant::now();
+    for (i, k) in keys.iter().enumerate() {
+        val[0..8].copy_from_slice(&(i as u64).to_le_bytes());
+        a.put(*k, &val)?;
+    }
+    a.flush()?;
+    let t = start.elapsed();
+    let seq_write = mbps(nvals * REQ as u64, t);
+    let written = a.drive_bytes_written();
+    log("array: sequential read");
+    let threads = o.threads.max(1);
+    let seq_read_mbps = mbps(nvals * REQ as u64, seq_read(&a, &keys, threads)?);
+    // Random 4 KiB page reads over 64 MiB of pages.
+    log("array: random 4 KiB reads");
+    let npages = 16384u64;
+    let page = vec![7u8; 4096];
+    for i in 0..npages {
+        a.put((2, i), &page)?;
+    }
+    a.flush()?;
+    let count = AtomicU64::new(0);
+    let dur = Duration::from_secs_f64(o.rand_seconds.max(0.2));
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads * 2 {
+            s.spawn(|| {
+                let mut rng = rand::thread_rng();
+                while start.elapsed() < dur {
+                    let k = rng.gen_range(0..npages);
+                    if let Ok(Some(_)) = a.get((2, k)) {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let rand_iops = count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let (degraded, rebuild) = if geo.m > 0 {
+        let victim = o.drives - 1;
+        log(&format!(
+            "array: sequential read with drive {victim} failed"
+        ));
+        a.fail_drive(victim)?;
+        let degraded = mbps(nvals * REQ as u64, seq_read(&a, &keys, threads)?);
+        log("array: rebuild onto a spare");
+        make_file(spare, o.size)?;
+        raw_pass(
+            &[spare.to_path_buf()],
+            raw_bytes,
+            true,
+            o.engine,
+            o.queue_depth,
+        )?;
+        a.replace_drive(victim, spare)?;
+        let start = Instant::now();
+        let bytes = a.rebuild(None, &|_, _| {})?;
+        let rebuild = mbps(bytes, start.elapsed());
+        (degraded, rebuild)
+    } else {
+        (0.0, 0.0)
+    };
+    log("xor parity on one core");
+    let xor = xor_rate(geo.k.max(2));
+    let data_frac = geo.data_units() as f64 / o.drives as f64;
+    let r = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
+    let report = ArrayBenchReport {
+        level: o.level.number(),
+        drives: o.drives,
+        data_drives: geo.data_units(),
+        chunk: o.chunk,
+        drive_size: o.size,
+        dir: o.dir.display().to_string(),
+        engine: a.engine_name().to_string(),
+        direct_io: direct,
+        raw_write_mbps: raw_write,
+        raw_read_mbps: raw_read,
+        seq_write_mbps: seq_write,
+        seq_read_mbps,
+        rand_read_iops: rand_iops,
+        degraded_read_mbps: degraded,
+        rebuild_mbps: rebuild,
+        xor_gbps_per_core: xor,
+        seq_write_ratio: r(seq_write, raw_write * data_frac),
+        degraded_read_ratio: r(degraded, seq_read_mbps),
+        rebuild_ratio: r(rebuild, raw_write / o.drives as f64),
+        bytes_written: written,
+        write_amplification_drives: r(written as f64, (nvals * REQ as u64) as f64),
+    };
+    drop(a);
+    Ok(report)
+}
+
+/// The report as a two-column table.
+pub fn render(r: &ArrayBenchReport) -> String {
+    let rows = vec![
+        vec![
+            "raw drives write (all)".into(),
+            format!("{:.0} MB/s", r.raw_write_mbps),
+            "baseline".into(),
+        ],
+        vec![
+            "raw drives read (all)".into(),
+            format!("{:.0} MB/s", r.raw_read_mbps),
+            "baseline".into(),
+        ],
+        vec![
+            "array sequential write".into(),
+            format!("{:.0} MB/s", r.seq_write_mbps),
+            format!(
+                "ratio {:.2} of raw x {}/{}",
+                r.seq_write_ratio, r.data_drives, r.drives
+            ),
+        ],
+        vec![
+            "array sequential read".into(),
+            format!("{:.0} MB/s", r.seq_read_mbps),
+            format!("{:.2} of raw", r.seq_read_mbps / r.raw_read_mbps.max(1e-9)),
+        ],
+        vec![
+            "array random 4 KiB read".into(),
+            format!("{:.0} IOPS", r.rand_read_iops),
+            String::new(),
+        ],
+        vec![
+            "degraded sequential read".into(),
+            format!("{:.0} MB/s", r.degraded_read_mbps),
+            format!("ratio {:.2} of healthy", r.degraded_read_ratio),
+        ],
+        vec![
+            "rebuild".into(),
+            format!("{:.0} MB/s", r.rebuild_mbps),
+            format!("ratio {:.2} of one drive's write", r.rebuild_ratio),
+        ],
+        vec![
+            "XOR parity, one core".into(),
+            format!("{:.1} GB/s", r.xor_gbps_per_core),
+            String::new(),
+        ],
+    ];
+    format!(
+        "RAID {} over {} drives of {} in {} (chunk {}, engine {}, O_DIRECT {})\n{}",
+        r.level,
+        r.drives,
+        crate::fmt_size(r.drive_size),
+        r.dir,
+        crate::fmt_size(r.chunk as u64),
+        r.engine,
+        if r.direct_io { "yes" } else { "no" },
+        crate::table::render(&["measure", "value", "against baseline"], &rows)
+    )
+}
