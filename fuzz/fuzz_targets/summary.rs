@@ -52,7 +52,11 @@ fuzz_target!(|data: &[u8]| {
         let mut fixed = tail.to_vec();
         let fo = fixed.len() - FOOTER_SIZE;
         fixed[fo..fo + 8].copy_from_slice(FOOTER_MAGIC);
-        let n = u32::from_le_bytes(fixed[fo + NENTRIES_AT..fo + NENTRIES_AT + 4].try_into().unwrap());
+        let n = u32::from_le_bytes(
+            fixed[fo + NENTRIES_AT..fo + NENTRIES_AT + 4]
+                .try_into()
+                .unwrap(),
+        );
         let ents = (n as usize).saturating_mul(ENTRY_SIZE);
         if ents <= fo {
             let crc = crc32c::crc32c(&fixed[fo - ents..fo]);
@@ -63,4 +67,3 @@ fuzz_target!(|data: &[u8]| {
         check(&fixed, max_blocks);
     }
 });
-

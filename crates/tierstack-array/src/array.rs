@@ -29,6 +29,9 @@ pub struct ArrayOptions {
     pub queue_depth: u32,
     /// Try O_DIRECT on every drive (falls back to buffered where the file system refuses).
     pub direct: bool,
+    /// How long to wait for another owner to release the array's drives. A process killed
+    /// with I/O in flight keeps its drives locked until the kernel has completed that I/O.
+    pub lock_wait: Duration,
 }
 
 impl Default for ArrayOptions {
@@ -37,6 +40,7 @@ impl Default for ArrayOptions {
             engine: EngineKind::Uring,
             queue_depth: 64,
             direct: true,
+            lock_wait: Duration::from_secs(10),
         }
     }
 }
@@ -276,11 +280,23 @@ fn io_err(path: &Path, e: std::io::Error) -> ArrayError {
     }
 }
 
-/// Takes the exclusive lock that makes this process the owner of a drive.
-fn lock_drive(df: &DriveFile, path: &Path) -> Result<()> {
+/// Takes the exclusive lock that makes this process the owner of a drive, waiting up to
+/// `wait` for a previous owner to go away.
+fn lock_drive(df: &DriveFile, path: &Path, wait: Duration) -> Result<()> {
     use rustix::fs::{flock, FlockOperation};
-    flock(&df.file, FlockOperation::NonBlockingLockExclusive)
-        .map_err(|_| ArrayError::Busy(format!("drive {} is locked", path.display())))
+    let start = Instant::now();
+    loop {
+        if flock(&df.file, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return Ok(());
+        }
+        if start.elapsed() >= wait {
+            return Err(ArrayError::Busy(format!(
+                "drive {} is locked",
+                path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Prepares a drive path for a new array: creates or grows a regular file to `size`, or checks
@@ -388,7 +404,7 @@ impl Array {
         let mut list = Vec::new();
         for p in paths {
             let df = DriveFile::open(p, opts.direct).map_err(|e| io_err(p, e))?;
-            lock_drive(&df, p)?;
+            lock_drive(&df, p, opts.lock_wait)?;
             list.push(Drive {
                 path: p.clone(),
                 file: Some(df),
@@ -532,7 +548,7 @@ impl Array {
             match entry {
                 Some((p, _)) if state != DriveState::Failed => {
                     let df = DriveFile::open(&p, opts.direct).map_err(|e| io_err(&p, e))?;
-                    lock_drive(&df, &p)?;
+                    lock_drive(&df, &p, opts.lock_wait)?;
                     list.push(Drive {
                         path: p,
                         file: Some(df),
@@ -1505,11 +1521,15 @@ impl Array {
     // ---------------------------------------------------------------- cleaner
 
     /// Cleans the sealed segment with the least live data. Returns false if none is worth it.
+    ///
+    /// Several victims are cleaned together (as many as the free space can take), with one
+    /// flush for all of them, so that arrays of small segments still gain space.
     fn clean_one(&self, w: &mut Writer) -> Result<bool> {
         let geo = self.inner.geo.clone();
-        let victim = {
+        let victims: Vec<u32> = {
             let idx = self.inner.index.read();
-            idx.segs
+            let mut cands: Vec<(u64, u32)> = idx
+                .segs
                 .iter()
                 .enumerate()
                 .filter(|(i, s)| {
@@ -1517,12 +1537,58 @@ impl Array {
                         && Some(*i as u32) != w.seg
                         && s.worth_cleaning(&geo)
                 })
-                .min_by_key(|(_, s)| s.live_blocks)
-                .map(|(i, _)| i as u32)
+                .map(|(i, s)| (s.live_blocks + s.live_recs, i as u32))
+                .collect();
+            cands.sort_unstable();
+            let free = idx
+                .segs
+                .iter()
+                .filter(|s| s.state == SegState::Free)
+                .count() as u64;
+            // Room the moved records may take: the free segments, at 3/4 packing.
+            let budget = free * geo.seg_stripes * geo.stripe_blocks() as u64 * 3 / 4;
+            let mut used = 0u64;
+            let mut out = Vec::new();
+            for (live, seg) in cands {
+                if !out.is_empty() && (used + live > budget || out.len() >= 64) {
+                    break;
+                }
+                used += live;
+                out.push(seg);
+            }
+            out
         };
-        let Some(victim) = victim else {
+        if victims.is_empty() {
             return Ok(false);
-        };
+        }
+        for &victim in &victims {
+            self.move_live(w, victim)?;
+        }
+        // The moved data must be durable before the old copies are invalidated.
+        self.flush_locked(w)?;
+        for &victim in &victims {
+            self.write_marker(w, victim)?;
+        }
+        self.inner.sync_all()?;
+        let mut idx = self.inner.index.write();
+        for &victim in &victims {
+            idx.segs[victim as usize] = SegInfo {
+                state: SegState::Free,
+                seq: 0,
+                stripes: 0,
+                live_blocks: 0,
+                live_recs: 0,
+            };
+        }
+        self.inner
+            .counters
+            .segments_cleaned
+            .fetch_add(victims.len() as u64, Relaxed);
+        Ok(true)
+    }
+
+    /// Appends the live records and needed tombstones of `victim` to the log.
+    fn move_live(&self, w: &mut Writer, victim: u32) -> Result<()> {
         let stripes = self.inner.index.read().segs[victim as usize].stripes;
         for s in 0..stripes {
             let Some((_, ents)) = self.read_summary(victim, s) else {
@@ -1573,20 +1639,7 @@ impl Array {
                     .fetch_add(data.len() as u64, Relaxed);
             }
         }
-        // The moved data must be durable before the old copies are invalidated.
-        self.flush_locked(w)?;
-        self.write_marker(w, victim)?;
-        self.inner.sync_all()?;
-        let mut idx = self.inner.index.write();
-        idx.segs[victim as usize] = SegInfo {
-            state: SegState::Free,
-            seq: 0,
-            stripes: 0,
-            live_blocks: 0,
-            live_recs: 0,
-        };
-        self.inner.counters.segments_cleaned.fetch_add(1, Relaxed);
-        Ok(true)
+        Ok(())
     }
 
     /// Runs the cleaner until no segment is worth cleaning or `max` segments were cleaned.
@@ -1683,7 +1736,7 @@ impl Array {
             .iter()
             .any(|d| d.file.as_ref().is_some_and(|f| f.direct));
         let df = DriveFile::open(path, direct).map_err(|e| cleanup(io_err(path, e)))?;
-        lock_drive(&df, path).map_err(cleanup)?;
+        lock_drive(&df, path, Duration::ZERO).map_err(cleanup)?;
         {
             let mut drives = self.inner.drives.write();
             let d = &mut drives.list[i];
@@ -1757,13 +1810,17 @@ impl Array {
                     .step_by(BATCH)
                     .map(|s| (base + s, (upto - s).min(BATCH as u64) as usize))
                     .collect();
+                // Drives whose content must be reconstructed: the targets plus any other drive
+                // that is failed or could not be read.
+                let mut lost: Vec<usize> = targets.to_vec();
                 if let Some(&(g0, n0)) = batches.first() {
-                    self.inner
+                    lost = self
+                        .inner
                         .io_images(None, Some((&mut cur[..n0], g0, targets)))?;
                 }
                 for (bi, &(gs0, n)) in batches.iter().enumerate() {
                     for (i, img) in cur[..n].iter_mut().enumerate() {
-                        if !img.reconstruct_drives(&geo, gs0 + i as u64, targets) {
+                        if !img.reconstruct_drives(&geo, gs0 + i as u64, &lost) {
                             return Err(ArrayError::DataLoss(format!(
                                 "stripe {}: too many drives lost to rebuild",
                                 gs0 + i as u64
@@ -1774,7 +1831,11 @@ impl Array {
                     let rd = batches
                         .get(bi + 1)
                         .map(|&(g1, n1)| (&mut next[..n1], g1, targets));
-                    self.inner.io_images(Some((&cur[..n], gs0, targets)), rd)?;
+                    let has_next = rd.is_some();
+                    let l = self.inner.io_images(Some((&cur[..n], gs0, targets)), rd)?;
+                    if has_next {
+                        lost = l;
+                    }
                     std::mem::swap(&mut cur, &mut next);
                     written += (geo.stripe_drive_bytes() * targets.len() * n) as u64;
                     if let Some(r) = rate.filter(|r| *r > 0) {
@@ -1945,8 +2006,10 @@ impl Array {
         Ok(())
     }
 
-    /// Finds the single drive (or pair, for m=2) whose chunks in the range are wrong, fixes the
-    /// image and records the rows to rewrite. Returns whether a fix was found.
+    /// Finds the drive (or pair of drives, for two-parity levels) whose chunks in the range
+    /// are wrong, fixes the image and records the chunks to rewrite. A bad drive may have
+    /// corrupted several rows; all of its rows in the range are rebuilt together. Returns
+    /// whether a fix was found.
     fn scrub_fix(
         &self,
         img: &mut StripeImage,
@@ -1961,25 +2024,51 @@ impl Array {
             return false;
         }
         let pieces = geo.pieces(off, len);
-        let mut cands: Vec<(usize, u64)> = pieces
+        let mut rows: Vec<u64> = pieces.iter().map(|p| p.row).collect();
+        rows.dedup();
+        let mut drives: Vec<usize> = pieces
             .iter()
-            .map(|p| (geo.data_drive(geo.global_row(gs, p.row), p.unit), p.row))
+            .map(|p| geo.data_drive(geo.global_row(gs, p.row), p.unit))
             .collect();
-        cands.dedup();
-        for &(d, row) in &cands {
-            let at = row as usize * geo.chunk;
-            let saved = img.bufs[d][at..at + geo.chunk].to_vec();
-            if img.reconstruct_row(geo, gs, row, &[d]) {
+        drives.sort_unstable();
+        drives.dedup();
+        let mut tries: Vec<Vec<usize>> = drives.iter().map(|&d| vec![d]).collect();
+        if geo.m >= 2 {
+            for (i, &a) in drives.iter().enumerate() {
+                for &b in &drives[i + 1..] {
+                    tries.push(vec![a, b]);
+                }
+            }
+        }
+        for bad in tries {
+            let saved: Vec<(usize, u64, Vec<u8>)> = bad
+                .iter()
+                .flat_map(|&d| rows.iter().map(move |&r| (d, r)))
+                .map(|(d, r)| {
+                    let at = r as usize * geo.chunk;
+                    (d, r, img.bufs[d][at..at + geo.chunk].to_vec())
+                })
+                .collect();
+            let rebuilt = rows.iter().all(|&r| img.reconstruct_row(geo, gs, r, &bad));
+            if rebuilt {
                 let mut v = vec![0u8; len];
                 img.gather(geo, gs, off, &mut v);
                 if check(&v) {
-                    let drives = self.inner.drives.read();
-                    drives.list[d].counters.csum_errors.fetch_add(1, Relaxed);
-                    dirty.push((d, row));
+                    let drv = self.inner.drives.read();
+                    for (d, r, old) in &saved {
+                        let at = *r as usize * geo.chunk;
+                        if img.bufs[*d][at..at + geo.chunk] != old[..] {
+                            drv.list[*d].counters.csum_errors.fetch_add(1, Relaxed);
+                            dirty.push((*d, *r));
+                        }
+                    }
                     return true;
                 }
             }
-            img.bufs[d][at..at + geo.chunk].copy_from_slice(&saved);
+            for (d, r, old) in saved {
+                let at = r as usize * geo.chunk;
+                img.bufs[d][at..at + geo.chunk].copy_from_slice(&old);
+            }
         }
         false
     }

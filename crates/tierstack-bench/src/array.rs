@@ -255,6 +255,7 @@ fn run_inner(
         engine: o.engine,
         queue_depth: o.queue_depth,
         direct: true,
+        ..ArrayOptions::default()
     };
     let a = Array::create(paths, &params, &opts)?;
     let cap = a.status().capacity_bytes;

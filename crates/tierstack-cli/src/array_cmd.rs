@@ -40,6 +40,7 @@ impl EngineArgs {
             engine,
             queue_depth: self.queue_depth,
             direct: !self.no_direct,
+            ..ArrayOptions::default()
         })
     }
 }
@@ -337,7 +338,12 @@ pub fn run(cmd: ArrayCmd) -> Result<()> {
             Ok(())
         }
         ArrayCmd::Show { array, json, eng } => {
-            let st = match open(&array, &eng) {
+            // A busy array (a background rebuild) is shown from its superblocks at once.
+            let opts = ArrayOptions {
+                lock_wait: std::time::Duration::from_millis(300),
+                ..eng.options()?
+            };
+            let st = match descriptor::open_array(&array, &opts).map_err(anyhow::Error::from) {
                 Ok(a) => a.status(),
                 Err(e) if is_busy(&e) => offline_status(&array)?,
                 Err(e) => return Err(e),
