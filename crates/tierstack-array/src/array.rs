@@ -19,6 +19,9 @@ use crate::image::StripeImage;
 use crate::io::{self, AlignedBuf, DriveFile, EngineKind, IoEngine, IoOp};
 use crate::layout::{Geometry, Level, BLOCK, MAX_VALUE};
 
+/// Stripes written concurrently by background writers (the log's queue depth).
+const MAX_INFLIGHT: usize = 4;
+
 /// A key: object id and page number.
 pub type Key = (u64, u64);
 
@@ -157,8 +160,8 @@ struct Index {
 
 /// A sealed stripe being written by a background thread while the next one fills.
 struct InFlight {
-    handle: std::thread::JoinHandle<Result<()>>,
-    img: Arc<StripeImage>,
+    /// Computes the parity, writes the stripe and hands the image back for reuse.
+    handle: std::thread::JoinHandle<(Result<()>, StripeImage)>,
     seg: u32,
     stripe: u32,
     entries: Vec<Entry>,
@@ -168,8 +171,9 @@ struct Writer {
     seg: Option<u32>,
     stripe: u32,
     image: StripeImage,
-    spare: Option<StripeImage>,
-    inflight: Option<InFlight>,
+    spare: Vec<StripeImage>,
+    /// Sealed stripes being written, oldest first (at most [`MAX_INFLIGHT`]).
+    inflight: std::collections::VecDeque<InFlight>,
     used_blocks: u32,
     entries: Vec<Entry>,
     dirty: bool,
@@ -463,8 +467,8 @@ impl Array {
                     seg: None,
                     stripe: 0,
                     image,
-                    spare: None,
-                    inflight: None,
+                    spare: Vec::new(),
+                    inflight: std::collections::VecDeque::new(),
                     used_blocks: 0,
                     entries: Vec::new(),
                     dirty: false,
@@ -648,7 +652,7 @@ impl Array {
             geo.nsegs as usize
         ];
         let mut max_seq = 0u64;
-        let mut latest: Option<(u64, u32, u32)> = None; // (stripe_seq, seg, stripe)
+        let mut latest: Vec<(u64, u32, u32)> = Vec::new(); // (stripe_seq, seg, stripe)
         for seg in 0..geo.nsegs as u32 {
             let mut seg_seq = None;
             for s in 0..geo.seg_stripes as u32 {
@@ -661,18 +665,14 @@ impl Array {
                 }
                 if s == 0 {
                     if f.flags & FOOTER_FREE != 0 {
-                        if latest.is_none_or(|l| f.stripe_seq > l.0) {
-                            latest = Some((f.stripe_seq, seg, s));
-                        }
+                        latest.push((f.stripe_seq, seg, s));
                         break;
                     }
                     seg_seq = Some(f.seg_seq);
                 } else if Some(f.seg_seq) != seg_seq {
                     break;
                 }
-                if latest.is_none_or(|l| f.stripe_seq > l.0) {
-                    latest = Some((f.stripe_seq, seg, s));
-                }
+                latest.push((f.stripe_seq, seg, s));
                 segs[seg as usize] = SegInfo {
                     state: SegState::Sealed,
                     seq: f.seg_seq,
@@ -718,9 +718,11 @@ impl Array {
             }
         }
         drop(idx);
-        // Only the most recently written stripe can be torn by a crash: check its records and
-        // void it if they cannot be read back (they were never acknowledged by a flush).
-        if let Some((_, seg, s)) = latest {
+        // Only the stripes that were in flight can be torn by a crash, and at most
+        // MAX_INFLIGHT were: check the newest ones and void any whose records cannot be read
+        // back (they were never acknowledged by a flush).
+        latest.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for &(_, seg, s) in latest.iter().take(MAX_INFLIGHT) {
             self.check_torn(seg, s)?;
         }
         Ok(())
@@ -900,12 +902,9 @@ impl Array {
         // so no chunk is read twice.
         for p in &pieces {
             let g = p.unit / geo.k;
-            match recon.iter_mut().find(|r| r.0 == p.row && r.1 == g) {
-                Some(r) => {
-                    r.2 = r.2.min(p.off);
-                    r.3 = r.3.max(p.off + p.len);
-                }
-                None => {}
+            if let Some(r) = recon.iter_mut().find(|r| r.0 == p.row && r.1 == g) {
+                r.2 = r.2.min(p.off);
+                r.3 = r.3.max(p.off + p.len);
             }
         }
         let in_recon =
@@ -1176,25 +1175,34 @@ impl Array {
                 Some(_) => {}
             }
         }
-        // The value sits in the open stripe: read it from the writer's buffer.
-        let w = self.inner.writer.lock();
-        let idx = self.inner.index.read();
-        let Some(loc) = idx.map.get(&key).copied() else {
-            return Ok(None);
-        };
-        if !loc.pending {
-            drop(w);
-            return self.read_loc(&idx, &loc).map(Some);
+        // The value is pending: in the stripe being filled (read it from there) or in a stripe
+        // being written (wait for that write, then read it from the drives).
+        let mut w = self.inner.writer.lock();
+        loop {
+            let idx = self.inner.index.read();
+            let Some(loc) = idx.map.get(&key).copied() else {
+                return Ok(None);
+            };
+            if !loc.pending {
+                drop(w);
+                return self.read_loc(&idx, &loc).map(Some);
+            }
+            if w.seg == Some(loc.seg) && w.stripe == loc.stripe {
+                let geo = &self.inner.geo;
+                let gs = geo.seg_stripes * loc.seg as u64 + loc.stripe as u64;
+                let mut out = vec![0u8; loc.len as usize];
+                w.image
+                    .gather(geo, gs, loc.block as usize * BLOCK, &mut out);
+                return Ok(Some(out));
+            }
+            drop(idx);
+            if w.inflight.is_empty() {
+                return Err(ArrayError::DataLoss(format!(
+                    "key {key:?} is pending in no stripe"
+                )));
+            }
+            self.finish_oldest(&mut w)?;
         }
-        let geo = &self.inner.geo;
-        let gs = geo.seg_stripes * loc.seg as u64 + loc.stripe as u64;
-        let mut out = vec![0u8; loc.len as usize];
-        let img = match &w.inflight {
-            Some(f) if f.seg == loc.seg && f.stripe == loc.stripe => &*f.img,
-            _ => &w.image,
-        };
-        img.gather(geo, gs, loc.block as usize * BLOCK, &mut out);
-        Ok(Some(out))
     }
 
     /// Whether `key` has a value.
@@ -1380,20 +1388,24 @@ impl Array {
         let summary = format::encode_summary(&w.entries, &mut footer);
         let sd = geo.stripe_data();
         w.image.place(geo, gs, sd - summary.len(), &summary);
-        w.image.encode(geo, gs);
-        // At most one stripe in flight: wait for the previous one, then hand this one over.
-        self.finish_inflight(w)?;
-        let fresh = w.spare.take().unwrap_or_else(|| StripeImage::new(geo));
-        let img = Arc::new(std::mem::replace(&mut w.image, fresh));
+        // Keep a few stripes in flight, like a queue depth: wait for the oldest when full.
+        while w.inflight.len() >= MAX_INFLIGHT {
+            self.finish_oldest(w)?;
+        }
+        let fresh = w.spare.pop().unwrap_or_else(|| StripeImage::new(geo));
+        let mut img = std::mem::replace(&mut w.image, fresh);
         let inner = self.inner.clone();
-        let img2 = img.clone();
+        // Parity is computed on the writer thread, overlapping the next stripe's filling.
         let handle = std::thread::Builder::new()
             .name("ts-stripe".into())
-            .spawn(move || inner.write_image(&img2, gs))
+            .spawn(move || {
+                img.encode(&inner.geo, gs);
+                let r = inner.write_image(&img, gs);
+                (r, img)
+            })
             .map_err(|e| ArrayError::io("starting the stripe writer", e))?;
-        w.inflight = Some(InFlight {
+        w.inflight.push_back(InFlight {
             handle,
-            img,
             seg,
             stripe: w.stripe,
             entries: std::mem::take(&mut w.entries),
@@ -1409,16 +1421,33 @@ impl Array {
         Ok(())
     }
 
-    /// Waits for the stripe in flight, then publishes it: its records stop being pending and
-    /// its segment counts it (and is sealed after its last stripe).
+    /// Waits for every stripe in flight (see [`Array::finish_oldest`]).
     fn finish_inflight(&self, w: &mut Writer) -> Result<()> {
-        let Some(f) = w.inflight.take() else {
+        let mut res = Ok(());
+        while !w.inflight.is_empty() {
+            let r = self.finish_oldest(w);
+            if res.is_ok() {
+                res = r;
+            }
+        }
+        res
+    }
+
+    /// Waits for the oldest stripe in flight, then publishes it: its records stop being
+    /// pending and its segment counts it (and is sealed after its last stripe).
+    fn finish_oldest(&self, w: &mut Writer) -> Result<()> {
+        let Some(f) = w.inflight.pop_front() else {
             return Ok(());
         };
-        let res = f
-            .handle
-            .join()
-            .unwrap_or_else(|_| Err(ArrayError::DataLoss("the stripe writer panicked".into())));
+        let res = match f.handle.join() {
+            Ok((r, img)) => {
+                // No need to zero it: padding is covered by parity like any data, and
+                // summaries are read back by their exact length.
+                w.spare.push(img);
+                r
+            }
+            Err(_) => Err(ArrayError::DataLoss("the stripe writer panicked".into())),
+        };
         {
             let mut idx = self.inner.index.write();
             for e in &f.entries {
@@ -1436,11 +1465,6 @@ impl Array {
             if f.stripe as u64 + 1 >= self.inner.geo.seg_stripes {
                 info.state = SegState::Sealed;
             }
-        }
-        if let Ok(img) = Arc::try_unwrap(f.img) {
-            // No need to zero it: padding is covered by parity like any data, and summaries
-            // are read back by their exact length.
-            w.spare = Some(img);
         }
         res
     }

@@ -192,7 +192,7 @@ impl Superblock {
         if crate::layout::Level::from_number(level).is_none() {
             return Err(FormatError::Field("level"));
         }
-        if !chunk.is_power_of_two() || chunk < 4096 || chunk > (1 << 20) {
+        if !chunk.is_power_of_two() || !(4096..=(1 << 20)).contains(&chunk) {
             return Err(FormatError::Field("chunk"));
         }
         if groups == 0 || stripe_rows == 0 || seg_stripes == 0 || nsegs == 0 {

@@ -171,7 +171,7 @@ impl Geometry {
             }
             Level::Raid10 => {
                 need(4, "")?;
-                if ndrives % 2 != 0 {
+                if !ndrives.is_multiple_of(2) {
                     return cfg(format!(
                         "RAID 10 needs an even number of drives, {ndrives} given: add or remove one"
                     ));
@@ -196,7 +196,7 @@ impl Geometry {
                         "RAID {level} needs --groups of at least 2, {g} given"
                     ));
                 }
-                if ndrives % g != 0 {
+                if !ndrives.is_multiple_of(g) {
                     return cfg(format!(
                         "{ndrives} drives do not split into {g} equal groups: use a multiple of {g} drives"
                     ));

@@ -26,6 +26,9 @@ pub struct ObjectInfo {
     pub size: u64,
 }
 
+/// A name lookup: the record found (its key and contents) and the first free slot seen.
+type Found = (Option<(Key, ObjectInfo)>, Option<Key>);
+
 pub struct ObjectStore {
     array: Array,
     next_id: Mutex<u64>,
@@ -101,7 +104,7 @@ impl ObjectStore {
     }
 
     /// Finds the name record of `name`: (its key, its info) or the first free slot.
-    fn find(&self, name: &str) -> Result<(Option<(Key, ObjectInfo)>, Option<Key>)> {
+    fn find(&self, name: &str) -> Result<Found> {
         let h = slot(name);
         let mut free = None;
         for i in 0..PROBES {
@@ -142,7 +145,10 @@ impl ObjectStore {
             *n += 1;
             id
         };
-        let written = self.write_pages(id, src);
+        // The pages must be durable before the name record can point at them.
+        let written = self
+            .write_pages(id, src)
+            .and_then(|n| self.array.flush().map(|_| n));
         let size = match written {
             Ok(s) => s,
             Err(e) => {

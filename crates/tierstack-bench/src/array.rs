@@ -24,6 +24,8 @@ pub struct ArrayBenchOpts {
     pub threads: usize,
     /// Seconds of random reads.
     pub rand_seconds: f64,
+    /// Runs of the whole sequence; the report gives the median of each figure.
+    pub repeat: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -49,6 +51,8 @@ pub struct ArrayBenchReport {
     pub rebuild_ratio: f64,
     pub bytes_written: u64,
     pub write_amplification_drives: f64,
+    /// How many runs the figures are the median of.
+    pub runs: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,7 +191,40 @@ pub fn xor_rate(k: usize) -> f64 {
     (iters * (k * REQ) as u64) as f64 / 1e9 / start.elapsed().as_secs_f64()
 }
 
+/// Runs the benchmark `o.repeat` times and reports the median of every figure (each ratio is
+/// the median of the per-run ratios, every run carrying its own baseline).
 pub fn run(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, BenchError> {
+    let n = o.repeat.max(1);
+    let mut runs = Vec::with_capacity(n);
+    for i in 0..n {
+        if n > 1 {
+            log(&format!("run {} of {n}", i + 1));
+        }
+        runs.push(run_once(o, log)?);
+    }
+    let med = |f: &dyn Fn(&ArrayBenchReport) -> f64| -> f64 {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let mut r = runs[0].clone();
+    r.runs = n;
+    r.raw_write_mbps = med(&|x| x.raw_write_mbps);
+    r.raw_read_mbps = med(&|x| x.raw_read_mbps);
+    r.seq_write_mbps = med(&|x| x.seq_write_mbps);
+    r.seq_read_mbps = med(&|x| x.seq_read_mbps);
+    r.rand_read_iops = med(&|x| x.rand_read_iops);
+    r.degraded_read_mbps = med(&|x| x.degraded_read_mbps);
+    r.rebuild_mbps = med(&|x| x.rebuild_mbps);
+    r.xor_gbps_per_core = med(&|x| x.xor_gbps_per_core);
+    r.seq_write_ratio = med(&|x| x.seq_write_ratio);
+    r.degraded_read_ratio = med(&|x| x.degraded_read_ratio);
+    r.rebuild_ratio = med(&|x| x.rebuild_ratio);
+    r.write_amplification_drives = med(&|x| x.write_amplification_drives);
+    Ok(r)
+}
+
+fn run_once(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, BenchError> {
     std::fs::create_dir_all(&o.dir).map_err(ioe(format!("create {}", o.dir.display())))?;
     let tag = format!("tsbench-{}", std::process::id());
     let paths: Vec<PathBuf> = (0..o.drives)
@@ -351,6 +388,7 @@ fn run_inner(
         rebuild_ratio: r(rebuild, raw_write / o.drives as f64),
         bytes_written: written,
         write_amplification_drives: r(written as f64, (nvals * REQ as u64) as f64),
+        runs: 1,
     };
     drop(a);
     Ok(report)
@@ -404,7 +442,7 @@ pub fn render(r: &ArrayBenchReport) -> String {
         ],
     ];
     format!(
-        "RAID {} over {} drives of {} in {} (chunk {}, engine {}, O_DIRECT {})\n{}",
+        "RAID {} over {} drives of {} in {} (chunk {}, engine {}, O_DIRECT {}, median of {} runs)\n{}",
         r.level,
         r.drives,
         crate::fmt_size(r.drive_size),
@@ -412,6 +450,7 @@ pub fn render(r: &ArrayBenchReport) -> String {
         crate::fmt_size(r.chunk as u64),
         r.engine,
         if r.direct_io { "yes" } else { "no" },
+        r.runs,
         crate::table::render(&["measure", "value", "against baseline"], &rows)
     )
 }

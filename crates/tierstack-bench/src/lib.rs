@@ -5,31 +5,27 @@ pub mod table;
 
 /// Parses sizes like `64K`, `1.5G`, `512` (bytes). Suffixes K, M, G, T are powers of 1024.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
     let bad = || {
         format!(
             "invalid size '{s}': use a number with an optional K, M, G or T suffix, e.g. 64K or 8G"
         )
     };
-    if t.is_empty() {
-        return Err(bad());
+    let mut t = s.trim().to_ascii_uppercase();
+    // Accept 8G, 8GB, 8GIB and a plain byte count (optionally with B).
+    if let Some(x) = t.strip_suffix("IB") {
+        t = x.to_string();
+    } else if t.len() > 1 && t.ends_with('B') {
+        t.pop();
     }
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                'B' => 1,
-                _ => return Err(bad()),
-            };
-            let rest = t[..i].trim_end_matches(['i', 'I']);
-            (rest.to_string(), m)
-        }
-        _ => (t.to_string(), 1),
+    let (num, mult) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        Some(c) if c.is_ascii_digit() || c == '.' => (&t[..], 1),
+        _ => return Err(bad()),
     };
-    let v: f64 = num.parse().map_err(|_| bad())?;
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
     if !v.is_finite() || v < 0.0 {
         return Err(bad());
     }

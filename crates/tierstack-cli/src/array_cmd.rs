@@ -182,6 +182,9 @@ pub struct BenchArrayArgs {
     /// Seconds of random 4 KiB reads.
     #[arg(long, default_value_t = 3.0)]
     rand_seconds: f64,
+    /// Repeat the whole run and report medians (this machine's disk is noisy).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -662,6 +665,7 @@ pub fn render_status(array: &Path, st: &ArrayStatus) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
+    let nw = (name.len() + 2).max(10);
     let state = match st.rebuild_percent {
         Some(p) => format!("{} {:.1}%", st.state, p),
         None => st.state.clone(),
@@ -669,8 +673,12 @@ pub fn render_status(array: &Path, st: &ArrayStatus) -> String {
     let mut out = String::new();
     out.push_str("RAID:\n");
     out.push_str(&format!(
-        "{:<10}{:<28}{:<14}{}\n",
-        "name", "static", "state", "devices"
+        "{:<nw$}{:<28}{:<16}{}\n",
+        "name",
+        "static",
+        "state",
+        "devices",
+        nw = nw
     ));
     let statics = [
         format!("size: {}", fmt_size(st.capacity_bytes)),
@@ -703,11 +711,8 @@ pub fn render_status(array: &Path, st: &ArrayStatus) -> String {
         let s = statics.get(i).map(|s| s.as_str()).unwrap_or("");
         let stt = if i == 0 { state.as_str() } else { "" };
         let dv = devs.get(i).map(|s| s.as_str()).unwrap_or("");
-        out.push_str(
-            &format!("{:<10}{:<28}{:<14}{}\n", n, s, stt, dv)
-                .trim_end()
-                .to_string(),
-        );
+        let line = format!("{:<nw$}{:<28}{:<16}{}", n, s, stt, dv, nw = nw);
+        out.push_str(line.trim_end());
         out.push('\n');
     }
     out.push_str("(devices: index path state r=read errors w=write errors c=checksum errors)\n");
@@ -733,6 +738,7 @@ pub fn bench(a: BenchArrayArgs) -> Result<()> {
         queue_depth: opts.queue_depth,
         threads: a.threads,
         rand_seconds: a.rand_seconds,
+        repeat: a.repeat,
     };
     let quiet = a.json;
     let r = tierstack_bench::array::run(&o, &|m| {

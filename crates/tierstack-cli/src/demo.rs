@@ -122,6 +122,7 @@ pub fn run(dir: Option<PathBuf>, size: &str) -> Result<()> {
         queue_depth: opts.queue_depth,
         threads: 4,
         rand_seconds: 1.0,
+        repeat: 1,
     };
     let r = tierstack_bench::array::run(&o, &|m| eprintln!("   ... {m}"))?;
     print!("{}", tierstack_bench::array::render(&r));
@@ -130,12 +131,12 @@ pub fn run(dir: Option<PathBuf>, size: &str) -> Result<()> {
     Ok(())
 }
 
-/// Overwrites 64 KiB in the middle of a drive's data area with garbage.
+/// Overwrites the first 256 KiB of a drive's data area (data and parity chunks) with garbage.
 fn corrupt(path: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().write(true).open(path)?;
-    let garbage = vec![0xA5u8; 64 << 10];
-    f.write_all_at(&garbage, (1 << 20) + (128 << 10))?;
+    let garbage = vec![0xA5u8; 256 << 10];
+    f.write_all_at(&garbage, 1 << 20)?;
     f.sync_all()?;
     Ok(())
 }
