@@ -721,7 +721,7 @@ impl Array {
         // Only the stripes that were in flight can be torn by a crash, and at most
         // MAX_INFLIGHT were: check the newest ones and void any whose records cannot be read
         // back (they were never acknowledged by a flush).
-        latest.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        latest.sort_unstable_by_key(|l| std::cmp::Reverse(l.0));
         for &(_, seg, s) in latest.iter().take(MAX_INFLIGHT) {
             self.check_torn(seg, s)?;
         }
