@@ -1,13 +1,16 @@
 # The README's test command is `make test`.
 CARGO ?= cargo
+SHELL := /bin/bash
 
 .PHONY: build test lint fuzz demo
 
 build:
 	$(CARGO) build --release
 
+# Runs every test of the workspace, then prints one summary line over all test binaries.
 test: build
-	$(CARGO) test --release --workspace
+	set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
+	@awk '/^test result:/ {p+=$$4; f+=$$6} END {printf "tests: %d passed, %d failed\n", p, f; exit (f > 0)}' target/test.log
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -117,14 +117,6 @@ impl SegInfo {
             self.live_recs = self.live_recs.saturating_sub(1);
         }
     }
-
-    /// Whether re-packing the live records would free at least a fifth of the stripes used.
-    fn worth_cleaning(&self, geo: &Geometry) -> bool {
-        let per_stripe = geo.stripe_blocks() as u64;
-        let need =
-            self.live_blocks + (self.live_recs * format::ENTRY_SIZE as u64).div_ceil(BLOCK as u64);
-        need * 5 < self.stripes as u64 * per_stripe * 4
-    }
 }
 
 /// Who is asking for log space: user writes leave the reserve to deletes and the cleaner.
@@ -1552,16 +1544,16 @@ impl Array {
         let geo = self.inner.geo.clone();
         let victims: Vec<u32> = {
             let idx = self.inner.index.read();
-            let mut cands: Vec<(u64, u32)> = idx
+            // (live blocks incl. summary entries, segment, stripes written), least live first.
+            let mut cands: Vec<(u64, u32, u64)> = idx
                 .segs
                 .iter()
                 .enumerate()
-                .filter(|(i, s)| {
-                    s.state == SegState::Sealed
-                        && Some(*i as u32) != w.seg
-                        && s.worth_cleaning(&geo)
+                .filter(|(i, s)| s.state == SegState::Sealed && Some(*i as u32) != w.seg)
+                .map(|(i, s)| {
+                    let ent = (s.live_recs * format::ENTRY_SIZE as u64).div_ceil(BLOCK as u64);
+                    (s.live_blocks + ent, i as u32, s.stripes as u64)
                 })
-                .map(|(i, s)| (s.live_blocks + s.live_recs, i as u32))
                 .collect();
             cands.sort_unstable();
             let free = idx
@@ -1569,33 +1561,64 @@ impl Array {
                 .iter()
                 .filter(|s| s.state == SegState::Free)
                 .count() as u64;
-            // Room the moved records may take: the free segments, at 3/4 packing.
-            let budget = free * geo.seg_stripes * geo.stripe_blocks() as u64 * 3 / 4;
-            let mut used = 0u64;
-            let mut out = Vec::new();
-            for (live, seg) in cands {
-                if !out.is_empty() && (used + live > budget || out.len() >= 64) {
+            // Pick the prefix (least live first) that frees the most stripes, counting a
+            // re-packed stripe as 85 % usable, within the free stripes the copies can go to.
+            let per_stripe = (geo.stripe_blocks() as u64 * 17 / 20).max(1);
+            let free_stripes = free * geo.seg_stripes;
+            let (mut live_sum, mut stripes_sum) = (0u64, 0u64);
+            let mut best = (0u64, 0usize);
+            for (i, &(live, _, stripes)) in cands.iter().enumerate().take(256) {
+                live_sum += live;
+                stripes_sum += stripes;
+                let need = live_sum.div_ceil(per_stripe);
+                if need > free_stripes {
                     break;
                 }
-                used += live;
-                out.push(seg);
+                let gain = stripes_sum.saturating_sub(need);
+                if gain > best.0 {
+                    best = (gain, i + 1);
+                }
             }
-            out
+            cands[..best.1].iter().map(|c| c.1).collect()
         };
         if victims.is_empty() {
             return Ok(false);
         }
+        // If the copies run out of room part-way (the packing estimate was optimistic), the
+        // victims already emptied are still freed below.
+        let mut move_err = None;
         for &victim in &victims {
-            self.move_live(w, victim)?;
+            if let Err(e) = self.move_live(w, victim) {
+                move_err = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = move_err.take() {
+            if !matches!(e, ArrayError::NoSpace(_)) {
+                return Err(e);
+            }
         }
         // The moved data must be durable before the old copies are invalidated.
         self.flush_locked(w)?;
-        for &victim in &victims {
+        let emptied: Vec<u32> = {
+            let idx = self.inner.index.read();
+            victims
+                .iter()
+                .copied()
+                .filter(|&v| {
+                    let si = &idx.segs[v as usize];
+                    si.live_blocks == 0
+                        && si.live_recs == 0
+                        && !idx.tombs.values().any(|t| t.seg == v)
+                })
+                .collect()
+        };
+        for &victim in &emptied {
             self.write_marker(w, victim)?;
         }
         self.inner.sync_all()?;
         let mut idx = self.inner.index.write();
-        for &victim in &victims {
+        for &victim in &emptied {
             idx.segs[victim as usize] = SegInfo {
                 state: SegState::Free,
                 seq: 0,
@@ -1607,8 +1630,8 @@ impl Array {
         self.inner
             .counters
             .segments_cleaned
-            .fetch_add(victims.len() as u64, Relaxed);
-        Ok(true)
+            .fetch_add(emptied.len() as u64, Relaxed);
+        Ok(!emptied.is_empty())
     }
 
     /// Appends the live records and needed tombstones of `victim` to the log.

@@ -45,6 +45,10 @@ pub struct ArrayBenchReport {
     pub rand_read_iops: f64,
     pub degraded_read_mbps: f64,
     pub rebuild_mbps: f64,
+    /// What the rebuild read from the surviving drives per second (every other drive is read).
+    pub rebuild_read_mbps: f64,
+    /// rebuild_read_mbps / raw_read_mbps: how close the rebuild runs to the drives' read limit.
+    pub rebuild_read_ratio: f64,
     pub xor_gbps_per_core: f64,
     pub seq_write_ratio: f64,
     pub degraded_read_ratio: f64,
@@ -216,6 +220,8 @@ pub fn run(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, B
     r.rand_read_iops = med(&|x| x.rand_read_iops);
     r.degraded_read_mbps = med(&|x| x.degraded_read_mbps);
     r.rebuild_mbps = med(&|x| x.rebuild_mbps);
+    r.rebuild_read_mbps = med(&|x| x.rebuild_read_mbps);
+    r.rebuild_read_ratio = med(&|x| x.rebuild_read_ratio);
     r.xor_gbps_per_core = med(&|x| x.xor_gbps_per_core);
     r.seq_write_ratio = med(&|x| x.seq_write_ratio);
     r.degraded_read_ratio = med(&|x| x.degraded_read_ratio);
@@ -382,6 +388,8 @@ fn run_inner(
         rand_read_iops: rand_iops,
         degraded_read_mbps: degraded,
         rebuild_mbps: rebuild,
+        rebuild_read_mbps: rebuild * (o.drives - 1) as f64,
+        rebuild_read_ratio: r(rebuild * (o.drives - 1) as f64, raw_read),
         xor_gbps_per_core: xor,
         seq_write_ratio: r(seq_write, raw_write * data_frac),
         degraded_read_ratio: r(degraded, seq_read_mbps),
@@ -434,6 +442,11 @@ pub fn render(r: &ArrayBenchReport) -> String {
             "rebuild".into(),
             format!("{:.0} MB/s", r.rebuild_mbps),
             format!("ratio {:.2} of one drive's write", r.rebuild_ratio),
+        ],
+        vec![
+            "rebuild reads (other drives)".into(),
+            format!("{:.0} MB/s", r.rebuild_read_mbps),
+            format!("{:.2} of raw read", r.rebuild_read_ratio),
         ],
         vec![
             "XOR parity, one core".into(),

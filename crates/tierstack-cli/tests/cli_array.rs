@@ -400,7 +400,7 @@ fn bad_input_gets_one_line_and_leaves_nothing() {
 
 #[test]
 fn kill_dash_nine_never_loses_an_acknowledged_put() {
-    let st = setup("5", 4, None, "96M");
+    let st = setup("5", 4, None, "128M");
     let mut rng = rand::rngs::StdRng::seed_from_u64(4242);
     let mut acked: Vec<(String, PathBuf)> = Vec::new();
     let mut killed = 0;
