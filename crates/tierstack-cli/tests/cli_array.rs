@@ -497,3 +497,73 @@ fn background_replace_then_show_reports_and_finishes() {
     }
     assert!(got && same(&out, &f));
 }
+
+/// Runs a shell command; None when it is not available or fails (the caller skips).
+fn sh(cmd: &str) -> Option<String> {
+    let o = Command::new("sh").arg("-c").arg(cmd).output().ok()?;
+    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+#[test]
+fn block_devices_as_drives() {
+    // Loop devices need root and losetup; skip (loudly) where they are not available.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut loops = Vec::new();
+    for i in 0..4 {
+        let f = tmp.path().join(format!("img{i}"));
+        std::fs::File::create(&f).and_then(|x| x.set_len(96 << 20)).expect("img");
+        match sh(&format!("losetup -f --show {}", f.display())) {
+            Some(dev) if dev.starts_with("/dev/loop") => loops.push(dev),
+            _ => {
+                eprintln!("SKIP block_devices_as_drives: cannot attach loop devices here");
+                for l in &loops {
+                    let _ = sh(&format!("losetup -d {l}"));
+                }
+                return;
+            }
+        }
+    }
+    let arr = tmp.path().join("loop.array");
+    let mut args = vec!["array", "create", s(&arr), "--level", "5"];
+    args.extend(loops.iter().map(|l| l.as_str()));
+    let created = ts(&args);
+    let f = random_file(tmp.path(), "in", 10 << 20, 77);
+    let out = tmp.path().join("out");
+    let result = std::panic::catch_unwind(|| {
+        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+        ok(&["array", "put", s(&arr), "x", s(&f)]);
+        ok(&["array", "fail", s(&arr), "--drive", "1"]);
+        ok(&["array", "get", s(&arr), "x", s(&out)]);
+        assert!(same(&out, &f));
+        let j = show_json(&arr);
+        assert_eq!(j["state"], "degraded");
+    });
+    for l in &loops {
+        let _ = sh(&format!("losetup -d {l}"));
+    }
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn unwritable_drive_is_refused() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ro = tmp.path().join("ro");
+    std::fs::write(&ro, b"").expect("file");
+    // Root ignores permission bits; the immutable attribute stops it. Skip where chattr fails
+    // (tmpfs, or no e2fsprogs).
+    if sh(&format!("chattr +i {}", ro.display())).is_none() {
+        eprintln!("SKIP unwritable_drive_is_refused: chattr +i not supported here");
+        return;
+    }
+    let arr = tmp.path().join("a.array");
+    let d: Vec<PathBuf> = (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
+    let o = ts(&["array", "create", s(&arr), "--level", "5", "--size", "64M", s(&d[0]), s(&d[1]), s(&ro)]);
+    let _ = sh(&format!("chattr -i {}", ro.display()));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not writable"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!arr.exists() && !d[0].exists() && !d[1].exists());
+}
