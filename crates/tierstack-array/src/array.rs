@@ -1836,9 +1836,12 @@ impl Array {
         }
         let start = Instant::now();
         let mut written = 0u64;
-        const BATCH: usize = 4;
-        let mut cur: Vec<StripeImage> = (0..BATCH).map(|_| StripeImage::new(&geo)).collect();
-        let mut next: Vec<StripeImage> = (0..BATCH).map(|_| StripeImage::new(&geo)).collect();
+        // Stripes per batch: about 64 MiB of reads in flight (a deep queue is what lets the
+        // drives' read bandwidth, which bounds a rebuild, be reached).
+        let per_stripe = geo.stripe_drive_bytes() * geo.ndrives;
+        let batch = ((64usize << 20) / per_stripe.max(1)).clamp(1, 16);
+        let mut cur: Vec<StripeImage> = (0..batch).map(|_| StripeImage::new(&geo)).collect();
+        let mut next: Vec<StripeImage> = (0..batch).map(|_| StripeImage::new(&geo)).collect();
         for seg in 0..geo.nsegs as usize {
             {
                 // The writer lock keeps the segment from being cleaned, reused or appended to
@@ -1854,8 +1857,8 @@ impl Array {
                 };
                 let base = geo.seg_stripes * seg as u64;
                 let batches: Vec<(u64, usize)> = (0..upto)
-                    .step_by(BATCH)
-                    .map(|s| (base + s, (upto - s).min(BATCH as u64) as usize))
+                    .step_by(batch)
+                    .map(|s| (base + s, (upto - s).min(batch as u64) as usize))
                     .collect();
                 // Drives whose content must be reconstructed: the targets plus any other drive
                 // that is failed or could not be read.

@@ -501,7 +501,9 @@ fn background_replace_then_show_reports_and_finishes() {
 /// Runs a shell command; None when it is not available or fails (the caller skips).
 fn sh(cmd: &str) -> Option<String> {
     let o = Command::new("sh").arg("-c").arg(cmd).output().ok()?;
-    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 #[test]
@@ -511,7 +513,9 @@ fn block_devices_as_drives() {
     let mut loops = Vec::new();
     for i in 0..4 {
         let f = tmp.path().join(format!("img{i}"));
-        std::fs::File::create(&f).and_then(|x| x.set_len(96 << 20)).expect("img");
+        std::fs::File::create(&f)
+            .and_then(|x| x.set_len(96 << 20))
+            .expect("img");
         match sh(&format!("losetup -f --show {}", f.display())) {
             Some(dev) if dev.starts_with("/dev/loop") => loops.push(dev),
             _ => {
@@ -530,7 +534,11 @@ fn block_devices_as_drives() {
     let f = random_file(tmp.path(), "in", 10 << 20, 77);
     let out = tmp.path().join("out");
     let result = std::panic::catch_unwind(|| {
-        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+        assert!(
+            created.status.success(),
+            "{}",
+            String::from_utf8_lossy(&created.stderr)
+        );
         ok(&["array", "put", s(&arr), "x", s(&f)]);
         ok(&["array", "fail", s(&arr), "--drive", "1"]);
         ok(&["array", "get", s(&arr), "x", s(&out)]);
@@ -559,7 +567,18 @@ fn unwritable_drive_is_refused() {
     }
     let arr = tmp.path().join("a.array");
     let d: Vec<PathBuf> = (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
-    let o = ts(&["array", "create", s(&arr), "--level", "5", "--size", "64M", s(&d[0]), s(&d[1]), s(&ro)]);
+    let o = ts(&[
+        "array",
+        "create",
+        s(&arr),
+        "--level",
+        "5",
+        "--size",
+        "64M",
+        s(&d[0]),
+        s(&d[1]),
+        s(&ro),
+    ]);
     let _ = sh(&format!("chattr -i {}", ro.display()));
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
