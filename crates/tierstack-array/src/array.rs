@@ -936,8 +936,20 @@ impl Array {
             }
             for (ri, (r, bufs)) in recon.iter().zip(inputs.iter_mut()).enumerate() {
                 let grow = geo.global_row(gs, r.0);
+                // Read the surviving data units and only as many redundancy units as there are
+                // data units missing (RAID 6 with one drive gone does not read Q).
+                let missing_data = (0..geo.k)
+                    .filter(|&u| !ok(geo.unit_drive(grow, r.1, u)))
+                    .count();
+                let mut parity_wanted = missing_data;
                 for (u, b) in bufs.iter_mut().enumerate() {
                     let d = geo.unit_drive(grow, r.1, u);
+                    if u >= geo.k && ok(d) {
+                        if parity_wanted == 0 {
+                            continue;
+                        }
+                        parity_wanted -= 1;
+                    }
                     if let (Some(f), true) = (&drives.list[d].file, ok(d)) {
                         ops.push(IoOp::Read {
                             fd: f.fd(),
@@ -973,17 +985,16 @@ impl Array {
                 .iter_mut()
                 .map(|b| &mut b.as_mut_slice()[..width])
                 .collect();
-            if !crate::parity::reconstruct(geo.k, &mut refs, &present[ri]) {
-                return Err(ArrayError::DataLoss(format!(
-                    "row {} group {}: too many drives unreadable to reconstruct",
-                    geo.global_row(gs, r.0),
-                    r.1
-                )));
-            }
+            let ok_recon = crate::parity::reconstruct(geo.k, &mut refs, &present[ri]);
             for p in pieces
                 .iter()
                 .filter(|p| p.row == r.0 && p.unit / geo.k == r.1)
             {
+                if !ok_recon {
+                    // A read we counted on failed: rebuild this piece from every unit.
+                    failed_direct.push(*p);
+                    continue;
+                }
                 let src = &inputs[ri][p.unit % geo.k][p.off - r.2..p.off - r.2 + p.len];
                 buf[p.dst..p.dst + p.len].copy_from_slice(src);
             }

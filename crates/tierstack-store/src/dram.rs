@@ -1,0 +1,211 @@
+//! The DRAM tier: pages in process memory, a byte budget with high/low watermarks, clock
+//! (second-chance) replacement and dirty tracking. Pages being evicted stay readable here
+//! until the tier below has them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+
+use parking_lot::Mutex;
+
+use crate::tier::{TierCounters, TierStatus};
+use crate::PageKey;
+
+struct Entry {
+    data: Vec<u8>,
+    dirty: bool,
+    referenced: bool,
+    /// Changes on every insert, so an eviction never drops a newer write.
+    gen: u64,
+}
+
+struct Inner {
+    map: HashMap<PageKey, Entry>,
+    clock: VecDeque<PageKey>,
+    used: u64,
+    dirty_bytes: u64,
+    next_gen: u64,
+}
+
+/// A page chosen for eviction: key, contents, whether it must be written down, generation.
+pub type Victim = (PageKey, Vec<u8>, bool, u64);
+
+pub struct DramTier {
+    capacity: u64,
+    low: u64,
+    inner: Mutex<Inner>,
+    counters: TierCounters,
+}
+
+impl DramTier {
+    pub fn new(capacity: u64) -> Self {
+        DramTier {
+            capacity,
+            low: capacity / 10 * 9,
+            inner: Mutex::new(Inner {
+                map: HashMap::new(),
+                clock: VecDeque::new(),
+                used: 0,
+                dirty_bytes: 0,
+                next_gen: 1,
+            }),
+            counters: TierCounters::default(),
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn used(&self) -> u64 {
+        self.inner.lock().used
+    }
+
+    /// Bytes held for `key` (0 if absent).
+    pub fn len_of(&self, key: PageKey) -> u64 {
+        self.inner
+            .lock()
+            .map
+            .get(&key)
+            .map_or(0, |e| e.data.len() as u64)
+    }
+
+    pub fn over_high(&self) -> bool {
+        self.inner.lock().used > self.capacity
+    }
+
+    pub fn over_low(&self) -> bool {
+        self.inner.lock().used > self.low
+    }
+
+    pub fn insert(&self, key: PageKey, data: Vec<u8>, dirty: bool) {
+        let mut g = self.inner.lock();
+        let gen = g.next_gen;
+        g.next_gen += 1;
+        let len = data.len() as u64;
+        let old = g.map.insert(
+            key,
+            Entry {
+                data,
+                dirty,
+                referenced: true,
+                gen,
+            },
+        );
+        match old {
+            Some(o) => {
+                g.used -= o.data.len() as u64;
+                if o.dirty {
+                    g.dirty_bytes -= o.data.len() as u64;
+                }
+            }
+            None => g.clock.push_back(key),
+        }
+        g.used += len;
+        if dirty {
+            g.dirty_bytes += len;
+        }
+        if dirty {
+            self.counters.puts.fetch_add(1, Relaxed);
+            self.counters.bytes_in.fetch_add(len, Relaxed);
+        }
+    }
+
+    pub fn get(&self, key: PageKey) -> Option<Vec<u8>> {
+        let mut g = self.inner.lock();
+        match g.map.get_mut(&key) {
+            Some(e) => {
+                e.referenced = true;
+                self.counters.hits.fetch_add(1, Relaxed);
+                self.counters
+                    .bytes_out
+                    .fetch_add(e.data.len() as u64, Relaxed);
+                Some(e.data.clone())
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Relaxed);
+                None
+            }
+        }
+    }
+
+    pub fn remove(&self, key: PageKey) -> bool {
+        let mut g = self.inner.lock();
+        match g.map.remove(&key) {
+            Some(e) => {
+                g.used -= e.data.len() as u64;
+                if e.dirty {
+                    g.dirty_bytes -= e.data.len() as u64;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Chooses up to `n` victims in clock order (a referenced page gets a second chance).
+    /// They stay in the tier until [`DramTier::finish_evict`].
+    pub fn pick_victims(&self, n: usize) -> Vec<Victim> {
+        let mut guard = self.inner.lock();
+        let g = &mut *guard;
+        let mut out = Vec::new();
+        let mut chosen = std::collections::HashSet::new();
+        let mut budget = g.clock.len() * 2 + 1;
+        while out.len() < n && budget > 0 {
+            budget -= 1;
+            let Some(k) = g.clock.pop_front() else { break };
+            let Some(e) = g.map.get_mut(&k) else { continue };
+            g.clock.push_back(k);
+            if e.referenced {
+                e.referenced = false;
+                continue;
+            }
+            if chosen.insert(k) {
+                out.push((k, e.data.clone(), e.dirty, e.gen));
+            }
+        }
+        out
+    }
+
+    /// Drops an evicted page, unless it was written again meanwhile.
+    pub fn finish_evict(&self, key: PageKey, gen: u64) {
+        let mut g = self.inner.lock();
+        if g.map.get(&key).is_some_and(|e| e.gen == gen) {
+            if let Some(e) = g.map.remove(&key) {
+                g.used -= e.data.len() as u64;
+                if e.dirty {
+                    g.dirty_bytes -= e.data.len() as u64;
+                }
+                self.counters.evictions.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Every dirty page (key, contents, generation).
+    pub fn dirty_pages(&self) -> Vec<(PageKey, Vec<u8>, u64)> {
+        let g = self.inner.lock();
+        g.map
+            .iter()
+            .filter(|(_, e)| e.dirty)
+            .map(|(k, e)| (*k, e.data.clone(), e.gen))
+            .collect()
+    }
+
+    /// Marks a page clean after it was written down, unless it changed meanwhile.
+    pub fn mark_clean(&self, key: PageKey, gen: u64) {
+        let mut g = self.inner.lock();
+        let mut cleaned = 0;
+        if let Some(e) = g.map.get_mut(&key) {
+            if e.gen == gen && e.dirty {
+                e.dirty = false;
+                cleaned = e.data.len() as u64;
+            }
+        }
+        g.dirty_bytes -= cleaned;
+    }
+
+    pub fn status(&self) -> TierStatus {
+        let g = self.inner.lock();
+        self.counters
+            .snapshot("dram", self.capacity, g.used, g.dirty_bytes)
+    }
+}

@@ -1,0 +1,122 @@
+//! The `Tier` trait and the array tier.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use tierstack_array::Array;
+
+use crate::{PageKey, Result};
+
+/// Counters every tier keeps.
+#[derive(Debug, Default)]
+pub struct TierCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub puts: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub evictions: AtomicU64,
+}
+
+/// A snapshot of one tier, for status output.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TierStatus {
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub dirty_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub puts: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub evictions: u64,
+}
+
+impl TierCounters {
+    pub fn snapshot(&self, name: &str, capacity: u64, used: u64, dirty: u64) -> TierStatus {
+        TierStatus {
+            name: name.to_string(),
+            capacity_bytes: capacity,
+            used_bytes: used,
+            dirty_bytes: dirty,
+            hits: self.hits.load(Relaxed),
+            misses: self.misses.load(Relaxed),
+            puts: self.puts.load(Relaxed),
+            bytes_in: self.bytes_in.load(Relaxed),
+            bytes_out: self.bytes_out.load(Relaxed),
+            evictions: self.evictions.load(Relaxed),
+        }
+    }
+}
+
+/// A tier below DRAM: the array, later a VRAM tier or the backing directory.
+pub trait Tier: Send + Sync {
+    fn name(&self) -> &str;
+    /// Stores a page (durable after `flush`).
+    fn put(&self, key: PageKey, data: &[u8]) -> Result<()>;
+    fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>>;
+    fn remove(&self, key: PageKey) -> Result<bool>;
+    /// Makes everything put so far durable.
+    fn flush(&self) -> Result<()>;
+    fn status(&self) -> TierStatus;
+}
+
+/// The array as a tier: each page is one value of the array under the same key.
+pub struct ArrayTier {
+    array: Array,
+    counters: TierCounters,
+}
+
+impl ArrayTier {
+    pub fn new(array: Array) -> Self {
+        ArrayTier {
+            array,
+            counters: TierCounters::default(),
+        }
+    }
+
+    pub fn array(&self) -> &Array {
+        &self.array
+    }
+}
+
+impl Tier for ArrayTier {
+    fn name(&self) -> &str {
+        "array"
+    }
+
+    fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
+        self.array.put(key, data)?;
+        self.counters.puts.fetch_add(1, Relaxed);
+        self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
+        let v = self.array.get(key)?;
+        match &v {
+            Some(d) => {
+                self.counters.hits.fetch_add(1, Relaxed);
+                self.counters.bytes_out.fetch_add(d.len() as u64, Relaxed);
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Relaxed);
+            }
+        }
+        Ok(v)
+    }
+
+    fn remove(&self, key: PageKey) -> Result<bool> {
+        Ok(self.array.delete(key)?)
+    }
+
+    fn flush(&self) -> Result<()> {
+        Ok(self.array.flush()?)
+    }
+
+    fn status(&self) -> TierStatus {
+        let st = self.array.status();
+        self.counters
+            .snapshot("array", st.capacity_bytes, st.used_bytes, 0)
+    }
+}
