@@ -49,7 +49,8 @@ fn coef(j: usize) -> u8 {
 /// Computes the `m` redundancy units of a group from its `k` data units.
 /// k == 1 is a mirror (every redundancy unit is a copy); otherwise unit 0 is P, unit 1 is Q.
 pub fn encode(data: &[&[u8]], red: &mut [&mut [u8]]) {
-    if red.is_empty() {
+    // (The SIMD field routines index their first byte: never hand them empty slices.)
+    if red.is_empty() || data.first().is_none_or(|d| d.is_empty()) {
         return;
     }
     if data.len() == 1 {
@@ -82,6 +83,9 @@ pub fn reconstruct(k: usize, units: &mut [&mut [u8]], present: &[bool]) -> bool 
         return false;
     }
     let len = units[0].len();
+    if len == 0 {
+        return true;
+    }
     if k == 1 {
         // Mirror: copy from any present unit.
         let Some(src) = (0..n).find(|&i| present[i]) else {
