@@ -94,8 +94,10 @@ pub fn run(dir: Option<PathBuf>, size: &str) -> Result<()> {
     let a = store.array().clone();
     drop(store);
     let paths = a.drive_paths();
+    // Stripe 8 holds part of the 48 MiB object.
+    let at = (1u64 << 20) + 8 * a.geometry().stripe_drive_bytes() as u64;
     drop(a);
-    corrupt(&paths[1])?;
+    corrupt(&paths[1], at)?;
     let a = tierstack_array::descriptor::open_array(&desc, &opts)?;
     let rep = a.scrub(true, &|_, _| {})?;
     println!(
@@ -131,12 +133,12 @@ pub fn run(dir: Option<PathBuf>, size: &str) -> Result<()> {
     Ok(())
 }
 
-/// Overwrites the first 256 KiB of a drive's data area (data and parity chunks) with garbage.
-fn corrupt(path: &std::path::Path) -> Result<()> {
+/// Overwrites 256 KiB of a drive at `at` (data and parity chunks) with garbage.
+fn corrupt(path: &std::path::Path, at: u64) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().write(true).open(path)?;
     let garbage = vec![0xA5u8; 256 << 10];
-    f.write_all_at(&garbage, 1 << 20)?;
+    f.write_all_at(&garbage, at)?;
     f.sync_all()?;
     Ok(())
 }
