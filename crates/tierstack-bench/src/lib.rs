@@ -1,6 +1,7 @@
 //! Benchmark engines of tierstack. Every figure comes with its baseline from the same run.
 
 pub mod array;
+pub mod mem;
 pub mod table;
 
 /// Parses sizes like `64K`, `1.5G`, `512` (bytes). Suffixes K, M, G, T are powers of 1024.

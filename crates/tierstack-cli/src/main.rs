@@ -2,6 +2,7 @@
 
 mod array_cmd;
 mod demo;
+mod mem_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,11 @@ enum BenchCmd {
     /// Raw drives against the array on the same drives: write, read, random reads, degraded
     /// read, rebuild, XOR rate.
     Array(array_cmd::BenchArrayArgs),
+    /// pmbench-style page-access latency: accesses/s and log2 latency histograms.
+    Mem(mem_cmd::BenchMemArgs),
+    /// Internal: the measured process of `bench mem` (takes its spec as JSON).
+    #[command(hide = true)]
+    MemWorker { spec: String },
 }
 
 fn main() -> ExitCode {
@@ -49,10 +55,36 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            // One line: clap's first line (the problem), and where to read about the fix.
+            let text = e.to_string();
+            let first: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(|l| l.trim())
+                .collect();
+            let joined = first.join(" ");
+            let msg = joined.trim_start_matches("error: ");
+            eprintln!("tierstack: error: {msg} (see `tierstack --help` and the command's --help)");
+            return ExitCode::from(2);
+        }
+    };
     let res = match cli.cmd {
         Cmd::Array(c) => array_cmd::run(c),
         Cmd::Bench(BenchCmd::Array(a)) => array_cmd::bench(a),
+        Cmd::Bench(BenchCmd::Mem(a)) => mem_cmd::bench(a),
+        Cmd::Bench(BenchCmd::MemWorker { spec }) => mem_cmd::worker(&spec),
         Cmd::Demo { dir, size } => demo::run(dir, &size),
     };
     match res {

@@ -1,0 +1,394 @@
+//! `tierstack bench mem`: the pmbench method. A worker process maps `--map` bytes, touches
+//! every 4 KiB page once, then for `--seconds` each thread touches one word of one page per
+//! access (pattern uniform, linear or zipf; a read or a write by `--read-ratio`), timing every
+//! access. Reported: accesses/s, mean, p50, p99, p99.9 and read and write histograms in log2
+//! nanosecond bands, as pmbench prints them.
+//!
+//! Engines: `dram` (no limit) and `kernel-swap` (root: a swap file in `--dir` and a memory
+//! cgroup limited to `--dram`, both removed afterwards). The `tierstack` engine (userfaultfd)
+//! is not built yet.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+pub const PAGE: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    Uniform,
+    Linear,
+    Zipf,
+}
+
+impl std::str::FromStr for Pattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uniform" => Ok(Pattern::Uniform),
+            "linear" => Ok(Pattern::Linear),
+            "zipf" => Ok(Pattern::Zipf),
+            o => Err(format!(
+                "unknown pattern '{o}': use uniform, linear or zipf"
+            )),
+        }
+    }
+}
+
+/// What one worker run does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    pub map: u64,
+    pub threads: usize,
+    /// Fraction of reads, 0.0 to 1.0.
+    pub read_ratio: f64,
+    pub pattern: Pattern,
+    pub seconds: f64,
+    /// cgroup.procs file to join before touching memory (kernel-swap engine).
+    pub cgroup_procs: Option<PathBuf>,
+}
+
+/// One log2 band: accesses that took [2^lo_log2, 2^(lo_log2+1)) nanoseconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Band {
+    pub lo_ns: u64,
+    pub hi_ns: u64,
+    pub reads: u64,
+    pub writes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemReport {
+    pub engine: String,
+    pub map_bytes: u64,
+    pub dram_bytes: u64,
+    pub threads: usize,
+    pub read_ratio: f64,
+    pub pattern: Pattern,
+    pub seconds: f64,
+    pub accesses: u64,
+    pub accesses_per_s: f64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub read_mean_us: f64,
+    pub write_mean_us: f64,
+    pub bands: Vec<Band>,
+}
+
+fn hist() -> Histogram<u64> {
+    // 1 ns .. 100 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).unwrap_or_else(|_| {
+        Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits is valid"))
+    })
+}
+
+/// Runs the workload in this process and returns its report (engine name filled by caller).
+pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
+    if let Some(p) = &spec.cgroup_procs {
+        std::fs::write(p, std::process::id().to_string())
+            .map_err(|e| format!("cannot join cgroup {}: {e}", p.display()))?;
+    }
+    let pages = (spec.map as usize / PAGE).max(1);
+    let words_per_page = PAGE / 8;
+    // Anonymous, lazily-zeroed memory (calloc of a large block is an mmap).
+    let mem: Vec<AtomicU64> = (0..pages * words_per_page)
+        .map(|_| AtomicU64::new(0))
+        .collect();
+    // Touch every page once, as pmbench does, so the map is resident or swapped out.
+    for p in 0..pages {
+        mem[p * words_per_page].store(p as u64, Relaxed);
+    }
+    let stop = AtomicBool::new(false);
+    let total = AtomicU64::new(0);
+    let (reads, writes): (Vec<Histogram<u64>>, Vec<Histogram<u64>>) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..spec.threads.max(1))
+            .map(|t| {
+                let mem = &mem;
+                let stop = &stop;
+                let total = &total;
+                s.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed + t as u64);
+                    let zipf = rand_distr::Zipf::new(pages as u64, 0.99).ok();
+                    let mut rh = hist();
+                    let mut wh = hist();
+                    let mut next = (pages / spec.threads.max(1)) * t;
+                    let mut n = 0u64;
+                    while !stop.load(Relaxed) {
+                        for _ in 0..256 {
+                            let page = match spec.pattern {
+                                Pattern::Uniform => rng.gen_range(0..pages),
+                                Pattern::Linear => {
+                                    next = (next + 1) % pages;
+                                    next
+                                }
+                                Pattern::Zipf => match &zipf {
+                                    Some(z) => (rng.sample(z) as usize).saturating_sub(1) % pages,
+                                    None => rng.gen_range(0..pages),
+                                },
+                            };
+                            let word = page * words_per_page + rng.gen_range(0..words_per_page);
+                            let is_read = rng.gen_bool(spec.read_ratio.clamp(0.0, 1.0));
+                            let t0 = Instant::now();
+                            if is_read {
+                                std::hint::black_box(mem[word].load(Relaxed));
+                            } else {
+                                mem[word].store(n, Relaxed);
+                            }
+                            let ns = t0.elapsed().as_nanos().max(1) as u64;
+                            let h = if is_read { &mut rh } else { &mut wh };
+                            let _ = h.record(ns);
+                            n += 1;
+                        }
+                    }
+                    total.fetch_add(n, Relaxed);
+                    (rh, wh)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(spec.seconds.max(0.1)));
+        stop.store(true, Relaxed);
+        handles.into_iter().filter_map(|h| h.join().ok()).unzip()
+    });
+    let mut rh = hist();
+    let mut wh = hist();
+    for h in &reads {
+        let _ = rh.add(h);
+    }
+    for h in &writes {
+        let _ = wh.add(h);
+    }
+    let mut all = hist();
+    let _ = all.add(&rh);
+    let _ = all.add(&wh);
+    let accesses = total.load(Relaxed);
+    let us = |ns: f64| ns / 1000.0;
+    let mut bands = Vec::new();
+    for k in 0..40u32 {
+        let lo = 1u64 << k;
+        let hi = 1u64 << (k + 1);
+        let r = rh.count_between(lo, hi - 1);
+        let w = wh.count_between(lo, hi - 1);
+        if r + w > 0 {
+            bands.push(Band {
+                lo_ns: lo,
+                hi_ns: hi,
+                reads: r,
+                writes: w,
+            });
+        }
+    }
+    Ok(MemReport {
+        engine: String::new(),
+        map_bytes: spec.map,
+        dram_bytes: 0,
+        threads: spec.threads,
+        read_ratio: spec.read_ratio,
+        pattern: spec.pattern,
+        seconds: spec.seconds,
+        accesses,
+        accesses_per_s: accesses as f64 / spec.seconds.max(0.1),
+        mean_us: us(all.mean()),
+        p50_us: us(all.value_at_quantile(0.50) as f64),
+        p99_us: us(all.value_at_quantile(0.99) as f64),
+        p999_us: us(all.value_at_quantile(0.999) as f64),
+        read_mean_us: us(rh.mean()),
+        write_mean_us: us(wh.mean()),
+        bands,
+    })
+}
+
+/// Swap file and memory cgroup for the kernel-swap engine; removed on drop.
+struct SwapSetup {
+    swapfile: PathBuf,
+    swapped_on: bool,
+    cgroup: Option<PathBuf>,
+}
+
+impl Drop for SwapSetup {
+    fn drop(&mut self) {
+        if self.swapped_on {
+            let _ = Command::new("swapoff").arg(&self.swapfile).status();
+        }
+        let _ = std::fs::remove_file(&self.swapfile);
+        if let Some(cg) = &self.cgroup {
+            let _ = std::fs::remove_dir(cg);
+        }
+    }
+}
+
+fn sh(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let o = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// Creates the swap file (size bytes, written out: swap files may not have holes), turns it
+/// on and makes a memory cgroup limited to `limit` bytes. Returns the cgroup.procs path.
+fn kernel_swap_setup(dir: &Path, size: u64, limit: u64) -> Result<(SwapSetup, PathBuf), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("the kernel-swap engine needs root (swapon and a memory cgroup): run as root or use --engine dram".into());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let swapfile = dir.join(format!("tierstack-swap-{}", std::process::id()));
+    let mut setup = SwapSetup {
+        swapfile: swapfile.clone(),
+        swapped_on: false,
+        cgroup: None,
+    };
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&swapfile)
+            .map_err(|e| format!("cannot create swap file: {e}"))?;
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..size.div_ceil(1 << 20) {
+            f.write_all(&zeros)
+                .map_err(|e| format!("cannot write swap file: {e}"))?;
+        }
+        f.sync_all()
+            .map_err(|e| format!("cannot sync swap file: {e}"))?;
+    }
+    let _ = std::fs::set_permissions(
+        &swapfile,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    );
+    sh(Command::new("mkswap").arg(&swapfile), "mkswap")?;
+    sh(Command::new("swapon").arg(&swapfile), "swapon")?;
+    setup.swapped_on = true;
+    let name = format!("tierstack-bench-{}", std::process::id());
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    let v2 = Path::new("/sys/fs/cgroup");
+    let (cg, limit_file) = if v1.join("memory.limit_in_bytes").exists() {
+        (v1.join(&name), "memory.limit_in_bytes")
+    } else if v2.join("cgroup.controllers").exists() {
+        (v2.join(&name), "memory.max")
+    } else {
+        return Err("no memory cgroup (v1 or v2) found under /sys/fs/cgroup".into());
+    };
+    std::fs::create_dir(&cg).map_err(|e| format!("cannot create cgroup {}: {e}", cg.display()))?;
+    setup.cgroup = Some(cg.clone());
+    std::fs::write(cg.join(limit_file), limit.to_string())
+        .map_err(|e| format!("cannot set {limit_file}: {e}"))?;
+    // v1: let the group swap, and make a group that reclaim cannot keep up with wait for
+    // swap-out rather than be OOM-killed (heavy swapping to a slow drive trips the memcg OOM
+    // killer even with free swap).
+    let _ = std::fs::write(cg.join("memory.swappiness"), "60");
+    let _ = std::fs::write(cg.join("memory.oom_control"), "1");
+    Ok((setup, cg.join("cgroup.procs")))
+}
+
+/// Runs one engine: spawns `exe bench mem-worker SPEC_JSON` (in the cgroup for kernel-swap)
+/// and parses its JSON report.
+pub fn run_engine(
+    exe: &Path,
+    engine: &str,
+    spec: &WorkerSpec,
+    dram: u64,
+    dir: &Path,
+) -> Result<MemReport, String> {
+    let mut spec = spec.clone();
+    let _setup = match engine {
+        "dram" => None,
+        "kernel-swap" => {
+            // Swapped-in pages keep their swap slots (swap cache), so size the file for the whole map
+            // twice over.
+            let (setup, procs) = kernel_swap_setup(dir, spec.map * 2 + (256 << 20), dram)?;
+            spec.cgroup_procs = Some(procs);
+            Some(setup)
+        }
+        "tierstack" => {
+            return Err("the tierstack engine needs the userfaultfd memory front, which is not built yet (issue 3): use --engine kernel-swap or dram".into())
+        }
+        o => return Err(format!("unknown engine '{o}': use kernel-swap or dram")),
+    };
+    let json = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args(["bench", "mem-worker", &json])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the worker: {e}"))?;
+    // A worker that cannot make progress (swap exhausted under a frozen cgroup) is stopped.
+    let deadline = Instant::now() + Duration::from_secs_f64(spec.seconds * 2.0 + 600.0);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("the worker made no progress and was stopped: give --dir more free space for swap or a larger --dram".into());
+            }
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("worker: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(if err.is_empty() {
+            format!(
+                "the worker died ({}): was it killed for memory?",
+                out.status
+            )
+        } else {
+            format!("the worker failed: {err}")
+        });
+    }
+    let mut r: MemReport =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("worker output: {e}"))?;
+    r.engine = engine.to_string();
+    r.dram_bytes = if engine == "dram" { 0 } else { dram };
+    Ok(r)
+}
+
+/// pmbench-style text: summary and the log2 histogram.
+pub fn render(r: &MemReport) -> String {
+    let mut out = format!(
+        "engine {}: map {} dram limit {} threads {} read ratio {:.2} pattern {:?}, {:.1} s\n  {:.0} accesses/s, mean {:.2} us, p50 {:.2} us, p99 {:.2} us, p99.9 {:.2} us (reads {:.2} us, writes {:.2} us mean)\n",
+        r.engine,
+        crate::fmt_size(r.map_bytes),
+        if r.dram_bytes == 0 { "none".to_string() } else { crate::fmt_size(r.dram_bytes) },
+        r.threads,
+        r.read_ratio,
+        r.pattern,
+        r.seconds,
+        r.accesses_per_s,
+        r.mean_us,
+        r.p50_us,
+        r.p99_us,
+        r.p999_us,
+        r.read_mean_us,
+        r.write_mean_us
+    );
+    let rows: Vec<Vec<String>> = r
+        .bands
+        .iter()
+        .map(|b| {
+            vec![
+                format!("2^{}", b.lo_ns.trailing_zeros()),
+                format!("{}-{} ns", b.lo_ns, b.hi_ns),
+                b.reads.to_string(),
+                b.writes.to_string(),
+            ]
+        })
+        .collect();
+    out.push_str(&crate::table::render(
+        &["band", "latency", "reads", "writes"],
+        &rows,
+    ));
+    out
+}
