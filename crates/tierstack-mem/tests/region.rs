@@ -1,0 +1,213 @@
+//! Real userfaultfd: regions larger than their DRAM budget, paged to a store over an array.
+
+use std::sync::Arc;
+
+use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
+use tierstack_mem::{Region, RegionOptions};
+use tierstack_store::{ArrayTier, TieredStore};
+
+fn store(dir: &std::path::Path) -> Arc<TieredStore> {
+    let paths: Vec<_> = (0..4).map(|i| dir.join(format!("d{i}"))).collect();
+    let p = CreateParams {
+        level: Level::Raid5,
+        chunk: 64 << 10,
+        groups: None,
+        size: Some(128 << 20),
+    };
+    let a = Array::create(&paths, &p, &ArrayOptions::default()).expect("array");
+    Arc::new(TieredStore::new(4 << 20, vec![Box::new(ArrayTier::new(a))]).expect("store"))
+}
+
+fn opts(obj: u64) -> RegionOptions {
+    RegionOptions {
+        page: 64 << 10,
+        budget: 8 << 20,
+        fault_threads: 2,
+        obj,
+    }
+}
+
+/// The tests run one at a time: the leak check counts this process's mappings.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn uffd_available() -> bool {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok()
+}
+
+#[test]
+fn region_four_times_its_budget_keeps_every_byte() {
+    let _serial = serial();
+    if !uffd_available() {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let st = store(dir.path());
+    let r = Region::new(st, 32 << 20, &opts(1)).expect("region");
+    let words = r.len() / 8;
+    // SAFETY: the region is a valid mapping of r.len() bytes for the life of `r`; this test
+    // is its only user.
+    let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr() as *mut u64, words) };
+    // Untouched memory reads as zero.
+    assert_eq!(mem[12345], 0);
+    for (i, w) in mem.iter_mut().enumerate() {
+        *w = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    assert!(
+        r.resident() <= 8 << 20,
+        "resident {} over budget",
+        r.resident()
+    );
+    for (i, w) in mem.iter().enumerate() {
+        assert_eq!(
+            *w,
+            (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            "word {i}"
+        );
+    }
+    // Overwrite every other page and check again (pages come back from the store and leave).
+    for i in (0..words).step_by(1024) {
+        mem[i] ^= 1;
+    }
+    for i in (0..words).step_by(1024) {
+        assert_eq!(mem[i], (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 1);
+    }
+    assert!(r.error().is_none(), "{:?}", r.error());
+    let c = r.counters();
+    assert!(c.evictions.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(c.bytes_in.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(
+        c.madvise_calls.load(std::sync::atomic::Ordering::Relaxed)
+            <= c.evictions.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn threads_write_and_read_while_pages_move() {
+    let _serial = serial();
+    if !uffd_available() {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let st = store(dir.path());
+    let r = Region::new(st, 24 << 20, &opts(2)).expect("region");
+    let words = r.len() / 8;
+    let base = r.as_ptr() as usize;
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            s.spawn(move || {
+                // SAFETY: each thread writes only the words i ≡ t (mod 4) of a mapping that
+                // outlives the scope; AtomicU64 views make the concurrent access well-defined.
+                let mem = unsafe {
+                    std::slice::from_raw_parts(base as *const std::sync::atomic::AtomicU64, words)
+                };
+                for round in 0..2u64 {
+                    for i in (t..words).step_by(4 * 97) {
+                        mem[i].store(i as u64 * 3 + round, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    for i in (t..words).step_by(4 * 97) {
+                        assert_eq!(
+                            mem[i].load(std::sync::atomic::Ordering::Relaxed),
+                            i as u64 * 3 + round
+                        );
+                    }
+                }
+            });
+        }
+    });
+    assert!(r.error().is_none(), "{:?}", r.error());
+    assert!(r.resident() <= 8 << 20);
+}
+
+#[test]
+fn regions_created_and_dropped_in_a_loop_leak_nothing() {
+    let _serial = serial();
+    if !uffd_available() {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let st = store(dir.path());
+    let maps_before = std::fs::read_to_string("/proc/self/maps")
+        .map(|m| m.lines().count())
+        .unwrap_or(0);
+    for round in 0..200u64 {
+        let r = Region::new(
+            st.clone(),
+            1 << 20,
+            &RegionOptions {
+                page: 64 << 10,
+                budget: 256 << 10,
+                fault_threads: 1,
+                obj: 100 + round,
+            },
+        )
+        .expect("region");
+        // SAFETY: valid mapping for the life of `r`.
+        let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), r.len()) };
+        for i in (0..mem.len()).step_by(4096) {
+            mem[i] = (round as u8).wrapping_add(1);
+        }
+        assert_eq!(mem[mem.len() - 4096], (round as u8).wrapping_add(1));
+    }
+    let maps_after = std::fs::read_to_string("/proc/self/maps")
+        .map(|m| m.lines().count())
+        .unwrap_or(0);
+    assert!(
+        maps_after <= maps_before + 4,
+        "mappings leaked: {maps_before} -> {maps_after}"
+    );
+    // Dropped regions removed their pages from the store.
+    for round in 0..200u64 {
+        assert!(st.get((100 + round, 0)).expect("get").is_none());
+    }
+}
+
+#[test]
+fn bad_options_are_refused() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tmp");
+    let st = store(dir.path());
+    assert!(Region::new(
+        st.clone(),
+        1 << 20,
+        &RegionOptions {
+            page: 5000,
+            budget: 1 << 20,
+            fault_threads: 1,
+            obj: 1
+        }
+    )
+    .is_err());
+    assert!(Region::new(
+        st.clone(),
+        1 << 20,
+        &RegionOptions {
+            page: 2 << 20,
+            budget: 8 << 20,
+            fault_threads: 1,
+            obj: 1
+        }
+    )
+    .is_err());
+    assert!(Region::new(
+        st,
+        1 << 20,
+        &RegionOptions {
+            page: 64 << 10,
+            budget: 4096,
+            fault_threads: 1,
+            obj: 1
+        }
+    )
+    .is_err());
+}
