@@ -52,6 +52,95 @@ pub struct WorkerSpec {
     pub seconds: f64,
     /// cgroup.procs file to join before touching memory (kernel-swap engine).
     pub cgroup_procs: Option<PathBuf>,
+    /// Run in a tierstack userfaultfd region instead of plain memory.
+    #[serde(default)]
+    pub tierstack: Option<TierstackSpec>,
+}
+
+/// The tierstack engine: a RAID 5 of four file drives in `dir`, the tiered store over it and
+/// a userfaultfd region whose DRAM budget is `dram`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TierstackSpec {
+    pub dir: PathBuf,
+    pub dram: u64,
+    pub page: usize,
+}
+
+/// Drive files of the tierstack engine, removed on drop.
+struct TempDrives(Vec<PathBuf>);
+
+impl Drop for TempDrives {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The memory the workload touches.
+enum Backing {
+    Plain(Vec<AtomicU64>),
+    // Field order matters: the region goes before the drives it pages to.
+    Tierstack {
+        region: tierstack_mem::Region,
+        _drives: TempDrives,
+    },
+}
+
+impl Backing {
+    fn words(&self) -> &[AtomicU64] {
+        match self {
+            Backing::Plain(v) => v,
+            Backing::Tierstack { region: r, .. } => {
+                // SAFETY: the region is a page-aligned mapping of r.len() bytes that lives as
+                // long as `self`; AtomicU64 makes concurrent access from the threads defined.
+                unsafe { std::slice::from_raw_parts(r.as_ptr() as *const AtomicU64, r.len() / 8) }
+            }
+        }
+    }
+}
+
+fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
+    use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
+    std::fs::create_dir_all(&t.dir)
+        .map_err(|e| format!("cannot create {}: {e}", t.dir.display()))?;
+    let paths: Vec<PathBuf> = (0..4)
+        .map(|i| {
+            t.dir
+                .join(format!("tierstack-mem-{}-d{i}", std::process::id()))
+        })
+        .collect();
+    let drives = TempDrives(paths.clone());
+    // Three data drives of four: room for the whole map twice over (the log needs slack).
+    let per_drive = (map * 2 / 3).max(64 << 20) + (64 << 20);
+    let params = CreateParams {
+        level: Level::Raid5,
+        chunk: 64 << 10,
+        groups: None,
+        size: Some(per_drive),
+    };
+    let array =
+        Array::create(&paths, &params, &ArrayOptions::default()).map_err(|e| e.to_string())?;
+    // The store's own DRAM tier stays small: the region's budget is the DRAM that counts.
+    let store_dram = (t.dram / 16).max(8 << 20);
+    let store = tierstack_store::TieredStore::new(
+        store_dram,
+        vec![Box::new(tierstack_store::ArrayTier::new(array))],
+    )
+    .map_err(|e| e.to_string())?;
+    let budget = t.dram.saturating_sub(store_dram).max(2 * t.page as u64);
+    let opts = tierstack_mem::RegionOptions {
+        page: t.page,
+        budget,
+        fault_threads: 2,
+        obj: 1,
+    };
+    let region = tierstack_mem::Region::new(std::sync::Arc::new(store), map as usize, &opts)
+        .map_err(|e| e.to_string())?;
+    Ok(Backing::Tierstack {
+        region,
+        _drives: drives,
+    })
 }
 
 /// One log2 band: accesses that took [2^lo_log2, 2^(lo_log2+1)) nanoseconds.
@@ -98,10 +187,16 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
     }
     let pages = (spec.map as usize / PAGE).max(1);
     let words_per_page = PAGE / 8;
-    // Anonymous, lazily-zeroed memory (calloc of a large block is an mmap).
-    let mem: Vec<AtomicU64> = (0..pages * words_per_page)
-        .map(|_| AtomicU64::new(0))
-        .collect();
+    let backing = match &spec.tierstack {
+        Some(t) => tierstack_backing(t, spec.map)?,
+        // Anonymous memory (a large allocation is an mmap).
+        None => Backing::Plain(
+            (0..pages * words_per_page)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        ),
+    };
+    let mem = backing.words();
     // Touch every page once, as pmbench does, so the map is resident or swapped out.
     for p in 0..pages {
         mem[p * words_per_page].store(p as u64, Relaxed);
@@ -290,7 +385,8 @@ fn kernel_swap_setup(dir: &Path, size: u64, limit: u64) -> Result<(SwapSetup, Pa
     Ok((setup, cg.join("cgroup.procs")))
 }
 
-/// Runs one engine: spawns `exe bench mem-worker SPEC_JSON` (in the cgroup for kernel-swap)
+/// Runs one engine (`page` is the tierstack page size): spawns `exe bench mem-worker SPEC_JSON`
+/// (in the cgroup for kernel-swap)
 /// and parses its JSON report.
 pub fn run_engine(
     exe: &Path,
@@ -298,6 +394,7 @@ pub fn run_engine(
     spec: &WorkerSpec,
     dram: u64,
     dir: &Path,
+    page: usize,
 ) -> Result<MemReport, String> {
     let mut spec = spec.clone();
     let _setup = match engine {
@@ -310,9 +407,18 @@ pub fn run_engine(
             Some(setup)
         }
         "tierstack" => {
-            return Err("the tierstack engine needs the userfaultfd memory front, which is not built yet (issue 3): use --engine kernel-swap or dram".into())
+            spec.tierstack = Some(TierstackSpec {
+                dir: dir.to_path_buf(),
+                dram,
+                page,
+            });
+            None
         }
-        o => return Err(format!("unknown engine '{o}': use kernel-swap or dram")),
+        o => {
+            return Err(format!(
+                "unknown engine '{o}': use tierstack, kernel-swap or dram"
+            ))
+        }
     };
     let json = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)

@@ -25,18 +25,21 @@ pub struct BenchMemArgs {
     pattern: String,
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
-    /// kernel-swap, dram, or tierstack (not built yet).
+    /// tierstack (userfaultfd region over an array in --dir), kernel-swap, or dram.
     #[arg(long, default_value = "kernel-swap")]
     engine: String,
-    /// Folder for the swap file (the drive under test).
+    /// Folder for the swap file and tierstack's drives (the drive under test).
     #[arg(long, default_value = "/tmp")]
     dir: PathBuf,
-    /// Run tierstack and kernel-swap back to back (needs the tierstack engine).
+    /// Run tierstack and kernel-swap back to back and print the ratio of accesses/s.
     #[arg(long)]
     compare: bool,
     /// Draw both histograms into a PNG (not built yet).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// tierstack page size (unit of faulting and I/O): a multiple of 4K up to 1M.
+    #[arg(long, default_value = "64K")]
+    page: String,
     #[arg(long)]
     json: bool,
 }
@@ -74,8 +77,12 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         );
     }
     let pattern: Pattern = a.pattern.parse().map_err(anyhow::Error::msg)?;
-    if a.compare {
-        bail!("--compare needs the tierstack engine (userfaultfd memory front), which is not built yet (issue 3): run --engine kernel-swap and --engine dram separately");
+    let page = parse_size(&a.page).map_err(anyhow::Error::msg)? as usize;
+    if page == 0 || !page.is_multiple_of(4096) || page > (1 << 20) {
+        bail!(
+            "--page {} is not a multiple of 4K up to 1M: use e.g. --page 64K",
+            a.page
+        );
     }
     if a.plot.is_some() {
         bail!("--plot is not built yet: use --json and plot the bands yourself");
@@ -87,9 +94,33 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         pattern,
         seconds: a.seconds,
         cgroup_procs: None,
+        tierstack: None,
     };
     let exe = std::env::current_exe()?;
-    let r = mem::run_engine(&exe, &a.engine, &spec, dram, &a.dir).map_err(anyhow::Error::msg)?;
+    if a.compare {
+        // Back to back, same workload, same folder for the swap file and the drives.
+        let t = mem::run_engine(&exe, "tierstack", &spec, dram, &a.dir, page)
+            .map_err(anyhow::Error::msg)?;
+        let k = mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page)
+            .map_err(anyhow::Error::msg)?;
+        let ratio = if k.accesses_per_s > 0.0 {
+            t.accesses_per_s / k.accesses_per_s
+        } else {
+            0.0
+        };
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"tierstack": t, "kernel_swap": k, "ratio": ratio})
+            );
+        } else {
+            print!("{}{}", mem::render(&t), mem::render(&k));
+            println!("ratio (tierstack / kernel-swap accesses/s): {ratio:.2}");
+        }
+        return Ok(());
+    }
+    let r =
+        mem::run_engine(&exe, &a.engine, &spec, dram, &a.dir, page).map_err(anyhow::Error::msg)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

@@ -94,8 +94,8 @@ fn bad_options_get_one_line() {
         (vec!["--pattern", "spiral"], "unknown pattern"),
         (vec!["--read-ratio", "150"], "--read-ratio"),
         (vec!["--threads", "0"], "--threads"),
-        (vec!["--engine", "tierstack"], "not built yet"),
-        (vec!["--compare"], "not built yet"),
+        (vec!["--engine", "nvme"], "unknown engine"),
+        (vec!["--plot", "x.png"], "not built yet"),
         (vec!["--no-such-flag"], "unexpected argument"),
     ] {
         let mut a = vec!["bench", "mem", "--seconds", "0.2"];
@@ -112,4 +112,43 @@ fn bad_options_get_one_line() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn tierstack_engine_runs_in_a_userfaultfd_region_and_cleans_up() {
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_err()
+    {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().to_str().expect("utf8");
+    let o = ts(&[
+        "bench",
+        "mem",
+        "--engine",
+        "tierstack",
+        "--map",
+        "96M",
+        "--dram",
+        "32M",
+        "--seconds",
+        "1",
+        "--dir",
+        dir,
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(j["engine"], "tierstack");
+    assert!(j["accesses"].as_u64().unwrap_or(0) > 1000, "{j}");
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).expect("dir").count(),
+        0,
+        "drive files left behind"
+    );
 }
