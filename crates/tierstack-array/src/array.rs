@@ -150,6 +150,40 @@ struct Index {
     segs: Vec<SegInfo>,
 }
 
+/// For each key, the newest summary entry found on the drives and where: (entry, seg, stripe).
+type Newest = HashMap<Key, (Entry, u32, u32)>;
+
+impl Index {
+    /// Enters the newest entry of each key: a value into the map, a deletion into the tombs.
+    fn install(&mut self, best: Newest) {
+        for (k, (e, seg, s)) in best {
+            if e.is_tombstone() {
+                self.tombs.insert(
+                    k,
+                    Tomb {
+                        version: e.version,
+                        seg,
+                    },
+                );
+            } else {
+                self.segs[seg as usize].add_live(e.len, 1);
+                self.map.insert(
+                    k,
+                    Loc {
+                        seg,
+                        stripe: s,
+                        block: e.block,
+                        len: e.len,
+                        crc: e.crc,
+                        version: e.version,
+                        pending: false,
+                    },
+                );
+            }
+        }
+    }
+}
+
 /// A sealed stripe being written by a background thread while the next one fills.
 struct InFlight {
     /// Computes the parity, writes the stripe and hands the image back for reuse.
@@ -632,7 +666,7 @@ impl Array {
 
     fn recover(&self) -> Result<()> {
         let geo = self.inner.geo.clone();
-        let mut best: HashMap<Key, (Entry, u32, u32)> = HashMap::new();
+        let mut best: Newest = HashMap::new();
         let mut segs = vec![
             SegInfo {
                 state: SegState::Free,
@@ -684,31 +718,7 @@ impl Array {
         self.inner.seq.store(max_seq + 1, Relaxed);
         let mut idx = self.inner.index.write();
         idx.segs = segs;
-        for (k, (e, seg, s)) in best {
-            if e.is_tombstone() {
-                idx.tombs.insert(
-                    k,
-                    Tomb {
-                        version: e.version,
-                        seg,
-                    },
-                );
-            } else {
-                idx.segs[seg as usize].add_live(e.len, 1);
-                idx.map.insert(
-                    k,
-                    Loc {
-                        seg,
-                        stripe: s,
-                        block: e.block,
-                        len: e.len,
-                        crc: e.crc,
-                        version: e.version,
-                        pending: false,
-                    },
-                );
-            }
-        }
+        idx.install(best);
         drop(idx);
         // Only the stripes that were in flight can be torn by a crash, and at most
         // MAX_INFLIGHT were: check the newest ones and void any whose records cannot be read
@@ -790,9 +800,8 @@ impl Array {
     /// Re-derives the newest surviving version of `keys` from every valid stripe.
     fn reload_keys(&self, keys: &[Key]) -> Result<()> {
         let want: std::collections::HashSet<Key> = keys.iter().copied().collect();
-        let geo = self.inner.geo.clone();
         let segs: Vec<SegInfo> = self.inner.index.read().segs.clone();
-        let mut best: HashMap<Key, (Entry, u32, u32)> = HashMap::new();
+        let mut best: Newest = HashMap::new();
         for (seg, info) in segs.iter().enumerate() {
             if info.state == SegState::Free {
                 continue;
@@ -809,33 +818,8 @@ impl Array {
                 }
             }
         }
-        let _ = geo;
         let mut idx = self.inner.index.write();
-        for (k, (e, seg, s)) in best {
-            if e.is_tombstone() {
-                idx.tombs.insert(
-                    k,
-                    Tomb {
-                        version: e.version,
-                        seg,
-                    },
-                );
-            } else {
-                idx.segs[seg as usize].add_live(e.len, 1);
-                idx.map.insert(
-                    k,
-                    Loc {
-                        seg,
-                        stripe: s,
-                        block: e.block,
-                        len: e.len,
-                        crc: e.crc,
-                        version: e.version,
-                        pending: false,
-                    },
-                );
-            }
-        }
+        idx.install(best);
         Ok(())
     }
 
