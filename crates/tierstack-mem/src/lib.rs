@@ -8,8 +8,11 @@
 //! to the store (an all-zero page is dropped instead: it comes back as a zero page), and the
 //! batch is released with `MADV_DONTNEED`, coalesced into runs of adjacent pages.
 //!
-//! State of this first cut (see issue 3): the budget is per region, every resident non-zero
-//! page is written on eviction (no clean-page skipping yet), no prefetch, no LD_PRELOAD shim.
+//! Pages are write-protected when they come in, so the first write marks them dirty; clean
+//! pages are dropped on eviction without a write.
+//!
+//! State of this first cut (see issue 3): the budget is per region, eviction runs in the fault
+//! path, no prefetch, no LD_PRELOAD shim.
 
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -40,6 +43,8 @@ pub struct MemCounters {
     pub zero_fills: AtomicU64,
     pub wp_faults: AtomicU64,
     pub evictions: AtomicU64,
+    /// Evictions of clean pages, dropped without a write.
+    pub clean_drops: AtomicU64,
     pub zero_evictions: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
@@ -57,6 +62,11 @@ enum PageState {
 
 struct State {
     pages: Vec<PageState>,
+    /// For a resident page: written since it was faulted in (learned from its first
+    /// write-protect fault)?
+    dirty: Vec<bool>,
+    /// For a resident page: what the store holds for it while it is clean (Zero or Stored).
+    backed: Vec<PageState>,
     clock: VecDeque<usize>,
     resident: u64,
 }
@@ -153,6 +163,8 @@ impl Region {
             store,
             state: Mutex::new(State {
                 pages: vec![PageState::Zero; npages],
+                dirty: vec![false; npages],
+                backed: vec![PageState::Zero; npages],
                 clock: VecDeque::new(),
                 resident: 0,
             }),
@@ -291,7 +303,7 @@ impl Shared {
                 // SAFETY: `v` holds one page; pa..pa+page is a missing page of our mapping.
                 let r = unsafe {
                     self.uffd
-                        .copy(v.as_ptr() as *const _, pa as *mut _, self.page, true)
+                        .copy(v.as_ptr() as *const _, pa as *mut _, self.page, false)
                 };
                 if r.is_err() {
                     // EEXIST (already mapped) or a partial copy: make sure the faulting thread
@@ -302,10 +314,16 @@ impl Shared {
             }
             None => {
                 // SAFETY: pa..pa+page is a missing page of our mapping.
-                let _ = unsafe { self.uffd.zeropage(pa as *mut _, self.page, true) };
+                let _ = unsafe { self.uffd.zeropage(pa as *mut _, self.page, false) };
                 self.counters.zero_fills.fetch_add(1, Relaxed);
             }
         }
+        // Write-protect before waking the faulting thread, so its first write is seen (a WP
+        // fault marks the page dirty). Clean pages are dropped on eviction without a write.
+        let tracked = self.uffd.write_protect(pa as *mut _, self.page).is_ok();
+        let _ = self.uffd.wake(pa as *mut _, self.page);
+        st.backed[idx] = st.pages[idx];
+        st.dirty[idx] = !tracked;
         st.pages[idx] = PageState::Resident;
         st.clock.push_back(idx);
         st.resident += self.page as u64;
@@ -319,11 +337,16 @@ impl Shared {
         self.counters.wp_faults.fetch_add(1, Relaxed);
         // An eviction of this page holds the state lock; once we have it, the page is either
         // gone (the writer's retry faults it back in) or resident and writable again.
-        let _st = self.state.lock();
+        let mut st = self.state.lock();
         let pa = self.page_addr(addr);
+        let idx = (pa - self.base) / self.page;
+        if st.pages[idx] == PageState::Resident {
+            st.dirty[idx] = true;
+        }
         let _ = self
             .uffd
             .remove_write_protection(pa as *mut _, self.page, true);
+        let _ = self.uffd.wake(pa as *mut _, self.page);
         Ok(())
     }
 
@@ -349,6 +372,14 @@ impl Shared {
         victims.sort_unstable();
         for &v in &victims {
             let pa = self.base + v * self.page;
+            if !st.dirty[v] {
+                // Unchanged since it came in: the store (or the zero page) still has it.
+                st.pages[v] = st.backed[v];
+                st.resident -= self.page as u64;
+                self.counters.evictions.fetch_add(1, Relaxed);
+                self.counters.clean_drops.fetch_add(1, Relaxed);
+                continue;
+            }
             // Stop writers before reading the page out.
             self.uffd
                 .write_protect(pa as *mut _, self.page)
