@@ -280,26 +280,24 @@ impl Shared {
     }
 
     fn handle(&self, ev: Event) {
-        match ev {
-            Event::Pagefault { kind, addr, rw, .. } => {
-                let r = match kind {
-                    FaultKind::Missing => {
-                        self.on_missing(addr as usize, rw == userfaultfd::ReadWrite::Write)
-                    }
-                    FaultKind::WriteProtected => self.on_wp(addr as usize),
-                    // Not registered for minor faults.
-                    FaultKind::Minor => Ok(()),
-                };
-                if let Err(e) = r {
-                    self.fail(e);
-                    // Never leave the faulting thread asleep: give it a zero page.
-                    let pa = self.page_addr(addr as usize);
-                    // SAFETY: pa..pa+page lies in our registered mapping.
-                    let _ = unsafe { self.uffd.zeropage(pa as *mut _, self.page, true) };
-                }
+        // Fork, remap, remove and unmap events are not requested; only page faults come.
+        let Event::Pagefault { kind, addr, rw, .. } = ev else {
+            return;
+        };
+        let r = match kind {
+            FaultKind::Missing => {
+                self.on_missing(addr as usize, rw == userfaultfd::ReadWrite::Write)
             }
-            // Fork, remap, remove and unmap events are not requested.
-            _ => {}
+            FaultKind::WriteProtected => self.on_wp(addr as usize),
+            // Not registered for minor faults.
+            FaultKind::Minor => Ok(()),
+        };
+        if let Err(e) = r {
+            self.fail(e);
+            // Never leave the faulting thread asleep: give it a zero page.
+            let pa = self.page_addr(addr as usize);
+            // SAFETY: pa..pa+page lies in our registered mapping.
+            let _ = unsafe { self.uffd.zeropage(pa as *mut _, self.page, true) };
         }
     }
 
