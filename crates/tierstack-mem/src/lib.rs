@@ -11,8 +11,10 @@
 //! Pages are write-protected when they come in, so the first write marks them dirty; clean
 //! pages are dropped on eviction without a write.
 //!
-//! State of this first cut (see issue 3): the budget is per region, eviction runs in the fault
-//! path, no prefetch, no LD_PRELOAD shim.
+//! A fault that follows the previous one (a sequential stream) maps up to 16 pages ahead.
+//!
+//! State of this first cut (see issue 3): the budget is per region, eviction and prefetch run
+//! in the fault path, no strided prefetch, no LD_PRELOAD shim.
 
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -23,6 +25,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tierstack_store::{TieredStore, MAX_PAGE};
 use userfaultfd::{Event, FaultKind, RegisterMode, Uffd, UffdBuilder};
+
+/// Most pages mapped ahead of one sequential fault.
+const PREFETCH_MAX: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemError {
@@ -43,6 +48,8 @@ pub struct MemCounters {
     pub zero_fills: AtomicU64,
     pub wp_faults: AtomicU64,
     pub evictions: AtomicU64,
+    /// Pages mapped ahead of a sequential fault stream.
+    pub prefetched: AtomicU64,
     /// Evictions of clean pages, dropped without a write.
     pub clean_drops: AtomicU64,
     pub zero_evictions: AtomicU64,
@@ -67,6 +74,8 @@ struct State {
     dirty: Vec<bool>,
     /// For a resident page: what the store holds for it while it is clean (Zero or Stored).
     backed: Vec<PageState>,
+    /// Page of the last missing fault, to detect sequential streams.
+    last_fault: Option<usize>,
     clock: VecDeque<usize>,
     resident: u64,
 }
@@ -165,6 +174,7 @@ impl Region {
                 pages: vec![PageState::Zero; npages],
                 dirty: vec![false; npages],
                 backed: vec![PageState::Zero; npages],
+                last_fault: None,
                 clock: VecDeque::new(),
                 resident: 0,
             }),
@@ -353,9 +363,62 @@ impl Shared {
         st.pages[idx] = PageState::Resident;
         st.clock.push_back(idx);
         st.resident += self.page as u64;
+        // A sequential stream (this fault follows the previous page) prefetches ahead, after
+        // the faulting thread was woken.
+        let sequential = st.last_fault.is_some_and(|l| l + 1 == idx);
+        st.last_fault = Some(idx);
+        if sequential {
+            let window =
+                ((self.budget / self.page as u64) / 8).clamp(1, PREFETCH_MAX as u64) as usize;
+            for j in idx + 1..(idx + 1 + window).min(st.pages.len()) {
+                if st.pages[j] == PageState::Resident {
+                    continue;
+                }
+                self.map_clean(&mut st, j)?;
+                self.counters.prefetched.fetch_add(1, Relaxed);
+            }
+        }
         if st.resident > self.budget {
             self.evict(&mut st, idx)?;
         }
+        Ok(())
+    }
+
+    /// Maps page `j` (not resident, nobody waiting on it) from the store or as zeros,
+    /// write-protected so a later write marks it dirty.
+    fn map_clean(&self, st: &mut State, j: usize) -> std::result::Result<(), String> {
+        let pa = self.base + j * self.page;
+        let data = if st.pages[j] == PageState::Stored {
+            self.store
+                .get((self.obj, j as u64))
+                .map_err(|e| format!("store read of page {j}: {e}"))?
+        } else {
+            None
+        };
+        let mapped = match data {
+            Some(mut v) => {
+                v.resize(self.page, 0);
+                self.counters.bytes_in.fetch_add(self.page as u64, Relaxed);
+                // SAFETY: `v` holds one page; pa..pa+page is a missing page of our mapping.
+                unsafe {
+                    self.uffd
+                        .copy(v.as_ptr() as *const _, pa as *mut _, self.page, false)
+                }
+                .is_ok()
+            }
+            // SAFETY: pa..pa+page is a missing page of our mapping.
+            None => unsafe { self.uffd.zeropage(pa as *mut _, self.page, false) }.is_ok(),
+        };
+        if !mapped {
+            // Raced with a fault on the same page (it will be served normally).
+            return Ok(());
+        }
+        let tracked = self.uffd.write_protect(pa as *mut _, self.page).is_ok();
+        st.backed[j] = st.pages[j];
+        st.dirty[j] = !tracked;
+        st.pages[j] = PageState::Resident;
+        st.clock.push_back(j);
+        st.resident += self.page as u64;
         Ok(())
     }
 

@@ -235,3 +235,30 @@ fn bad_options_are_refused() {
     )
     .is_err());
 }
+
+#[test]
+fn sequential_scans_prefetch_and_stay_exact() {
+    let _serial = serial();
+    if !uffd_available() {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let st = store(dir.path());
+    let r = Region::new(st, 32 << 20, &opts(3)).expect("region");
+    let words = r.len() / 8;
+    // SAFETY: valid mapping of r.len() bytes for the life of `r`; only this test uses it.
+    let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr() as *mut u64, words) };
+    for (i, w) in mem.iter_mut().enumerate() {
+        *w = i as u64 ^ 0xABCD;
+    }
+    // A sequential read scan over data that is mostly on the array.
+    for _ in 0..2 {
+        for (i, w) in mem.iter().enumerate() {
+            assert_eq!(*w, i as u64 ^ 0xABCD, "word {i}");
+        }
+    }
+    assert!(r.error().is_none(), "{:?}", r.error());
+    assert!(r.counters().prefetched.load(std::sync::atomic::Ordering::Relaxed) > 0, "no prefetch on a sequential scan");
+    assert!(r.resident() <= 8 << 20);
+}
