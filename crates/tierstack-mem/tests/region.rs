@@ -259,6 +259,12 @@ fn sequential_scans_prefetch_and_stay_exact() {
         }
     }
     assert!(r.error().is_none(), "{:?}", r.error());
-    assert!(r.counters().prefetched.load(std::sync::atomic::Ordering::Relaxed) > 0, "no prefetch on a sequential scan");
+    assert!(
+        r.counters()
+            .prefetched
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "no prefetch on a sequential scan"
+    );
     assert!(r.resident() <= 8 << 20);
 }
