@@ -1070,22 +1070,7 @@ impl Array {
                 "checksum mismatch in stripe {gs} (RAID 0 has no redundancy)"
             )));
         }
-        let mut suspects: Vec<usize> = geo
-            .pieces(off, len)
-            .iter()
-            .map(|p| geo.data_drive(geo.global_row(gs, p.row), p.unit))
-            .collect();
-        suspects.sort_unstable();
-        suspects.dedup();
-        let mut tries: Vec<Vec<usize>> = suspects.iter().map(|&d| vec![d]).collect();
-        if geo.m >= 2 {
-            for (i, &a) in suspects.iter().enumerate() {
-                for &b in &suspects[i + 1..] {
-                    tries.push(vec![a, b]);
-                }
-            }
-        }
-        for bad in tries {
+        for bad in culprit_sets(geo, gs, off, len) {
             let Ok(fixed) = self.read_raw(gs, off, len, &bad) else {
                 continue;
             };
@@ -2068,24 +2053,9 @@ impl Array {
         if geo.m == 0 {
             return false;
         }
-        let pieces = geo.pieces(off, len);
-        let mut rows: Vec<u64> = pieces.iter().map(|p| p.row).collect();
+        let mut rows: Vec<u64> = geo.pieces(off, len).iter().map(|p| p.row).collect();
         rows.dedup();
-        let mut drives: Vec<usize> = pieces
-            .iter()
-            .map(|p| geo.data_drive(geo.global_row(gs, p.row), p.unit))
-            .collect();
-        drives.sort_unstable();
-        drives.dedup();
-        let mut tries: Vec<Vec<usize>> = drives.iter().map(|&d| vec![d]).collect();
-        if geo.m >= 2 {
-            for (i, &a) in drives.iter().enumerate() {
-                for &b in &drives[i + 1..] {
-                    tries.push(vec![a, b]);
-                }
-            }
-        }
-        for bad in tries {
+        for bad in culprit_sets(geo, gs, off, len) {
             let saved: Vec<(usize, u64, Vec<u8>)> = bad
                 .iter()
                 .flat_map(|&d| rows.iter().map(move |&r| (d, r)))
@@ -2378,6 +2348,27 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// The drives that could hold bad data in a range of stripe `gs`, as the sets to try as
+/// culprits: each drive alone, and each pair where the level has two redundancy units.
+fn culprit_sets(geo: &Geometry, gs: u64, off: usize, len: usize) -> Vec<Vec<usize>> {
+    let mut drives: Vec<usize> = geo
+        .pieces(off, len)
+        .iter()
+        .map(|p| geo.data_drive(geo.global_row(gs, p.row), p.unit))
+        .collect();
+    drives.sort_unstable();
+    drives.dedup();
+    let mut sets: Vec<Vec<usize>> = drives.iter().map(|&d| vec![d]).collect();
+    if geo.m >= 2 {
+        for (i, &a) in drives.iter().enumerate() {
+            for &b in &drives[i + 1..] {
+                sets.push(vec![a, b]);
+            }
+        }
+    }
+    sets
 }
 
 fn check_tolerance(geo: &Geometry, list: &[Drive]) -> Result<()> {

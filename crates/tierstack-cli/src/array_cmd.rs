@@ -224,6 +224,13 @@ fn bar(len: u64, msg: &str) -> ProgressBar {
     pb
 }
 
+/// The folder a path lives in ("." for a bare file name).
+fn parent_dir(p: &Path) -> &Path {
+    p.parent()
+        .filter(|q| !q.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
 /// Checks everything about a create before any file is touched.
 fn precheck_create(array: &Path, drives: &[PathBuf], size: Option<u64>) -> Result<()> {
     if array.exists() {
@@ -232,10 +239,7 @@ fn precheck_create(array: &Path, drives: &[PathBuf], size: Option<u64>) -> Resul
             array.display()
         );
     }
-    let parent = array
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let parent = parent_dir(array);
     if !parent.is_dir() {
         bail!(
             "folder {} for the descriptor does not exist: create it first",
@@ -250,10 +254,7 @@ fn precheck_create(array: &Path, drives: &[PathBuf], size: Option<u64>) -> Resul
             );
         }
         if !d.exists() {
-            let dp = d
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
+            let dp = parent_dir(d);
             if !dp.is_dir() {
                 bail!(
                     "drive {}: folder {} does not exist: create it first",
