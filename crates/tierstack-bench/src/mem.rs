@@ -428,7 +428,9 @@ pub fn run_engine(
         .spawn()
         .map_err(|e| format!("cannot start the worker: {e}"))?;
     // A worker that cannot make progress (swap exhausted under a frozen cgroup) is stopped.
-    let deadline = Instant::now() + Duration::from_secs_f64(spec.seconds * 2.0 + 600.0);
+    // Allowance: the run, plus the warm-up touching every page at no less than 10 MB/s.
+    let warmup = 60.0 + spec.map as f64 / 10e6;
+    let deadline = Instant::now() + Duration::from_secs_f64(spec.seconds * 2.0 + warmup);
     loop {
         match child.try_wait() {
             Ok(Some(_)) => break,
@@ -436,7 +438,7 @@ pub fn run_engine(
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err("the worker made no progress and was stopped: give --dir more free space for swap or a larger --dram".into());
+                return Err("the worker made no progress and was stopped (swap full? other processes may be using the swap file too): give --dir more free space or a larger --dram".into());
             }
         }
     }
