@@ -42,15 +42,28 @@ fn uffd_available() -> bool {
         .is_ok()
 }
 
-#[test]
-fn region_four_times_its_budget_keeps_every_byte() {
-    let _serial = serial();
+/// Serialises the test, checks userfaultfd is usable (None: skip) and builds a store over a
+/// fresh array; the guard and the folder must live as long as the store.
+fn setup() -> Option<(
+    std::sync::MutexGuard<'static, ()>,
+    tempfile::TempDir,
+    Arc<TieredStore>,
+)> {
+    let guard = serial();
     if !uffd_available() {
         eprintln!("SKIP: /dev/userfaultfd not usable here");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().expect("tmp");
     let st = store(dir.path());
+    Some((guard, dir, st))
+}
+
+#[test]
+fn region_four_times_its_budget_keeps_every_byte() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
     let r = Region::new(st, 32 << 20, &opts(1)).expect("region");
     let words = r.len() / 8;
     // SAFETY: the region is a valid mapping of r.len() bytes for the life of `r`; this test
@@ -116,13 +129,9 @@ fn region_four_times_its_budget_keeps_every_byte() {
 
 #[test]
 fn threads_write_and_read_while_pages_move() {
-    let _serial = serial();
-    if !uffd_available() {
-        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    let Some((_serial, _dir, st)) = setup() else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tmp");
-    let st = store(dir.path());
+    };
     let r = Region::new(st, 24 << 20, &opts(2)).expect("region");
     let words = r.len() / 8;
     let base = r.as_ptr() as usize;
@@ -154,13 +163,9 @@ fn threads_write_and_read_while_pages_move() {
 
 #[test]
 fn regions_created_and_dropped_in_a_loop_leak_nothing() {
-    let _serial = serial();
-    if !uffd_available() {
-        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    let Some((_serial, _dir, st)) = setup() else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tmp");
-    let st = store(dir.path());
+    };
     let maps_before = std::fs::read_to_string("/proc/self/maps")
         .map(|m| m.lines().count())
         .unwrap_or(0);
@@ -238,13 +243,9 @@ fn bad_options_are_refused() {
 
 #[test]
 fn sequential_scans_prefetch_and_stay_exact() {
-    let _serial = serial();
-    if !uffd_available() {
-        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    let Some((_serial, _dir, st)) = setup() else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tmp");
-    let st = store(dir.path());
+    };
     let r = Region::new(st, 32 << 20, &opts(3)).expect("region");
     let words = r.len() / 8;
     // SAFETY: valid mapping of r.len() bytes for the life of `r`; only this test uses it.
