@@ -3,6 +3,9 @@
 mod array_cmd;
 mod demo;
 mod mem_cmd;
+mod mount_cmd;
+mod run_cmd;
+mod stage_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +27,23 @@ enum Cmd {
     /// Benchmarks that print each figure next to its baseline from the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Run an unmodified program with a DRAM budget; the rest of its large allocations is
+    /// paged to the array (userfaultfd, LD_PRELOAD).
+    Run(run_cmd::RunArgs),
+    /// Mount a burst buffer over a backing directory (FUSE); writes land in the fast tier and
+    /// drain to the backing directory in the background.
+    Mount(mount_cmd::MountArgs),
+    /// What a mount holds and how much is still waiting to drain.
+    Status(mount_cmd::StatusArgs),
+    /// Start (or wait for) the drain of a mount to its backing directory.
+    Drain(mount_cmd::DrainArgs),
+    /// Drain everything, then unmount.
+    Umount(mount_cmd::UmountArgs),
+    /// Copy inputs into a mount before a job (`in`) or outputs to the backing directory (`out`).
+    Stage(stage_cmd::StageArgs),
+    /// Internal: the mount daemon (takes its spec as JSON).
+    #[command(hide = true)]
+    MountDaemon { spec: String },
     /// Run the end-to-end demo on file drives in a temporary folder.
     Demo {
         /// Folder for the demo's drives (default: a new temporary folder, removed afterwards).
@@ -42,6 +62,9 @@ enum BenchCmd {
     Array(array_cmd::BenchArrayArgs),
     /// pmbench-style page-access latency: accesses/s and log2 latency histograms.
     Mem(mem_cmd::BenchMemArgs),
+    /// Seed 004's experiment: N processes each write and fsync one file, straight into the
+    /// backing directory and through a tierstack mount; output time, drain time, speedup.
+    Checkpoint(stage_cmd::BenchCheckpointArgs),
     /// Internal: the measured process of `bench mem` (takes its spec as JSON).
     #[command(hide = true)]
     MemWorker { spec: String },
@@ -85,6 +108,14 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Array(a)) => array_cmd::bench(a),
         Cmd::Bench(BenchCmd::Mem(a)) => mem_cmd::bench(a),
         Cmd::Bench(BenchCmd::MemWorker { spec }) => mem_cmd::worker(&spec),
+        Cmd::Bench(BenchCmd::Checkpoint(a)) => stage_cmd::bench_checkpoint(a),
+        Cmd::Run(a) => run_cmd::run(a),
+        Cmd::Mount(a) => mount_cmd::mount(a),
+        Cmd::Status(a) => mount_cmd::status(a),
+        Cmd::Drain(a) => mount_cmd::drain(a),
+        Cmd::Umount(a) => mount_cmd::umount(a),
+        Cmd::Stage(a) => stage_cmd::stage(a),
+        Cmd::MountDaemon { spec } => mount_cmd::daemon(&spec),
         Cmd::Demo { dir, size } => demo::run(dir, &size),
     };
     match res {
