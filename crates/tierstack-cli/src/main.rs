@@ -65,6 +65,9 @@ enum BenchCmd {
     /// Seed 004's experiment: N processes each write and fsync one file, straight into the
     /// backing directory and through a tierstack mount; output time, drain time, speedup.
     Checkpoint(stage_cmd::BenchCheckpointArgs),
+    /// Internal: one writer process of `bench checkpoint` (takes its spec as JSON).
+    #[command(hide = true)]
+    CheckpointWriter { spec: String },
     /// Internal: the measured process of `bench mem` (takes its spec as JSON).
     #[command(hide = true)]
     MemWorker { spec: String },
@@ -109,6 +112,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Mem(a)) => mem_cmd::bench(a),
         Cmd::Bench(BenchCmd::MemWorker { spec }) => mem_cmd::worker(&spec),
         Cmd::Bench(BenchCmd::Checkpoint(a)) => stage_cmd::bench_checkpoint(a),
+        Cmd::Bench(BenchCmd::CheckpointWriter { spec }) => stage_cmd::checkpoint_writer(&spec),
         Cmd::Run(a) => run_cmd::run(a),
         Cmd::Mount(a) => mount_cmd::mount(a),
         Cmd::Status(a) => mount_cmd::status(a),

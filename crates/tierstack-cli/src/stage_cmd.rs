@@ -26,3 +26,8 @@ pub fn stage(_a: StageArgs) -> Result<()> {
 pub fn bench_checkpoint(_a: BenchCheckpointArgs) -> Result<()> {
     bail!("tierstack bench checkpoint is not built yet")
 }
+
+/// Internal: one writer process of `bench checkpoint`.
+pub fn checkpoint_writer(_spec: &str) -> Result<()> {
+    bail!("tierstack bench checkpoint is not built yet")
+}

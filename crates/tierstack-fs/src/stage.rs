@@ -1,0 +1,1 @@
+//! The stager: parallel copies into and out of a mount (`tierstack stage`).
