@@ -1,6 +1,7 @@
 //! Benchmark engines of tierstack. Every figure comes with its baseline from the same run.
 
 pub mod array;
+pub mod checkpoint;
 pub mod mem;
 pub mod table;
 

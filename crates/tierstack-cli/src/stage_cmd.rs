@@ -1,33 +1,206 @@
 //! `tierstack stage in|out` and `tierstack bench checkpoint`.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use tierstack_bench::checkpoint;
+use tierstack_bench::parse_size;
+use tierstack_fs::stage;
 
 #[derive(Args)]
 pub struct StageArgs {
-    /// `in` (into the job's fast tier) or `out` (to the backing directory).
+    /// `in` (inputs into the job's mount: each copy is read back once so the mount caches
+    /// it) or `out` (outputs to the backing directory).
+    #[arg(value_parser = ["in", "out"])]
     pub direction: String,
-    pub src: Option<PathBuf>,
-    pub dst: Option<PathBuf>,
-}
-
-#[derive(Args)]
-pub struct BenchCheckpointArgs {
+    /// A file or a directory tree; with --manifest, the root the manifest's sources are
+    /// relative to.
+    pub src: PathBuf,
+    /// Where the copy goes (a directory's contents go into DST); with --manifest, the root
+    /// the manifest's destinations are relative to.
+    pub dst: PathBuf,
+    /// File of `SRC DST` lines (relative paths; `#` comments; see the README).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Files copied at the same time.
+    #[arg(long, default_value_t = 8)]
+    pub jobs: usize,
+    /// Read every copy back and compare its xxh3 checksum with the source's.
+    #[arg(long)]
+    pub verify: bool,
+    /// Print what was done as one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn stage(_a: StageArgs) -> Result<()> {
-    bail!("tierstack stage is not built yet")
+#[derive(Args)]
+pub struct BenchCheckpointArgs {
+    /// Writer processes (one file each).
+    #[arg(long, default_value_t = 64)]
+    pub procs: usize,
+    /// Size of each process's file (K/M/G suffixes).
+    #[arg(long, default_value = "16M")]
+    pub file_size: String,
+    /// The directory to write into (the parallel file system's). Required without
+    /// --throttle; with it, an empty or new directory where the throttled file system is
+    /// mounted (default: under --dir).
+    #[arg(long)]
+    pub backing: Option<PathBuf>,
+    /// Model a congested parallel file system: BACKING becomes an ext4 on a loop device
+    /// mounted -o sync whose writes are limited to this many MB/s (10^6 bytes) by a blkio
+    /// cgroup holding the writers and the mount daemon. Needs root.
+    #[arg(long)]
+    pub throttle: Option<f64>,
+    /// Folder for the work files (loop image, mount point, the mount's fast tier).
+    #[arg(long, default_value = "/tmp")]
+    pub dir: PathBuf,
+    /// The mount's fsync guarantee: sync (durable on the array) or async (in DRAM). Default:
+    /// the mount's own default.
+    #[arg(long, value_parser = ["sync", "async"])]
+    pub mode: Option<String>,
+    /// The mount's DRAM budget (passed to `tierstack mount --dram`).
+    #[arg(long)]
+    pub dram: Option<String>,
+    /// Only the run straight into BACKING (no mount).
+    #[arg(long)]
+    pub direct_only: bool,
+    /// Runs of both ways; the table shows each and the mean.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn bench_checkpoint(_a: BenchCheckpointArgs) -> Result<()> {
-    bail!("tierstack bench checkpoint is not built yet")
+/// A flag set by Ctrl-C (SIGINT) and SIGTERM; a second Ctrl-C ends the process at once.
+fn cancel_flag() -> Result<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&flag))
+            .context("cannot install the Ctrl-C handler")?;
+        signal_hook::flag::register(sig, Arc::clone(&flag))
+            .context("cannot install the Ctrl-C handler")?;
+    }
+    Ok(flag)
+}
+
+pub fn stage(a: StageArgs) -> Result<()> {
+    if a.jobs == 0 || a.jobs > 1024 {
+        bail!("--jobs {} is out of range: use 1 to 1024", a.jobs);
+    }
+    let plan = match &a.manifest {
+        Some(m) => {
+            let text = std::fs::read_to_string(m).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot read the manifest {}: {e}: check the path",
+                    m.display()
+                )
+            })?;
+            stage::plan_manifest(&a.src, &a.dst, &text)?
+        }
+        None => stage::plan_paths(&a.src, &a.dst)?,
+    };
+    let opts = stage::Options {
+        jobs: a.jobs,
+        verify: a.verify,
+        read_back: a.direction == "in",
+    };
+    let passes = if opts.verify || opts.read_back { 2 } else { 1 };
+    let bar = ProgressBar::new(plan.bytes() * passes);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!(
+        "stage {} {} files{}",
+        a.direction,
+        plan.files.len(),
+        if opts.verify {
+            ", copy + verify"
+        } else if opts.read_back {
+            ", copy + read back"
+        } else {
+            ""
+        }
+    ));
+    let cancel = cancel_flag()?;
+    let t = std::time::Instant::now();
+    let r = stage::execute(&plan, &opts, &|n| bar.inc(n), &cancel);
+    bar.finish_and_clear();
+    let r = r?;
+    let secs = t.elapsed().as_secs_f64();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "direction": a.direction,
+                "files": r.files,
+                "bytes": r.bytes,
+                "dirs": r.dirs,
+                "symlinks": r.symlinks,
+                "verified": r.verified,
+                "read_back_bytes": r.read_back_bytes,
+                "seconds": secs,
+                "mb_s": if secs > 0.0 { r.bytes as f64 / 1e6 / secs } else { 0.0 },
+            })
+        );
+    } else {
+        println!(
+            "staged {} {} files ({}), {} links, {} directories in {:.2} s{}",
+            a.direction,
+            r.files,
+            tierstack_bench::fmt_size(r.bytes),
+            r.symlinks,
+            r.dirs,
+            secs,
+            if a.verify {
+                format!(", {} checksums verified", r.verified)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
+pub fn bench_checkpoint(a: BenchCheckpointArgs) -> Result<()> {
+    let file_size = parse_size(&a.file_size).map_err(anyhow::Error::msg)?;
+    if let Some(d) = &a.dram {
+        parse_size(d).map_err(anyhow::Error::msg)?;
+    }
+    let cfg = checkpoint::Config {
+        exe: std::env::current_exe().context("cannot find the tierstack binary")?,
+        procs: a.procs,
+        file_size,
+        backing: a.backing,
+        dir: a.dir,
+        throttle_mb_s: a.throttle,
+        mode: a.mode,
+        dram: a.dram,
+        direct_only: a.direct_only,
+        repeat: a.repeat,
+    };
+    let cancel = cancel_flag()?;
+    let r = checkpoint::run(&cfg, &cancel)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        print!("{}", checkpoint::render(&r));
+    }
+    Ok(())
 }
 
 /// Internal: one writer process of `bench checkpoint`.
-pub fn checkpoint_writer(_spec: &str) -> Result<()> {
-    bail!("tierstack bench checkpoint is not built yet")
+pub fn checkpoint_writer(spec: &str) -> Result<()> {
+    let spec: checkpoint::WriterSpec =
+        serde_json::from_str(spec).context("bad checkpoint-writer spec")?;
+    checkpoint::run_writer(&spec, std::io::stdin().lock(), std::io::stdout().lock())?;
+    Ok(())
 }
