@@ -1,16 +1,64 @@
 //! `tierstack mount`, `status`, `drain`, `umount` (the burst-buffer front).
+//!
+//! `mount` checks its input, then starts `tierstack mount-daemon SPEC` in a new session and
+//! returns once the daemon's control socket answers (the FUSE mount is up by then). The
+//! socket of a mount is found from its canonical mountpoint (see
+//! `tierstack_fs::mount::socket_path`).
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
-use clap::Args;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use tierstack_bench::{fmt_size, parse_size};
+use tierstack_fs::mount::{self as fsmount, MountSpec, MountStatus};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// fsync returns when the data is durable on the array (and the journal on disk).
+    Sync,
+    /// fsync returns when the data is in the store's DRAM.
+    Async,
+}
 
 #[derive(Args)]
 pub struct MountArgs {
     /// The backing directory (on the parallel file system).
     pub backing: PathBuf,
-    /// Where to mount.
+    /// Where to mount (an empty directory).
     pub mountpoint: PathBuf,
+    /// The fast tier: an array made with `tierstack array create` (its descriptor).
+    #[arg(long, conflicts_with = "dir")]
+    pub array: Option<PathBuf>,
+    /// The fast tier: a folder where tierstack makes (or finds again) a small RAID 5 of file
+    /// drives and the namespace journal. Default: /var/tmp/tierstack/<hash of BACKING>.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Size of each of the 4 file drives made under --dir.
+    #[arg(long, default_value = "2G")]
+    pub drive_size: String,
+    /// The store's DRAM tier.
+    #[arg(long, default_value = "1G")]
+    pub dram: String,
+    /// When fsync returns: sync (data durable on the array) or async (data in DRAM).
+    #[arg(long, value_enum, default_value_t = Mode::Sync)]
+    pub mode: Mode,
+    /// Stay in the foreground (the mount ends with `tierstack umount`).
+    #[arg(long)]
+    pub foreground: bool,
+    /// Let other users use the mount (permissions are still checked by the kernel).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Limit the drain to this many MB/s (default: unlimited).
+    #[arg(long, value_name = "MB/s")]
+    pub drain_rate: Option<f64>,
+    /// Files drained in parallel.
+    #[arg(long, default_value_t = 4)]
+    pub drain_jobs: usize,
 }
 
 #[derive(Args)]
@@ -23,6 +71,7 @@ pub struct StatusArgs {
 #[derive(Args)]
 pub struct DrainArgs {
     pub mountpoint: PathBuf,
+    /// Wait until everything is in the backing directory.
     #[arg(long)]
     pub wait: bool,
 }
@@ -32,23 +81,407 @@ pub struct UmountArgs {
     pub mountpoint: PathBuf,
 }
 
-pub fn mount(_a: MountArgs) -> Result<()> {
-    bail!("tierstack mount is not built yet")
+fn size_arg(name: &str, s: &str, min: u64) -> Result<u64> {
+    let v = parse_size(s).map_err(|e| anyhow!("--{name}: {e}"))?;
+    if v < min {
+        bail!("--{name} {s} is too small: give at least {}", fmt_size(min));
+    }
+    Ok(v)
 }
 
-pub fn status(_a: StatusArgs) -> Result<()> {
-    bail!("tierstack status is not built yet")
+fn is_inside(a: &Path, b: &Path) -> bool {
+    a == b || a.starts_with(b)
 }
 
-pub fn drain(_a: DrainArgs) -> Result<()> {
-    bail!("tierstack drain is not built yet")
+fn not_mounted(mp: &Path) -> anyhow::Error {
+    anyhow!(
+        "no tierstack mount answers at {} (mount it with `tierstack mount BACKING {}`)",
+        mp.display(),
+        mp.display()
+    )
 }
 
-pub fn umount(_a: UmountArgs) -> Result<()> {
-    bail!("tierstack umount is not built yet")
+fn connect_status(mp: &Path) -> Result<MountStatus> {
+    fsmount::status(mp).map_err(|_| not_mounted(mp))
+}
+
+pub fn mount(a: MountArgs) -> Result<()> {
+    let dram = size_arg("dram", &a.dram, 4 << 20)?;
+    let drive_size = size_arg("drive-size", &a.drive_size, 16 << 20)?;
+    let drain_rate = match a.drain_rate {
+        Some(r) if !(r.is_finite() && r > 0.0) => {
+            bail!("--drain-rate {r} is not a rate: give MB/s above 0")
+        }
+        Some(r) => Some((r * 1e6) as u64),
+        None => None,
+    };
+    if a.drain_jobs == 0 || a.drain_jobs > 256 {
+        bail!(
+            "--drain-jobs {} is out of range: give 1 to 256",
+            a.drain_jobs
+        );
+    }
+    let backing = std::fs::canonicalize(&a.backing).map_err(|e| {
+        anyhow!(
+            "backing directory {} cannot be used ({e}): give an existing directory",
+            a.backing.display()
+        )
+    })?;
+    if !backing.is_dir() {
+        bail!(
+            "backing {} is not a directory: give the directory to mount over",
+            backing.display()
+        );
+    }
+    let mp = fsmount::canonical_mountpoint(&a.mountpoint)
+        .map_err(|e| anyhow!("mountpoint {}: {e}", a.mountpoint.display()))?;
+    // A mount whose daemon died (kill -9, crash) is detached first; the drain resumes.
+    if fsmount::status(&mp).is_ok() {
+        let st = fsmount::status(&mp).ok();
+        bail!(
+            "{} is already a tierstack mount (daemon pid {}): run `tierstack umount {}` first",
+            mp.display(),
+            st.map_or(0, |s| s.pid),
+            mp.display()
+        );
+    }
+    fsmount::clear_stale(&mp).map_err(|e| anyhow!("{e}"))?;
+    if let Some(t) = fsmount::mounted_type(&mp) {
+        bail!(
+            "{} is already a mount point ({t}): unmount it first or pick another directory",
+            mp.display()
+        );
+    }
+    let md = std::fs::metadata(&mp).map_err(|e| {
+        anyhow!(
+            "mountpoint {} cannot be used ({e}): create an empty directory there",
+            mp.display()
+        )
+    })?;
+    if !md.is_dir() {
+        bail!(
+            "mountpoint {} is not a directory: give an empty directory",
+            mp.display()
+        );
+    }
+    let mut entries =
+        std::fs::read_dir(&mp).with_context(|| format!("cannot list {}", mp.display()))?;
+    if entries.next().is_some() {
+        bail!(
+            "mountpoint {} is not empty: give an empty directory",
+            mp.display()
+        );
+    }
+    if is_inside(&mp, &backing) || is_inside(&backing, &mp) {
+        bail!(
+            "the mountpoint {} and the backing directory {} overlap: mount elsewhere",
+            mp.display(),
+            backing.display()
+        );
+    }
+    let array = match &a.array {
+        Some(p) => {
+            let c = std::fs::canonicalize(p).map_err(|e| {
+                anyhow!(
+                    "array descriptor {} cannot be read ({e}): create it with `tierstack array create`",
+                    p.display()
+                )
+            })?;
+            Some(c)
+        }
+        None => None,
+    };
+    let dir = match (&array, &a.dir) {
+        (Some(_), _) => None,
+        (None, Some(d)) => Some(d.clone()),
+        (None, None) => Some(fsmount::default_dir(&backing)),
+    };
+    if let Some(d) = &dir {
+        if d.exists() && !d.is_dir() {
+            bail!("--dir {} is not a directory", d.display());
+        }
+        let dabs = std::path::absolute(d).unwrap_or(d.clone());
+        if is_inside(&dabs, &mp) || is_inside(&dabs, &backing) {
+            bail!(
+                "--dir {} lies inside the mountpoint or the backing directory: put the fast tier elsewhere",
+                d.display()
+            );
+        }
+    }
+    let dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
+    let spec = MountSpec {
+        backing: backing.clone(),
+        mountpoint: mp.clone(),
+        array,
+        dir,
+        drive_size,
+        dram,
+        sync: a.mode == Mode::Sync,
+        allow_other: a.allow_other,
+        drain_rate,
+        drain_jobs: a.drain_jobs,
+        fuse_threads: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(4)
+            .clamp(4, 16),
+    };
+    if a.foreground {
+        return fsmount::run(spec, |s| {
+            println!(
+                "mounted {} at {} (pid {}, foreground)",
+                s.backing.display(),
+                s.mountpoint.display(),
+                std::process::id()
+            );
+        })
+        .map_err(|e| anyhow!("{e}"));
+    }
+    spawn_daemon(&spec)
+}
+
+fn spawn_daemon(spec: &MountSpec) -> Result<()> {
+    let exe = std::env::current_exe().context("cannot find the tierstack executable")?;
+    let json = serde_json::to_string(spec)?;
+    let rd = fsmount::run_dir();
+    std::fs::create_dir_all(&rd).with_context(|| format!("cannot create {}", rd.display()))?;
+    let log_path = fsmount::socket_path(&spec.mountpoint).with_extension("log");
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("cannot create {}", log_path.display()))?;
+    let log2 = log.try_clone()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount-daemon")
+        .arg(json)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    // SAFETY: the closure runs in the forked child before exec and only calls setsid(2),
+    // which is async-signal-safe; it touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("cannot start the mount daemon")?;
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            let mut text = String::new();
+            if let Ok(mut f) = std::fs::File::open(&log_path) {
+                let _ = f.read_to_string(&mut text);
+            }
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .trim_start_matches("tierstack: error: ")
+                .to_string();
+            bail!(
+                "the mount daemon stopped ({st}): {}",
+                if last.is_empty() {
+                    "no message".into()
+                } else {
+                    last
+                }
+            );
+        }
+        if let Ok(s) = fsmount::status(&spec.mountpoint) {
+            println!(
+                "mounted {} at {} (daemon pid {}, mode {}, log {})",
+                spec.backing.display(),
+                spec.mountpoint.display(),
+                s.pid,
+                s.mode,
+                log_path.display()
+            );
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = fsmount::clear_stale(&spec.mountpoint);
+            bail!(
+                "the mount daemon did not get ready in 120 s (see {})",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn print_status(s: &MountStatus) {
+    println!(
+        "mount       {} -> {}",
+        s.mountpoint.display(),
+        s.backing.display()
+    );
+    println!("daemon pid  {}  mode {}", s.pid, s.mode);
+    println!(
+        "waiting     {} in {} files, {} journal ops ({} drains in flight)",
+        fmt_size(s.dirty_bytes),
+        s.dirty_files,
+        s.pending_ops,
+        s.drains_in_flight
+    );
+    println!(
+        "drain       {}/s, {} drained{}",
+        fmt_size(s.drain_bytes_per_s as u64),
+        fmt_size(s.drained_bytes),
+        if s.backpressure {
+            ", writers waiting (backpressure)"
+        } else {
+            ""
+        }
+    );
+    for t in &s.tiers {
+        println!(
+            "tier {:<6} {} of {} used, {} dirty",
+            t.name,
+            fmt_size(t.used_bytes),
+            fmt_size(t.capacity_bytes),
+            fmt_size(t.dirty_bytes)
+        );
+    }
+    if let Some(e) = &s.last_error {
+        println!("last error  {e} ({} retries)", s.drain_retries);
+    }
+}
+
+pub fn status(a: StatusArgs) -> Result<()> {
+    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(|e| anyhow!("{e}"))?;
+    let s = connect_status(&mp)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        print_status(&s);
+    }
+    Ok(())
+}
+
+fn request_drain(mp: &Path) -> Result<()> {
+    fsmount::request(
+        mp,
+        &serde_json::json!({"cmd": "drain"}),
+        Duration::from_secs(30),
+    )
+    .map_err(|_| not_mounted(mp))?;
+    Ok(())
+}
+
+/// Waits until nothing is left to drain, with a progress bar.
+fn wait_drained(mp: &Path) -> Result<()> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "draining [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let mut most = 0u64;
+    let mut last_force = Instant::now();
+    loop {
+        let s = connect_status(mp)?;
+        if s.idle {
+            bar.set_length(most);
+            bar.set_position(most);
+            bar.finish_with_message("done");
+            return Ok(());
+        }
+        most = most.max(s.dirty_bytes);
+        bar.set_length(most);
+        bar.set_position(most - s.dirty_bytes);
+        let mut msg = format!("{} files, {} ops waiting", s.dirty_files, s.pending_ops);
+        if let Some(e) = &s.last_error {
+            if s.drain_retries > 0 {
+                msg.push_str(&format!("; retrying: {e}"));
+            }
+        }
+        bar.set_message(msg);
+        // Files still open when the drain was asked for get queued again.
+        if last_force.elapsed() > Duration::from_secs(1) {
+            request_drain(mp)?;
+            last_force = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn drain(a: DrainArgs) -> Result<()> {
+    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(|e| anyhow!("{e}"))?;
+    request_drain(&mp)?;
+    if a.wait {
+        wait_drained(&mp)?;
+    }
+    Ok(())
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+}
+
+pub fn umount(a: UmountArgs) -> Result<()> {
+    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(|e| anyhow!("{e}"))?;
+    let st = match fsmount::status(&mp) {
+        Ok(s) => s,
+        Err(_) => {
+            if fsmount::clear_stale(&mp).unwrap_or(false) {
+                bail!(
+                    "the daemon of {} was gone; detached its stale mount: mount it again with the same --dir/--array to finish the drain",
+                    mp.display()
+                );
+            }
+            return Err(not_mounted(&mp));
+        }
+    };
+    request_drain(&mp)?;
+    wait_drained(&mp)?;
+    let ans = fsmount::request(
+        &mp,
+        &serde_json::json!({"cmd": "shutdown"}),
+        Duration::from_secs(60),
+    )
+    .map_err(|_| not_mounted(&mp))?;
+    if ans.get("ok").and_then(|v| v.as_bool()) != Some(true) {
+        let e = ans
+            .get("error")
+            .and_then(|v| v.as_str())
+            .unwrap_or("unknown error");
+        bail!(
+            "{e} (is a process still using it? see `fuser -m {}`)",
+            mp.display()
+        );
+    }
+    // The daemon drains what came in last, makes the fast tier durable and exits.
+    let t0 = Instant::now();
+    while alive(st.pid) {
+        if t0.elapsed() > Duration::from_secs(3600) {
+            bail!("the mount daemon (pid {}) did not exit", st.pid);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "unmounted {} (everything drained to {})",
+        mp.display(),
+        st.backing.display()
+    );
+    Ok(())
 }
 
 /// Internal: the mount daemon (spawned by `tierstack mount`); takes its spec as JSON.
-pub fn daemon(_spec: &str) -> Result<()> {
-    bail!("the mount daemon is not built yet")
+pub fn daemon(spec: &str) -> Result<()> {
+    let spec: MountSpec = serde_json::from_str(spec).context("bad mount-daemon spec")?;
+    fsmount::run(spec, |s| {
+        tracing::info!(
+            "mounted {} at {}",
+            s.backing.display(),
+            s.mountpoint.display()
+        )
+    })
+    .map_err(|e| anyhow!("{e}"))
 }

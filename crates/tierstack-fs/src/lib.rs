@@ -1,3 +1,19 @@
 //! tierstack-fs: the burst-buffer front (FUSE mount over a backing directory, namespace
 //! journal, drainer, stager).
+//!
+//! * [`core`]: the namespace (in memory, written through to the journal database) and file
+//!   contents (pages in the tiered store over a base file in BACKING); backpressure.
+//! * [`db`]: the SQLite namespace journal and inode table.
+//! * [`drain`]: the drainer that replays the journal to BACKING.
+//! * [`fuse`]: the `fuser::Filesystem` over the core.
+//! * [`mount`]: the mount daemon, its control socket and the client side of it.
+pub mod core;
+pub mod db;
+pub mod drain;
+pub mod error;
+pub mod fuse;
+pub mod mount;
 pub mod stage;
+
+pub use error::{FsError, Result};
+pub use mount::{MountSpec, MountStatus};

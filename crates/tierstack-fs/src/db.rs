@@ -1,0 +1,275 @@
+//! The namespace journal and inode table: SQLite (WAL) on the node, next to the fast tier.
+//!
+//! Every namespace change is one transaction that updates the inode and entry tables and
+//! appends one row to `journal`; the drainer replays `journal` to BACKING in `seq` order and
+//! deletes each row once it has been applied there.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+use crate::error::Result;
+
+/// What a journal row does to BACKING.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    Mkdir = 1,
+    Create = 2,
+    Symlink = 3,
+    Link = 4,
+    Rename = 5,
+    Unlink = 6,
+    Rmdir = 7,
+    SetAttr = 8,
+    Data = 9,
+}
+
+impl OpKind {
+    fn from_i64(v: i64) -> Option<OpKind> {
+        Some(match v {
+            1 => OpKind::Mkdir,
+            2 => OpKind::Create,
+            3 => OpKind::Symlink,
+            4 => OpKind::Link,
+            5 => OpKind::Rename,
+            6 => OpKind::Unlink,
+            7 => OpKind::Rmdir,
+            8 => OpKind::SetAttr,
+            9 => OpKind::Data,
+            _ => return None,
+        })
+    }
+
+    /// Ops that move or remove existing paths (or change an existing file) wait until no data
+    /// drain is in flight, so that a replay after a crash always finds the paths it recorded.
+    pub fn is_barrier(self) -> bool {
+        !matches!(
+            self,
+            OpKind::Mkdir | OpKind::Create | OpKind::Symlink | OpKind::Data
+        )
+    }
+}
+
+/// One journal row. `p1` is the path (relative to BACKING); `p2` is the second path of a
+/// rename or link, the target of a symlink, or the further links of a file (NUL-separated).
+#[derive(Debug, Clone)]
+pub struct JOp {
+    pub seq: i64,
+    pub kind: OpKind,
+    pub ino: u64,
+    pub p1: Vec<u8>,
+    pub p2: Vec<u8>,
+}
+
+/// One inode row.
+#[derive(Debug, Clone, Default)]
+pub struct InodeRow {
+    pub ino: u64,
+    pub kind: u8,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    pub target: Option<Vec<u8>>,
+    pub obj: u64,
+    pub has_base: bool,
+    pub base_len: u64,
+    pub bpath: Option<Vec<u8>>,
+    pub loaded: bool,
+    pub dirty: bool,
+}
+
+pub struct Db {
+    pub conn: Connection,
+}
+
+impl Db {
+    pub fn open(path: &Path) -> Result<Db> {
+        let conn = Connection::open(path)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=NORMAL;
+             CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v BLOB);
+             CREATE TABLE IF NOT EXISTS inodes(ino INTEGER PRIMARY KEY, kind INTEGER, mode INTEGER,
+                uid INTEGER, gid INTEGER, size INTEGER, atime INTEGER, mtime INTEGER, ctime INTEGER,
+                target BLOB, obj INTEGER, has_base INTEGER, base_len INTEGER, bpath BLOB,
+                loaded INTEGER, dirty INTEGER);
+             CREATE TABLE IF NOT EXISTS dentries(parent INTEGER, name BLOB, ino INTEGER,
+                PRIMARY KEY(parent, name));
+             CREATE TABLE IF NOT EXISTS journal(seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                kind INTEGER, ino INTEGER, p1 BLOB, p2 BLOB);",
+        )?;
+        Ok(Db { conn })
+    }
+
+    pub fn meta_get(&self, k: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .conn
+            .query_row("SELECT v FROM meta WHERE k=?1", [k], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn meta_set(&self, k: &str, v: &[u8]) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO meta(k, v) VALUES (?1, ?2)",
+            params![k, v],
+        )?;
+        Ok(())
+    }
+
+    pub fn load_inodes(&self) -> Result<Vec<InodeRow>> {
+        let mut st = self.conn.prepare(
+            "SELECT ino, kind, mode, uid, gid, size, atime, mtime, ctime, target, obj, has_base,
+                    base_len, bpath, loaded, dirty FROM inodes",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(InodeRow {
+                ino: r.get::<_, i64>(0)? as u64,
+                kind: r.get::<_, i64>(1)? as u8,
+                mode: r.get::<_, i64>(2)? as u32,
+                uid: r.get::<_, i64>(3)? as u32,
+                gid: r.get::<_, i64>(4)? as u32,
+                size: r.get::<_, i64>(5)? as u64,
+                atime: r.get(6)?,
+                mtime: r.get(7)?,
+                ctime: r.get(8)?,
+                target: r.get(9)?,
+                obj: r.get::<_, i64>(10)? as u64,
+                has_base: r.get::<_, i64>(11)? != 0,
+                base_len: r.get::<_, i64>(12)? as u64,
+                bpath: r.get(13)?,
+                loaded: r.get::<_, i64>(14)? != 0,
+                dirty: r.get::<_, i64>(15)? != 0,
+            })
+        })?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+    }
+
+    pub fn load_dentries(&self) -> Result<Vec<(u64, Vec<u8>, u64)>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT parent, name, ino FROM dentries")?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u64,
+                r.get::<_, Vec<u8>>(1)?,
+                r.get::<_, i64>(2)? as u64,
+            ))
+        })?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+    }
+
+    /// Journal rows after `seq`, oldest first.
+    pub fn ops_after(&self, seq: i64, limit: usize) -> Result<Vec<JOp>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT seq, kind, ino, p1, p2 FROM journal WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+        )?;
+        let rows = st.query_map(params![seq, limit as i64], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)? as u64,
+                r.get::<_, Option<Vec<u8>>>(3)?.unwrap_or_default(),
+                r.get::<_, Option<Vec<u8>>>(4)?.unwrap_or_default(),
+            ))
+        })?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (seq, kind, ino, p1, p2) = r?;
+            if let Some(kind) = OpKind::from_i64(kind) {
+                out.push(JOp {
+                    seq,
+                    kind,
+                    ino,
+                    p1,
+                    p2,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn del_op(&self, seq: i64) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM journal WHERE seq=?1")?
+            .execute([seq])?;
+        Ok(())
+    }
+
+    pub fn count_ops(&self) -> Result<u64> {
+        Ok(self
+            .conn
+            .query_row("SELECT COUNT(*) FROM journal", [], |r| r.get::<_, i64>(0))?
+            as u64)
+    }
+
+    /// Makes every commit so far durable (one synchronous commit syncs the whole WAL).
+    pub fn make_durable(&self) -> Result<()> {
+        self.conn.execute_batch(
+            "PRAGMA synchronous=FULL;
+             INSERT OR REPLACE INTO meta(k, v) VALUES ('sync', randomblob(8));
+             PRAGMA synchronous=NORMAL;",
+        )?;
+        Ok(())
+    }
+}
+
+pub fn put_inode(tx: &Transaction, r: &InodeRow) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO inodes(ino, kind, mode, uid, gid, size, atime, mtime, ctime, target,
+            obj, has_base, base_len, bpath, loaded, dirty)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )?
+    .execute(params![
+        r.ino as i64,
+        r.kind as i64,
+        r.mode as i64,
+        r.uid as i64,
+        r.gid as i64,
+        r.size as i64,
+        r.atime,
+        r.mtime,
+        r.ctime,
+        r.target,
+        r.obj as i64,
+        r.has_base as i64,
+        r.base_len as i64,
+        r.bpath,
+        r.loaded as i64,
+        r.dirty as i64,
+    ])?;
+    Ok(())
+}
+
+pub fn del_inode(tx: &Transaction, ino: u64) -> Result<()> {
+    tx.prepare_cached("DELETE FROM inodes WHERE ino=?1")?
+        .execute([ino as i64])?;
+    Ok(())
+}
+
+pub fn add_dentry(tx: &Transaction, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+    tx.prepare_cached("INSERT OR REPLACE INTO dentries(parent, name, ino) VALUES (?1, ?2, ?3)")?
+        .execute(params![parent as i64, name, ino as i64])?;
+    Ok(())
+}
+
+pub fn del_dentry(tx: &Transaction, parent: u64, name: &[u8]) -> Result<()> {
+    tx.prepare_cached("DELETE FROM dentries WHERE parent=?1 AND name=?2")?
+        .execute(params![parent as i64, name])?;
+    Ok(())
+}
+
+pub fn push_op(tx: &Transaction, kind: OpKind, ino: u64, p1: &[u8], p2: &[u8]) -> Result<()> {
+    tx.prepare_cached("INSERT INTO journal(kind, ino, p1, p2) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![kind as i64, ino as i64, p1, p2])?;
+    Ok(())
+}
+
+pub fn set_bpath(tx: &Transaction, ino: u64, bpath: Option<&[u8]>) -> Result<()> {
+    tx.prepare_cached("UPDATE inodes SET bpath=?2 WHERE ino=?1")?
+        .execute(params![ino as i64, bpath])?;
+    Ok(())
+}

@@ -1,0 +1,682 @@
+//! The drainer: replays the namespace journal to BACKING in order.
+//!
+//! * Namespace rows are applied by the dispatcher thread, one at a time, in `seq` order. Rows
+//!   that move or remove existing paths (rename, unlink, rmdir, link, setattr) are barriers:
+//!   they wait until no data op is in flight, so every row finds BACKING exactly as the rows
+//!   before it left it, also when it is replayed after a crash.
+//! * Data rows go to a pool of workers (parallel across files, one at a time per file). A
+//!   worker writes the file's whole contents under a temporary name in the destination
+//!   directory, fsyncs it, renames it into place and fsyncs the directory: BACKING never shows
+//!   a half-written file. Only then is the journal row deleted and the file's pages marked
+//!   clean; clean pages are dropped from the store only under space pressure, so the store
+//!   never holds the only copy of anything it drops.
+//! * A failing BACKING (read-only, full, gone) makes the op retry with exponential backoff
+//!   (100 ms .. 5 s); nothing is skipped or lost.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::core::{Core, Kind, PAGE, TMP_PREFIX};
+use crate::db::{self, JOp, OpKind};
+
+/// A token bucket over bytes written to BACKING.
+pub struct RateLimit {
+    rate: f64,
+    state: Mutex<(Instant, f64)>,
+}
+
+impl RateLimit {
+    pub fn new(bytes_per_s: u64) -> RateLimit {
+        RateLimit {
+            rate: bytes_per_s as f64,
+            state: Mutex::new((Instant::now(), 0.0)),
+        }
+    }
+
+    pub fn take(&self, n: u64) {
+        let wait = {
+            let mut s = self.state.lock();
+            let now = Instant::now();
+            let burst = self.rate / 4.0;
+            s.1 = (s.1 + now.duration_since(s.0).as_secs_f64() * self.rate).min(burst);
+            s.0 = now;
+            s.1 -= n as f64;
+            if s.1 < 0.0 {
+                Duration::from_secs_f64(-s.1 / self.rate)
+            } else {
+                Duration::ZERO
+            }
+        };
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+/// Data ops in flight: per inode, and in all.
+#[derive(Default)]
+struct Inflight {
+    per_ino: HashMap<u64, usize>,
+    total: usize,
+}
+
+pub struct Drainer {
+    core: Arc<Core>,
+    jobs: usize,
+    rate: Option<RateLimit>,
+    inflight: Mutex<Inflight>,
+    inflight_cv: Condvar,
+    pub stop: AtomicBool,
+    /// (time, drained bytes) samples for the drain rate.
+    samples: Mutex<VecDeque<(Instant, u64)>>,
+    pub retries: AtomicU64,
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis((100u64 << attempt.min(6)).min(5000))
+}
+
+fn ignore(e: &io::Error, kinds: &[i32]) -> bool {
+    e.raw_os_error().is_some_and(|c| kinds.contains(&c))
+}
+
+fn fsync_dir(p: &Path) -> io::Result<()> {
+    File::open(p)?.sync_all()
+}
+
+fn systime(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+impl Drainer {
+    pub fn new(core: Arc<Core>, jobs: usize, rate: Option<u64>) -> Arc<Drainer> {
+        Arc::new(Drainer {
+            core,
+            jobs: jobs.max(1),
+            rate: rate.filter(|r| *r > 0).map(RateLimit::new),
+            inflight: Mutex::new(Inflight::default()),
+            inflight_cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+            samples: Mutex::new(VecDeque::new()),
+            retries: AtomicU64::new(0),
+        })
+    }
+
+    /// Starts the dispatcher and the workers.
+    pub fn start(self: &Arc<Self>) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+        let (tx, rx) = mpsc::channel::<JOp>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut hs = Vec::new();
+        for i in 0..self.jobs {
+            let me = self.clone();
+            let rx = rx.clone();
+            hs.push(
+                std::thread::Builder::new()
+                    .name(format!("drain-{i}"))
+                    .spawn(move || me.worker(&rx))?,
+            );
+        }
+        let me = self.clone();
+        hs.push(
+            std::thread::Builder::new()
+                .name("drain-dispatch".into())
+                .spawn(move || me.dispatch(tx))?,
+        );
+        Ok(hs)
+    }
+
+    /// Bytes per second drained over the last few seconds.
+    pub fn rate(&self) -> f64 {
+        let s = self.samples.lock();
+        match (s.front(), s.back()) {
+            (Some(a), Some(b)) if b.0 > a.0 => {
+                (b.1 - a.1) as f64 / b.0.duration_since(a.0).as_secs_f64()
+            }
+            _ => 0.0,
+        }
+    }
+
+    fn sample(&self) {
+        let mut s = self.samples.lock();
+        let now = Instant::now();
+        if s.back()
+            .is_some_and(|b| now.duration_since(b.0) < Duration::from_millis(250))
+        {
+            return;
+        }
+        s.push_back((now, self.core.drained_bytes.load(Relaxed)));
+        while s.len() > 2
+            && s.front()
+                .is_some_and(|f| now.duration_since(f.0) > Duration::from_secs(5))
+        {
+            s.pop_front();
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.inflight.lock().total
+    }
+
+    fn note_error(&self, what: &str, e: &dyn std::fmt::Display) {
+        let msg = format!("{what}: {e}");
+        tracing::warn!("drain: {msg} (retrying)");
+        *self.core.last_error.lock() = Some(msg);
+        self.retries.fetch_add(1, Relaxed);
+    }
+
+    fn dispatch(self: Arc<Self>, tx: mpsc::Sender<JOp>) {
+        let mut last = 0i64;
+        loop {
+            self.sample();
+            if self.stop.load(Relaxed) {
+                break;
+            }
+            if self.core.pressure.load(Relaxed) || self.core.force.swap(false, Relaxed) {
+                if let Err(e) = self.core.queue_all_dirty() {
+                    self.note_error("queueing dirty files", &e);
+                }
+            }
+            let ops = match self.core.db.lock().ops_after(last, 256) {
+                Ok(o) => o,
+                Err(e) => {
+                    self.note_error("reading the journal", &e);
+                    std::thread::sleep(Duration::from_millis(500));
+                    continue;
+                }
+            };
+            if ops.is_empty() {
+                let mut g = self.core.wake_lock.lock();
+                self.core
+                    .wake_cv
+                    .wait_for(&mut g, Duration::from_millis(200));
+                continue;
+            }
+            for op in ops {
+                last = op.seq;
+                if op.kind == OpKind::Data {
+                    let mut fl = self.inflight.lock();
+                    while fl.total >= self.jobs || fl.per_ino.get(&op.ino).is_some_and(|c| *c > 0) {
+                        self.inflight_cv.wait(&mut fl);
+                    }
+                    fl.total += 1;
+                    *fl.per_ino.entry(op.ino).or_default() += 1;
+                    drop(fl);
+                    if tx.send(op).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                if op.kind.is_barrier() {
+                    let mut fl = self.inflight.lock();
+                    while fl.total > 0 {
+                        self.inflight_cv.wait(&mut fl);
+                    }
+                }
+                let mut attempt = 0;
+                loop {
+                    match self.apply_meta(&op) {
+                        Ok(()) => break,
+                        Err(e) => {
+                            self.note_error(
+                                &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
+                                &e,
+                            );
+                            std::thread::sleep(backoff(attempt));
+                            attempt += 1;
+                        }
+                    }
+                }
+                self.finish_row(op.seq);
+            }
+        }
+    }
+
+    fn finish_row(&self, seq: i64) {
+        let mut attempt = 0;
+        while let Err(e) = self.core.db.lock().del_op(seq) {
+            self.note_error("deleting a journal row", &e);
+            std::thread::sleep(backoff(attempt));
+            attempt += 1;
+        }
+    }
+
+    fn worker(self: Arc<Self>, rx: &Mutex<mpsc::Receiver<JOp>>) {
+        loop {
+            let op = {
+                let r = rx.lock();
+                match r.recv() {
+                    Ok(op) => op,
+                    Err(_) => return,
+                }
+            };
+            let mut attempt = 0;
+            loop {
+                match self.drain_file(&op) {
+                    Ok(()) => break,
+                    Err(e) => {
+                        self.note_error(
+                            &format!("writing {}", String::from_utf8_lossy(&op.p1)),
+                            &e,
+                        );
+                        std::thread::sleep(backoff(attempt));
+                        attempt += 1;
+                    }
+                }
+            }
+            self.finish_row(op.seq);
+            let mut fl = self.inflight.lock();
+            fl.total -= 1;
+            if let Some(c) = fl.per_ino.get_mut(&op.ino) {
+                *c -= 1;
+                if *c == 0 {
+                    fl.per_ino.remove(&op.ino);
+                }
+            }
+            self.inflight_cv.notify_all();
+        }
+    }
+
+    /// Sets mode, owner and times of `path` from the inode, if it still exists.
+    fn apply_attrs(&self, ino: u64, path: &Path, file: Option<&File>) -> io::Result<()> {
+        let (kind, mode, uid, gid, atime, mtime) = {
+            let ns = self.core.ns.lock();
+            let Some(n) = ns.nodes.get(&ino) else {
+                return Ok(());
+            };
+            (n.kind, n.mode, n.uid, n.gid, n.atime, n.mtime)
+        };
+        use std::os::unix::fs::PermissionsExt;
+        if kind == Kind::Symlink {
+            std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+            return Ok(());
+        }
+        let times = std::fs::FileTimes::new()
+            .set_accessed(systime(atime))
+            .set_modified(systime(mtime));
+        match file {
+            Some(f) => {
+                std::os::unix::fs::fchown(f, Some(uid), Some(gid))?;
+                f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                f.set_times(times)?;
+            }
+            None => {
+                std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+                File::open(path)?.set_times(times)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one namespace row to BACKING (idempotent: a replay after a crash finds its
+    /// effect already there and succeeds).
+    fn apply_meta(&self, op: &JOp) -> io::Result<()> {
+        let c = &self.core;
+        let p1 = c.bjoin(&op.p1);
+        match op.kind {
+            OpKind::Mkdir => {
+                if let Err(e) = std::fs::create_dir(&p1) {
+                    if e.kind() != io::ErrorKind::AlreadyExists {
+                        return Err(e);
+                    }
+                }
+                self.apply_attrs(op.ino, &p1, None)?;
+                self.set_bpath(op.ino, Some(&op.p1));
+            }
+            OpKind::Create => {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o600)
+                    .open(&p1)?;
+                self.apply_attrs(op.ino, &p1, Some(&f))?;
+                self.set_bpath(op.ino, Some(&op.p1));
+            }
+            OpKind::Symlink => {
+                if let Err(e) = std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&op.p2), &p1)
+                {
+                    if e.kind() != io::ErrorKind::AlreadyExists {
+                        return Err(e);
+                    }
+                }
+                self.apply_attrs(op.ino, &p1, None)?;
+                self.set_bpath(op.ino, Some(&op.p1));
+            }
+            OpKind::Link => {
+                let p2 = c.bjoin(&op.p2);
+                if let Err(e) = std::fs::hard_link(&p1, &p2) {
+                    if e.kind() != io::ErrorKind::AlreadyExists {
+                        return Err(e);
+                    }
+                }
+            }
+            OpKind::Rename => {
+                let p2 = c.bjoin(&op.p2);
+                if let Err(e) = std::fs::rename(&p1, &p2) {
+                    // Replayed after a crash: the rename is done already.
+                    if !(e.kind() == io::ErrorKind::NotFound && p2.symlink_metadata().is_ok()) {
+                        return Err(e);
+                    }
+                }
+                fsync_dir(p2.parent().unwrap_or(&c.backing))?;
+                self.rename_bpaths(op.ino, &op.p1, &op.p2);
+            }
+            OpKind::Unlink => {
+                if let Err(e) = std::fs::remove_file(&p1) {
+                    if e.kind() != io::ErrorKind::NotFound {
+                        return Err(e);
+                    }
+                }
+                self.clear_bpaths(&op.p1, None);
+            }
+            OpKind::Rmdir => {
+                match std::fs::remove_dir(&p1) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) if ignore(&e, &[libc::ENOTEMPTY, libc::EEXIST]) => {
+                        // Only temporary files of ours may be left there.
+                        for ent in std::fs::read_dir(&p1)?.flatten() {
+                            if ent.file_name().as_bytes().starts_with(TMP_PREFIX) {
+                                std::fs::remove_file(ent.path())?;
+                            }
+                        }
+                        std::fs::remove_dir(&p1)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+                self.clear_bpaths(&op.p1, None);
+            }
+            OpKind::SetAttr => match self.apply_attrs(op.ino, &p1, None) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            },
+            OpKind::Data => unreachable!("data ops go to the workers"),
+        }
+        Ok(())
+    }
+
+    fn set_bpath(&self, ino: u64, bp: Option<&[u8]>) {
+        let mut ns = self.core.ns.lock();
+        if let Some(n) = ns.nodes.get_mut(&ino) {
+            n.bpath = bp.map(|b| b.to_vec());
+            if let Some(d) = &n.data {
+                let mut f = d.lock();
+                f.bpath = n.bpath.clone();
+                f.base_fd = None;
+            }
+            if let Err(e) = self.core.tx(|tx| db::set_bpath(tx, ino, bp)) {
+                tracing::warn!("recording the backing path of inode {ino}: {e}");
+            }
+        }
+    }
+
+    /// After `path` was removed or replaced in BACKING: nothing is there any more.
+    fn clear_bpaths(&self, path: &[u8], except: Option<u64>) {
+        let mut changed = Vec::new();
+        let mut ns = self.core.ns.lock();
+        for (ino, n) in ns.nodes.iter_mut() {
+            if Some(*ino) == except {
+                continue;
+            }
+            let Some(bp) = &n.bpath else { continue };
+            if under(bp, path) {
+                n.bpath = None;
+                if let Some(d) = &n.data {
+                    let mut f = d.lock();
+                    f.bpath = None;
+                    f.base_fd = None;
+                    if f.has_base {
+                        // Cannot happen: such files are pinned before their last BACKING name
+                        // is removed. Keep the pages; they are the file.
+                        tracing::error!(
+                            "inode {ino} lost its base at {}",
+                            String::from_utf8_lossy(path)
+                        );
+                        f.has_base = false;
+                    }
+                }
+                changed.push(*ino);
+            }
+        }
+        drop(ns);
+        let r = self.core.tx(|tx| {
+            for i in &changed {
+                db::set_bpath(tx, *i, None)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::warn!("recording backing paths: {e}");
+        }
+    }
+
+    fn rename_bpaths(&self, ino: u64, from: &[u8], to: &[u8]) {
+        self.clear_bpaths(to, Some(ino));
+        let mut changed = Vec::new();
+        let mut ns = self.core.ns.lock();
+        for (i, n) in ns.nodes.iter_mut() {
+            let Some(bp) = &n.bpath else { continue };
+            if under(bp, from) {
+                let mut nb = to.to_vec();
+                nb.extend_from_slice(&bp[from.len()..]);
+                n.bpath = Some(nb.clone());
+                if let Some(d) = &n.data {
+                    let mut f = d.lock();
+                    f.bpath = Some(nb.clone());
+                    f.base_fd = None;
+                }
+                changed.push((*i, nb));
+            }
+        }
+        drop(ns);
+        let r = self.core.tx(|tx| {
+            for (i, b) in &changed {
+                db::set_bpath(tx, *i, Some(b))?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::warn!("recording backing paths: {e}");
+        }
+    }
+
+    /// Writes a file's contents to BACKING under a temporary name, then renames it into place.
+    fn drain_file(&self, op: &JOp) -> io::Result<()> {
+        let c = &self.core;
+        let (d, obj) = {
+            let ns = c.ns.lock();
+            match ns.nodes.get(&op.ino) {
+                Some(n) if !n.links.is_empty() => match &n.data {
+                    Some(d) => (d.clone(), n.obj),
+                    None => return Ok(()),
+                },
+                // Deleted since: its later unlink removes every path this op would write.
+                _ => return Ok(()),
+            }
+        };
+        let (size, start_ver) = {
+            let mut f = d.lock();
+            f.data_pending = false;
+            if !f.dirty {
+                return Ok(());
+            }
+            f.min_size = f.size;
+            (f.size, f.ver)
+        };
+        let dst = c.bjoin(&op.p1);
+        let dir = dst
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or(c.backing.clone());
+        let tmp = dir.join(format!(
+            "{}{}",
+            std::str::from_utf8(TMP_PREFIX).unwrap_or(".tierstack-tmp."),
+            op.ino
+        ));
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let res = self.write_contents(&d, obj, size, &file);
+        let drained = match res {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let finish = || -> io::Result<()> {
+            file.set_len(size)?;
+            self.apply_attrs(op.ino, &tmp, Some(&file))?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, &dst)?;
+            // Further hard links of the file.
+            for (i, other) in op
+                .p2
+                .split(|b| *b == 0)
+                .filter(|p| !p.is_empty())
+                .enumerate()
+            {
+                let op2 = c.bjoin(other);
+                let odir = op2
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or(c.backing.clone());
+                let t2 = odir.join(format!(
+                    "{}{}.l{i}",
+                    std::str::from_utf8(TMP_PREFIX).unwrap_or(".tierstack-tmp."),
+                    op.ino
+                ));
+                let _ = std::fs::remove_file(&t2);
+                std::fs::hard_link(&dst, &t2)?;
+                std::fs::rename(&t2, &op2)?;
+                fsync_dir(&odir)?;
+            }
+            fsync_dir(&dir)
+        };
+        if let Err(e) = finish() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        // BACKING holds the contents now: record that durably before anything is dropped.
+        {
+            let mut f = d.lock();
+            for (p, ver) in &drained {
+                if let Some(pg) = f.pages.get_mut(p) {
+                    if pg.ver == *ver && pg.dirty {
+                        pg.dirty = false;
+                        c.dirty_bytes.fetch_sub(pg.len as u64, Relaxed);
+                    }
+                }
+            }
+            f.has_base = true;
+            f.base_len = size.min(f.min_size);
+            f.bpath = Some(op.p1.clone());
+            f.base_fd = None;
+            f.dirty = f.ver != start_ver;
+            let row = (f.size, f.has_base, f.base_len, f.dirty);
+            drop(f);
+            let r = c.tx(|tx| {
+                tx.execute(
+                    "UPDATE inodes SET has_base=?2, base_len=?3, dirty=?4, bpath=?5 WHERE ino=?1",
+                    rusqlite::params![
+                        op.ino as i64,
+                        row.1 as i64,
+                        row.2 as i64,
+                        row.3 as i64,
+                        op.p1
+                    ],
+                )?;
+                Ok(())
+            });
+            if let Err(e) = r {
+                return Err(io::Error::other(e.to_string()));
+            }
+            if let Err(e) = c.db.lock().make_durable() {
+                return Err(io::Error::other(e.to_string()));
+            }
+        }
+        {
+            let mut ns = c.ns.lock();
+            if let Some(n) = ns.nodes.get_mut(&op.ino) {
+                n.bpath = Some(op.p1.clone());
+            }
+        }
+        c.drained_bytes.fetch_add(size, Relaxed);
+        if c.pressure.load(Relaxed) {
+            c.drop_clean(0);
+        }
+        c.notify_space();
+        Ok(())
+    }
+
+    /// Writes every non-zero page of a file to `out`; returns the (page, version) of the
+    /// store pages written.
+    fn write_contents(
+        &self,
+        d: &Mutex<crate::core::FileData>,
+        obj: u64,
+        size: u64,
+        out: &File,
+    ) -> io::Result<Vec<(u64, u64)>> {
+        let c = &self.core;
+        let mut drained = Vec::new();
+        let npages = size.div_ceil(PAGE);
+        for p in 0..npages {
+            let (data, ver) = {
+                let mut f = d.lock();
+                let ver = f.pages.get(&p).map(|pg| pg.ver);
+                let v = c
+                    .read_page(obj, &mut f, p, false)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                (v, ver)
+            };
+            if let Some(ver) = ver {
+                drained.push((p, ver));
+            }
+            let Some(mut v) = data else { continue };
+            let lim = (size - p * PAGE).min(PAGE) as usize;
+            v.truncate(lim);
+            if v.iter().all(|b| *b == 0) {
+                continue;
+            }
+            if let Some(r) = &self.rate {
+                r.take(v.len() as u64);
+            }
+            out.write_all_at(&v, p * PAGE)?;
+        }
+        Ok(drained)
+    }
+
+    /// Whether nothing waits: no journal rows, no dirty file, nothing in flight.
+    pub fn idle(&self) -> bool {
+        let ops = self.core.db.lock().count_ops().unwrap_or(1);
+        ops == 0 && self.in_flight() == 0 && self.core.dirty_summary().0 == 0
+    }
+}
+
+fn under(p: &[u8], root: &[u8]) -> bool {
+    p == root || (p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/')
+}
+
+pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
+    dir.join(format!(".tierstack-tmp.{ino}"))
+}

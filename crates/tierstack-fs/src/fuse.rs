@@ -1,0 +1,418 @@
+//! The FUSE side: a `fuser::Filesystem` over [`Core`].
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::core::{Attr, Core, Kind, PAGE};
+
+/// Attributes and entries may be cached by the kernel this long: only this daemon changes
+/// the namespace it shows.
+const TTL: Duration = Duration::from_secs(1);
+
+pub struct TierFs {
+    pub core: Arc<Core>,
+}
+
+fn st(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn ft(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+    }
+}
+
+fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: st(a.atime),
+        mtime: st(a.mtime),
+        ctime: st(a.ctime),
+        crtime: st(a.ctime),
+        kind: ft(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        // Large I/O sizes for tools that follow st_blksize (cp, dd without bs).
+        blksize: PAGE as u32,
+        flags: 0,
+    }
+}
+
+fn err(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+fn tot(t: Option<TimeOrNow>) -> Option<Option<SystemTime>> {
+    t.map(|t| match t {
+        TimeOrNow::SpecificTime(s) => Some(s),
+        TimeOrNow::Now => None,
+    })
+}
+
+impl fuser::Filesystem for TierFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(PAGE as u32);
+        let _ = config.set_max_readahead(PAGE as u32);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.core.lookup(parent.0, name.as_bytes()) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.core.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        match self
+            .core
+            .setattr(ino.0, mode, uid, gid, size, tot(atime), tot(mtime))
+        {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.core.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            reply.error(Errno::EPERM);
+            return;
+        }
+        match self.core.create(
+            parent.0,
+            name.as_bytes(),
+            mode & !umask,
+            req.uid(),
+            req.gid(),
+            false,
+        ) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        match self.core.mkdir(
+            parent.0,
+            name.as_bytes(),
+            mode & !umask,
+            req.uid(),
+            req.gid(),
+        ) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.core.unlink(parent.0, name.as_bytes(), false) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.core.unlink(parent.0, name.as_bytes(), true) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        match self.core.symlink(
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            req.uid(),
+            req.gid(),
+        ) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
+        ) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        match self.core.link(ino.0, newparent.0, newname.as_bytes()) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.core.open(ino.0) {
+            // Contents change only through this mount, so the kernel's page cache stays valid.
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.core.read(ino.0, offset, size) {
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.core.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.flush_handle(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.release(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.fsync(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.core.getattr(ino.0) {
+            Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        match self.core.readdir(ino.0, offset) {
+            Ok(ents) => {
+                let mut pos = offset;
+                for (i, k, name) in ents {
+                    pos += 1;
+                    if reply.add(INodeNo(i), pos, ft(k), OsStr::from_bytes(&name)) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.core.fsync(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let bsize = 4096u64;
+        let (blocks, bfree) = match rustix::fs::statvfs(&self.core.backing) {
+            Ok(s) => (
+                s.f_blocks * s.f_frsize / bsize,
+                s.f_bavail * s.f_frsize / bsize,
+            ),
+            Err(_) => (0, 0),
+        };
+        reply.statfs(blocks, bfree, bfree, 0, 0, bsize as u32, 255, bsize as u32);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.core.create(
+            parent.0,
+            name.as_bytes(),
+            mode & !umask,
+            req.uid(),
+            req.gid(),
+            true,
+        ) {
+            Ok(a) => reply.created(
+                &TTL,
+                &fattr(&a),
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+}

@@ -1,0 +1,553 @@
+//! The mount daemon: fast tier, journal, drainer, FUSE session and control socket; and the
+//! client side of the control socket.
+//!
+//! The control socket of a mount is `/run/tierstack/<xxh3-64 of the canonical mountpoint, 16
+//! hex digits>.sock` (`TIERSTACK_RUN_DIR` overrides the folder). It takes one JSON request
+//! per connection (`{"cmd":"status"}`, `{"cmd":"drain"}`, `{"cmd":"shutdown"}`) and answers
+//! one JSON line.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tierstack_array::{descriptor, Array, ArrayOptions, CreateParams, Level};
+use tierstack_store::{Tier, TierCounters, TierStatus, TieredStore};
+
+use crate::core::Core;
+use crate::db::Db;
+use crate::drain::Drainer;
+use crate::error::{io_err, FsError, Result};
+
+/// What the daemon is asked to do (passed as JSON by `tierstack mount`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MountSpec {
+    pub backing: PathBuf,
+    pub mountpoint: PathBuf,
+    /// Array descriptor of the fast tier, or
+    pub array: Option<PathBuf>,
+    /// the folder of the embedded fast tier (an array of file drives made there).
+    pub dir: Option<PathBuf>,
+    /// Size of each file drive made under `dir`.
+    pub drive_size: u64,
+    pub dram: u64,
+    pub sync: bool,
+    pub allow_other: bool,
+    /// Bytes per second (None: unlimited).
+    pub drain_rate: Option<u64>,
+    pub drain_jobs: usize,
+    pub fuse_threads: usize,
+}
+
+/// What `tierstack status` reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MountStatus {
+    pub mountpoint: PathBuf,
+    pub backing: PathBuf,
+    pub pid: u32,
+    pub mode: String,
+    pub dirty_bytes: u64,
+    pub dirty_files: u64,
+    pub pending_ops: u64,
+    pub drains_in_flight: usize,
+    pub drain_bytes_per_s: f64,
+    pub drained_bytes: u64,
+    pub held_bytes: u64,
+    pub limit_bytes: u64,
+    pub backpressure: bool,
+    pub idle: bool,
+    pub drain_retries: u64,
+    pub last_error: Option<String>,
+    pub tiers: Vec<TierUse>,
+}
+
+/// One tier of the store, for status output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TierUse {
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub dirty_bytes: u64,
+}
+
+/// The array as the store's lower tier, shared so that start-up can list its keys.
+pub struct SharedArrayTier {
+    array: Arc<Array>,
+    counters: TierCounters,
+}
+
+impl Tier for SharedArrayTier {
+    fn name(&self) -> &str {
+        "array"
+    }
+    fn put(&self, key: (u64, u64), data: &[u8]) -> tierstack_store::Result<()> {
+        self.array.put(key, data)?;
+        self.counters.puts.fetch_add(1, Relaxed);
+        self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
+        Ok(())
+    }
+    fn get(&self, key: (u64, u64)) -> tierstack_store::Result<Option<Vec<u8>>> {
+        let v = self.array.get(key)?;
+        match &v {
+            Some(d) => {
+                self.counters.hits.fetch_add(1, Relaxed);
+                self.counters.bytes_out.fetch_add(d.len() as u64, Relaxed);
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Relaxed);
+            }
+        }
+        Ok(v)
+    }
+    fn remove(&self, key: (u64, u64)) -> tierstack_store::Result<bool> {
+        Ok(self.array.delete(key)?)
+    }
+    fn flush(&self) -> tierstack_store::Result<()> {
+        Ok(self.array.flush()?)
+    }
+    fn status(&self) -> TierStatus {
+        let st = self.array.status();
+        self.counters
+            .snapshot("array", st.capacity_bytes, st.used_bytes, 0)
+    }
+}
+
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("TIERSTACK_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/tierstack"))
+}
+
+/// The canonical form of a mountpoint that may be a dead FUSE mount (whose own stat fails):
+/// its canonical parent joined with its name.
+pub fn canonical_mountpoint(p: &Path) -> Result<PathBuf> {
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().map_err(io_err("."))?.join(p)
+    };
+    let name = abs
+        .file_name()
+        .map(|n| n.to_os_string())
+        .ok_or_else(|| FsError::Config(format!("{} is not a directory name", p.display())))?;
+    let parent = abs.parent().unwrap_or(Path::new("/"));
+    let cp = std::fs::canonicalize(parent).map_err(io_err(parent))?;
+    Ok(cp.join(name))
+}
+
+/// The control socket of the mount at `mountpoint` (canonical).
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    let h = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_bytes());
+    run_dir().join(format!("{h:016x}.sock"))
+}
+
+/// Sends one request to a mount's daemon and returns its answer.
+pub fn request(
+    mountpoint: &Path,
+    req: &serde_json::Value,
+    timeout: Duration,
+) -> Result<serde_json::Value> {
+    let sock = socket_path(mountpoint);
+    let cerr = |msg: String| FsError::Control {
+        path: sock.clone(),
+        msg,
+    };
+    let mut s = UnixStream::connect(&sock).map_err(|e| cerr(e.to_string()))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| cerr(e.to_string()))?;
+    let mut line = req.to_string();
+    line.push('\n');
+    s.write_all(line.as_bytes())
+        .map_err(|e| cerr(e.to_string()))?;
+    let mut r = BufReader::new(s);
+    let mut ans = String::new();
+    r.read_line(&mut ans).map_err(|e| cerr(e.to_string()))?;
+    serde_json::from_str(&ans).map_err(|e| cerr(format!("bad answer ({e})")))
+}
+
+pub fn status(mountpoint: &Path) -> Result<MountStatus> {
+    let v = request(
+        mountpoint,
+        &serde_json::json!({"cmd": "status"}),
+        Duration::from_secs(30),
+    )?;
+    serde_json::from_value(v.clone()).map_err(|e| FsError::Control {
+        path: socket_path(mountpoint),
+        msg: format!("bad status ({e}): {v}"),
+    })
+}
+
+/// Whether `mountpoint` is listed in /proc/self/mountinfo, and its file-system type.
+pub fn mounted_type(mountpoint: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.as_os_str().as_bytes();
+    for line in info.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() < 5 {
+            continue;
+        }
+        if unescape(f[4]) == want {
+            let sep = f.iter().position(|x| *x == "-")?;
+            return f.get(sep + 1).map(|s| s.to_string());
+        }
+    }
+    None
+}
+
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Detaches a dead tierstack FUSE mount (daemon gone) from `mountpoint`.
+pub fn clear_stale(mountpoint: &Path) -> Result<bool> {
+    let Some(t) = mounted_type(mountpoint) else {
+        return Ok(false);
+    };
+    if !t.starts_with("fuse") {
+        return Ok(false);
+    }
+    if std::fs::metadata(mountpoint).is_ok() && status(mountpoint).is_ok() {
+        return Ok(false);
+    }
+    rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH).map_err(|e| {
+        FsError::Config(format!(
+            "cannot clear the stale mount at {}: {e}",
+            mountpoint.display()
+        ))
+    })?;
+    Ok(true)
+}
+
+/// Files made for a new embedded fast tier, removed again if start-up fails.
+struct Created {
+    paths: Vec<PathBuf>,
+    dir: Option<PathBuf>,
+    armed: bool,
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+const EMBEDDED_DRIVES: usize = 4;
+
+/// Opens (or makes) the fast tier's array and the journal database.
+fn open_fast_tier(spec: &MountSpec, created: &mut Created) -> Result<(Array, PathBuf)> {
+    let opts = ArrayOptions::default();
+    if let Some(a) = &spec.array {
+        let arr = descriptor::open_array(a, &opts)?;
+        let mut db = a.as_os_str().to_owned();
+        db.push(".journal.db");
+        return Ok((arr, PathBuf::from(db)));
+    }
+    let dir = spec
+        .dir
+        .clone()
+        .ok_or_else(|| FsError::Config("give --array ARRAY or --dir DIR".into()))?;
+    if !dir.exists() {
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        created.dir = Some(dir.clone());
+    }
+    let desc = dir.join("array.toml");
+    let dbp = dir.join("journal.db");
+    if desc.exists() {
+        return Ok((descriptor::open_array(&desc, &opts)?, dbp));
+    }
+    let drives: Vec<PathBuf> = (0..EMBEDDED_DRIVES)
+        .map(|i| dir.join(format!("drive{i}")))
+        .collect();
+    for d in &drives {
+        if d.exists() {
+            return Err(FsError::Config(format!(
+                "{} exists but {} does not: give an empty --dir or the array's descriptor with --array",
+                d.display(),
+                desc.display()
+            )));
+        }
+    }
+    created.paths.extend(drives.iter().cloned());
+    created.paths.push(desc.clone());
+    created.paths.push(dbp.clone());
+    let mut wal = dbp.as_os_str().to_owned();
+    wal.push("-wal");
+    created.paths.push(PathBuf::from(wal));
+    let mut shm = dbp.as_os_str().to_owned();
+    shm.push("-shm");
+    created.paths.push(PathBuf::from(shm));
+    let params = CreateParams {
+        level: Level::Raid5,
+        chunk: 64 << 10,
+        groups: None,
+        size: Some(spec.drive_size),
+    };
+    let arr = Array::create(&drives, &params, &opts)?;
+    descriptor::Descriptor::for_array(&arr).save(&desc)?;
+    Ok((arr, dbp))
+}
+
+/// A running mount.
+pub struct Daemon {
+    pub core: Arc<Core>,
+    pub drainer: Arc<Drainer>,
+    session: Option<fuser::BackgroundSession>,
+    spec: MountSpec,
+    sock: PathBuf,
+    shutdown_rx: mpsc::Receiver<()>,
+}
+
+impl Daemon {
+    /// Opens the fast tier and the journal, resumes the drain, mounts and listens on the
+    /// control socket. On error nothing it made is left behind.
+    pub fn start(spec: MountSpec) -> Result<Daemon> {
+        let mut created = Created {
+            paths: Vec::new(),
+            dir: None,
+            armed: true,
+        };
+        let backing = std::fs::canonicalize(&spec.backing).map_err(io_err(&spec.backing))?;
+        let mp = canonical_mountpoint(&spec.mountpoint)?;
+        clear_stale(&mp)?;
+        let (array, dbp) = open_fast_tier(&spec, &mut created)?;
+        let db = Db::open(&dbp)?;
+        match db.meta_get("backing")? {
+            Some(b) if b != backing.as_os_str().as_bytes() => {
+                return Err(FsError::Config(format!(
+                    "the fast tier holds the journal of a mount of {}, not {}: give another --dir or --array",
+                    String::from_utf8_lossy(&b),
+                    backing.display()
+                )))
+            }
+            Some(_) => {}
+            None => db.meta_set("backing", backing.as_os_str().as_bytes())?,
+        }
+        let array = Arc::new(array);
+        let capacity = array.status().capacity_bytes;
+        let tier = SharedArrayTier {
+            array: array.clone(),
+            counters: TierCounters::default(),
+        };
+        let store = TieredStore::new(spec.dram, vec![Box::new(tier)])?;
+        // The array is a log: keep half of it free for the cleaner.
+        let limit = spec.dram + capacity / 2;
+        let core = Arc::new(Core::new(
+            backing.clone(),
+            spec.sync,
+            store,
+            array,
+            db,
+            limit,
+        )?);
+        let drainer = Drainer::new(core.clone(), spec.drain_jobs, spec.drain_rate);
+        drainer
+            .start()
+            .map_err(|e| FsError::Config(format!("cannot start the drainer: {e}")))?;
+
+        let rd = run_dir();
+        std::fs::create_dir_all(&rd).map_err(io_err(&rd))?;
+        let sock = socket_path(&mp);
+        let _ = std::fs::remove_file(&sock);
+        let listener = UnixListener::bind(&sock).map_err(io_err(&sock))?;
+
+        use fuser::MountOption as O;
+        let options = vec![
+            O::FSName(format!("tierstack:{}", backing.display())),
+            O::Subtype("tierstack".into()),
+            O::DefaultPermissions,
+            O::RW,
+            O::NoDev,
+            O::NoSuid,
+        ];
+        let mut cfg = fuser::Config::default();
+        cfg.mount_options = options;
+        cfg.acl = if spec.allow_other {
+            fuser::SessionACL::All
+        } else {
+            fuser::SessionACL::Owner
+        };
+        cfg.n_threads = Some(spec.fuse_threads.max(1));
+        cfg.clone_fd = true;
+        let fs = crate::fuse::TierFs { core: core.clone() };
+        let session = fuser::Session::new(fs, &mp, &cfg)
+            .and_then(|s| s.spawn())
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&sock);
+                FsError::Config(format!("cannot mount at {}: {e}", mp.display()))
+            })?;
+
+        let (shutdown_tx, shutdown_rx) = mpsc::channel();
+        {
+            let core = core.clone();
+            let drainer = drainer.clone();
+            let mp = mp.clone();
+            let spec2 = spec.clone();
+            std::thread::Builder::new()
+                .name("control".into())
+                .spawn(move || {
+                    for conn in listener.incoming().flatten() {
+                        let core = core.clone();
+                        let drainer = drainer.clone();
+                        let mp = mp.clone();
+                        let spec = spec2.clone();
+                        let tx = shutdown_tx.clone();
+                        let _ = std::thread::Builder::new()
+                            .name("control-conn".into())
+                            .spawn(move || serve(conn, &core, &drainer, &mp, &spec, &tx));
+                    }
+                })
+                .map_err(|e| FsError::Config(format!("cannot start the control thread: {e}")))?;
+        }
+        created.armed = false;
+        let mut spec = spec;
+        spec.mountpoint = mp;
+        spec.backing = backing;
+        Ok(Daemon {
+            core,
+            drainer,
+            session: Some(session),
+            spec,
+            sock,
+            shutdown_rx,
+        })
+    }
+
+    /// Serves until asked to shut down (the FUSE mount is gone by then), then drains
+    /// everything and makes the fast tier durable.
+    pub fn wait(mut self) -> Result<()> {
+        let _ = self.shutdown_rx.recv();
+        if let Some(s) = self.session.take() {
+            if let Err(e) = s.join() {
+                tracing::warn!("FUSE session ended with: {e}");
+            }
+        }
+        // Whatever was written after the last drain check.
+        self.core.force.store(true, Relaxed);
+        self.core.wake_drainer();
+        while !self.drainer.idle() {
+            self.core.force.store(true, Relaxed);
+            self.core.wake_drainer();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.drainer.stop.store(true, Relaxed);
+        self.core.store.flush()?;
+        self.core.db.lock().make_durable()?;
+        let _ = std::fs::remove_file(&self.sock);
+        tracing::info!("unmounted {}", self.spec.mountpoint.display());
+        Ok(())
+    }
+}
+
+fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> MountStatus {
+    let (dirty_files, _) = core.dirty_summary();
+    let pending_ops = core.db.lock().count_ops().unwrap_or(0);
+    let inflight = drainer.in_flight();
+    MountStatus {
+        mountpoint: mp.to_path_buf(),
+        backing: core.backing.clone(),
+        pid: std::process::id(),
+        mode: if spec.sync { "sync" } else { "async" }.into(),
+        dirty_bytes: core.dirty_bytes.load(Relaxed),
+        dirty_files,
+        pending_ops,
+        drains_in_flight: inflight,
+        drain_bytes_per_s: drainer.rate(),
+        drained_bytes: core.drained_bytes.load(Relaxed),
+        held_bytes: core.held.load(Relaxed),
+        limit_bytes: core.limit,
+        backpressure: core.pressure.load(Relaxed),
+        idle: pending_ops == 0 && inflight == 0 && dirty_files == 0,
+        drain_retries: drainer.retries.load(Relaxed),
+        last_error: core.last_error.lock().clone(),
+        tiers: core
+            .store
+            .status()
+            .into_iter()
+            .map(|t| TierUse {
+                name: t.name,
+                capacity_bytes: t.capacity_bytes,
+                used_bytes: t.used_bytes,
+                dirty_bytes: t.dirty_bytes,
+            })
+            .collect(),
+    }
+}
+
+fn serve(
+    conn: UnixStream,
+    core: &Core,
+    drainer: &Drainer,
+    mp: &Path,
+    spec: &MountSpec,
+    shutdown: &mpsc::Sender<()>,
+) {
+    let mut r = BufReader::new(&conn);
+    let mut line = String::new();
+    if r.read_line(&mut line).is_err() {
+        return;
+    }
+    let req: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+    let ans = match req.get("cmd").and_then(|c| c.as_str()) {
+        Some("status") => serde_json::to_value(status_of(core, drainer, mp, spec))
+            .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()})),
+        Some("drain") => {
+            core.force.store(true, Relaxed);
+            core.wake_drainer();
+            serde_json::json!({"ok": true})
+        }
+        Some("shutdown") => {
+            match rustix::mount::unmount(mp, rustix::mount::UnmountFlags::empty()) {
+                Ok(()) => {
+                    let _ = shutdown.send(());
+                    serde_json::json!({"ok": true})
+                }
+                Err(e) => {
+                    serde_json::json!({"ok": false, "error": format!("cannot unmount {}: {e}", mp.display())})
+                }
+            }
+        }
+        _ => serde_json::json!({"ok": false, "error": "unknown request"}),
+    };
+    let mut w = &conn;
+    let _ = writeln!(w, "{ans}");
+}
+
+/// Runs a mount in this process until it is unmounted with `tierstack umount`.
+pub fn run(spec: MountSpec, on_ready: impl FnOnce(&MountSpec)) -> Result<()> {
+    let d = Daemon::start(spec)?;
+    on_ready(&d.spec);
+    d.wait()
+}
+
+/// The embedded fast tier's folder when neither `--dir` nor `--array` is given:
+/// `/var/tmp/tierstack/<xxh3-64 of the canonical BACKING>`.
+pub fn default_dir(backing: &Path) -> PathBuf {
+    let h = xxhash_rust::xxh3::xxh3_64(backing.as_os_str().as_bytes());
+    PathBuf::from("/var/tmp/tierstack").join(format!("{h:016x}"))
+}
