@@ -815,6 +815,11 @@ impl Core {
                 .filter_map(|n| n.data.as_ref().map(|d| (d.clone(), n.obj)))
                 .collect()
         };
+        // The records that say BACKING holds these pages must be durable before they go.
+        if let Err(e) = self.db.lock().make_durable() {
+            tracing::warn!("making the journal durable: {e}");
+            return false;
+        }
         let mut freed = 0u64;
         for (d, obj) in files {
             let Some(mut f) = d.try_lock() else { continue };

@@ -610,9 +610,6 @@ impl Drainer {
             if let Err(e) = r {
                 return Err(io::Error::other(e.to_string()));
             }
-            if let Err(e) = c.db.lock().make_durable() {
-                return Err(io::Error::other(e.to_string()));
-            }
         }
         {
             let mut ns = c.ns.lock();

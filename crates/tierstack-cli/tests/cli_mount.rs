@@ -1,0 +1,728 @@
+//! End-to-end tests of `tierstack mount`, `status`, `drain`, `umount` through a real FUSE
+//! mount. They need root and /dev/fuse; elsewhere they print why and pass.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use rand::{Rng, RngCore, SeedableRng};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tierstack");
+
+fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run tierstack")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(
+        o.status.success(),
+        "tierstack {args:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn is_mounted(p: &Path) -> bool {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let s = p.to_string_lossy();
+    info.lines()
+        .any(|l| l.split(' ').nth(4).is_some_and(|m| m == s))
+}
+
+/// A backing directory, a mountpoint and a fast tier folder under one temporary directory;
+/// on drop the mount is detached (`umount -l`) and its daemon killed, whatever happened.
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    backing: PathBuf,
+    mnt: PathBuf,
+    fast: PathBuf,
+    pid: Option<u32>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let tmp = tempfile::Builder::new()
+            .prefix("ts-mount-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        let backing = tmp.path().join("backing");
+        let mnt = tmp.path().join("mnt");
+        let fast = tmp.path().join("fast");
+        fs::create_dir(&backing).expect("mkdir");
+        fs::create_dir(&mnt).expect("mkdir");
+        Fixture {
+            _tmp: tmp,
+            backing,
+            mnt,
+            fast,
+            pid: None,
+        }
+    }
+
+    fn mount(&mut self, extra: &[&str]) {
+        let mut args = vec![
+            "mount",
+            self.backing.to_str().expect("utf8"),
+            self.mnt.to_str().expect("utf8"),
+            "--dir",
+            self.fast.to_str().expect("utf8"),
+            "--dram",
+            "16M",
+        ];
+        if !extra.contains(&"--drive-size") {
+            args.extend_from_slice(&["--drive-size", "64M"]);
+        }
+        args.extend_from_slice(extra);
+        ok(&args);
+        self.pid = Some(self.status()["pid"].as_u64().expect("pid") as u32);
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let out = ok(&["status", self.mnt.to_str().expect("utf8"), "--json"]);
+        serde_json::from_str(&out).expect("status json")
+    }
+
+    fn umount(&mut self) {
+        ok(&["umount", self.mnt.to_str().expect("utf8")]);
+        assert!(!is_mounted(&self.mnt), "still mounted after umount");
+        self.pid = None;
+    }
+
+    fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn b(&self, rel: &str) -> PathBuf {
+        self.backing.join(rel)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if let Some(pid) = self.pid {
+            // SAFETY: kill(2) on the daemon this fixture started.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+fn hash(b: &[u8]) -> u64 {
+    // FNV-1a: enough to compare contents.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for x in b {
+        h ^= *x as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+#[derive(Debug, PartialEq, Eq, Clone)]
+enum Ent {
+    Dir(u32),
+    File(u32, usize, u64),
+    Link(PathBuf),
+}
+
+/// Everything under `root`: path -> kind, mode, size and content hash.
+fn tree(root: &Path) -> BTreeMap<String, Ent> {
+    let mut out = BTreeMap::new();
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Ent>) {
+        let mut ents: Vec<_> = fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|e| e.expect("entry"))
+            .collect();
+        ents.sort_by_key(|e| e.file_name());
+        for e in ents {
+            let p = e.path();
+            let rel = p
+                .strip_prefix(root)
+                .expect("prefix")
+                .to_string_lossy()
+                .into_owned();
+            let md = fs::symlink_metadata(&p).expect("lstat");
+            if md.file_type().is_symlink() {
+                out.insert(rel, Ent::Link(fs::read_link(&p).expect("readlink")));
+            } else if md.is_dir() {
+                out.insert(rel, Ent::Dir(md.mode() & 0o7777));
+                walk(root, &p, out);
+            } else {
+                let data = fs::read(&p).expect("read");
+                out.insert(rel, Ent::File(md.mode() & 0o7777, data.len(), hash(&data)));
+            }
+        }
+    }
+    walk(root, root, &mut out);
+    out
+}
+
+fn file_ent(data: &[u8], mode: u32) -> Ent {
+    Ent::File(mode, data.len(), hash(data))
+}
+
+#[test]
+fn posix_operations_reach_backing() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    // Files in BACKING before the mount.
+    let pre = random(3 << 20, 1);
+    fs::write(fx.b("pre.bin"), &pre).expect("write");
+    fs::create_dir(fx.b("old")).expect("mkdir");
+    fs::write(fx.b("old/a.txt"), b"old a").expect("write");
+    fs::write(fx.b("old/gone.txt"), b"to delete").expect("write");
+    fs::write(fx.b("grow.txt"), b"start;").expect("write");
+    fx.mount(&["--mode", "async"]);
+
+    let mut want: BTreeMap<String, Ent> = BTreeMap::new();
+    // Pre-existing files read correctly through the mount.
+    assert_eq!(fs::read(fx.m("pre.bin")).expect("read pre"), pre);
+    assert_eq!(fs::read(fx.m("old/a.txt")).expect("read a"), b"old a");
+    want.insert("pre.bin".into(), file_ent(&pre, 0o644));
+    want.insert("old".into(), Ent::Dir(0o755));
+    want.insert("old/a.txt".into(), file_ent(b"old a", 0o644));
+
+    // Create, write, read.
+    let a = random(5 << 20 | 123, 2);
+    fs::write(fx.m("new.bin"), &a).expect("write new");
+    assert_eq!(fs::read(fx.m("new.bin")).expect("read new"), a);
+    // Append.
+    let mut ap = a.clone();
+    {
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(fx.m("new.bin"))
+            .expect("open append");
+        f.write_all(b"appended tail").expect("append");
+        ap.extend_from_slice(b"appended tail");
+    }
+    // Overwrite in the middle (across a page boundary).
+    {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(fx.m("new.bin"))
+            .expect("open rw");
+        f.write_all_at(&[7u8; 100_000], (1 << 20) - 50_000)
+            .expect("overwrite");
+        ap[(1 << 20) - 50_000..(1 << 20) - 50_000 + 100_000].fill(7);
+    }
+    assert_eq!(fs::read(fx.m("new.bin")).expect("read"), ap);
+    want.insert("new.bin".into(), file_ent(&ap, 0o644));
+    // Append to and overwrite a pre-existing file.
+    {
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(fx.m("grow.txt"))
+            .expect("open");
+        f.write_all(b"more").expect("append");
+    }
+    want.insert("grow.txt".into(), file_ent(b"start;more", 0o644));
+    let mut pre2 = pre.clone();
+    {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(fx.m("pre.bin"))
+            .expect("open");
+        f.write_all_at(b"PATCH", 2 << 20).expect("patch");
+        pre2[2 << 20..(2 << 20) + 5].copy_from_slice(b"PATCH");
+    }
+    assert_eq!(fs::read(fx.m("pre.bin")).expect("read"), pre2);
+    want.insert("pre.bin".into(), file_ent(&pre2, 0o644));
+
+    // Truncate: shrink, then extend (the cut bytes must read back as zeros).
+    let t = random(3 << 20, 3);
+    fs::write(fx.m("trunc.bin"), &t).expect("write");
+    {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(fx.m("trunc.bin"))
+            .expect("open");
+        f.set_len(1_500_000).expect("shrink");
+        f.set_len(2_000_000).expect("extend");
+    }
+    let mut tt = t[..1_500_000].to_vec();
+    tt.resize(2_000_000, 0);
+    assert_eq!(fs::read(fx.m("trunc.bin")).expect("read"), tt);
+    want.insert("trunc.bin".into(), file_ent(&tt, 0o644));
+
+    // mkdir, rename files and directories across directories.
+    fs::create_dir(fx.m("d1")).expect("mkdir d1");
+    fs::create_dir(fx.m("d1/inner")).expect("mkdir inner");
+    fs::write(fx.m("d1/inner/f.txt"), b"inner file").expect("write");
+    fs::create_dir(fx.m("d2")).expect("mkdir d2");
+    fs::rename(fx.m("d1/inner"), fx.m("d2/moved")).expect("rename dir");
+    fs::write(fx.m("d1/x.txt"), b"x").expect("write");
+    fs::rename(fx.m("d1/x.txt"), fx.m("d2/y.txt")).expect("rename file");
+    fs::rename(fx.m("old/a.txt"), fx.m("d2/a-moved.txt")).expect("rename pre file");
+    want.remove("old/a.txt");
+    want.insert("d1".into(), Ent::Dir(0o755));
+    want.insert("d2".into(), Ent::Dir(0o755));
+    want.insert("d2/moved".into(), Ent::Dir(0o755));
+    want.insert("d2/moved/f.txt".into(), file_ent(b"inner file", 0o644));
+    want.insert("d2/y.txt".into(), file_ent(b"x", 0o644));
+    want.insert("d2/a-moved.txt".into(), file_ent(b"old a", 0o644));
+    // Rename over an existing file.
+    fs::write(fx.m("d2/over.txt"), b"will be replaced").expect("write");
+    fs::write(fx.m("src.txt"), b"replacement").expect("write");
+    fs::rename(fx.m("src.txt"), fx.m("d2/over.txt")).expect("rename over");
+    want.insert("d2/over.txt".into(), file_ent(b"replacement", 0o644));
+
+    // unlink (new and pre-existing), rmdir.
+    fs::write(fx.m("tmp.txt"), b"short-lived").expect("write");
+    fs::remove_file(fx.m("tmp.txt")).expect("unlink");
+    fs::remove_file(fx.m("old/gone.txt")).expect("unlink pre");
+    fs::create_dir(fx.m("emptydir")).expect("mkdir");
+    fs::remove_dir(fx.m("emptydir")).expect("rmdir");
+    fs::remove_dir(fx.m("d1")).expect("rmdir d1");
+    want.remove("d1");
+    assert!(fs::remove_dir(fx.m("d2")).is_err(), "rmdir of a full dir");
+
+    // symlink, hard link.
+    std::os::unix::fs::symlink("d2/y.txt", fx.m("sym")).expect("symlink");
+    assert_eq!(fs::read(fx.m("sym")).expect("read via symlink"), b"x");
+    want.insert("sym".into(), Ent::Link(PathBuf::from("d2/y.txt")));
+    fs::hard_link(fx.m("d2/y.txt"), fx.m("hard.txt")).expect("link");
+    assert_eq!(fs::metadata(fx.m("hard.txt")).expect("stat").nlink(), 2);
+    want.insert("hard.txt".into(), file_ent(b"x", 0o644));
+
+    // chmod, utimens.
+    fs::set_permissions(fx.m("d2/y.txt"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    want.insert("d2/y.txt".into(), file_ent(b"x", 0o600));
+    want.insert("hard.txt".into(), file_ent(b"x", 0o600));
+    fs::set_permissions(fx.m("d2"), fs::Permissions::from_mode(0o750)).expect("chmod dir");
+    want.insert("d2".into(), Ent::Dir(0o750));
+    let mtime = UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    File::options()
+        .write(true)
+        .open(fx.m("grow.txt"))
+        .expect("open")
+        .set_times(fs::FileTimes::new().set_modified(mtime).set_accessed(mtime))
+        .expect("utimens");
+    assert_eq!(
+        fs::metadata(fx.m("grow.txt")).expect("stat").mtime(),
+        1_000_000_000
+    );
+
+    // The mount shows exactly what was done.
+    assert_eq!(tree(&fx.mnt), want, "tree through the mount");
+    fx.umount();
+    // BACKING holds exactly what was written; deleted files are gone.
+    assert_eq!(tree(&fx.backing), want, "tree in BACKING after umount");
+    assert_eq!(
+        fs::metadata(fx.b("grow.txt")).expect("stat").mtime(),
+        1_000_000_000,
+        "mtime reached BACKING"
+    );
+    assert_eq!(
+        fs::metadata(fx.b("hard.txt")).expect("stat").ino(),
+        fs::metadata(fx.b("d2/y.txt")).expect("stat").ino(),
+        "hard link kept in BACKING"
+    );
+    assert!(!fx.b("old/gone.txt").exists());
+}
+
+#[test]
+fn readdir_of_ten_thousand_files() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fs::create_dir(fx.b("many")).expect("mkdir");
+    for i in 0..9_000 {
+        fs::write(fx.b(&format!("many/pre{i:05}")), i.to_string()).expect("write");
+    }
+    fx.mount(&["--mode", "async"]);
+    for i in 0..1_000 {
+        fs::write(fx.m(&format!("many/new{i:05}")), i.to_string()).expect("write");
+    }
+    let names: Vec<String> = fs::read_dir(fx.m("many"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 10_000);
+    assert_eq!(
+        fs::read_to_string(fx.m("many/pre04321")).expect("read"),
+        "4321"
+    );
+    fx.umount();
+    assert_eq!(fs::read_dir(fx.b("many")).expect("readdir").count(), 10_000);
+    assert_eq!(
+        fs::read_to_string(fx.b("many/new00999")).expect("read"),
+        "999"
+    );
+}
+
+#[test]
+fn sparse_five_gib_file() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&["--mode", "async"]);
+    let size: u64 = 5 << 30;
+    let head = random(1 << 20, 4);
+    let tail = random(1 << 20, 5);
+    {
+        let mut f = File::create(fx.m("sparse")).expect("create");
+        f.write_all(&head).expect("head");
+        f.seek(SeekFrom::Start(size - tail.len() as u64))
+            .expect("seek");
+        f.write_all(&tail).expect("tail");
+        f.sync_all().expect("fsync");
+    }
+    assert_eq!(fs::metadata(fx.m("sparse")).expect("stat").len(), size);
+    let mut mid = vec![1u8; 4 << 20];
+    File::open(fx.m("sparse"))
+        .expect("open")
+        .read_exact_at(&mut mid, 2 << 30)
+        .expect("read hole");
+    assert!(mid.iter().all(|b| *b == 0), "a hole reads as zeros");
+    fx.umount();
+    let md = fs::metadata(fx.b("sparse")).expect("stat");
+    assert_eq!(md.len(), size);
+    assert!(md.blocks() * 512 < 64 << 20, "BACKING's copy stays sparse");
+    let f = File::open(fx.b("sparse")).expect("open");
+    let mut buf = vec![0u8; 1 << 20];
+    f.read_exact_at(&mut buf, 0).expect("read");
+    assert_eq!(buf, head);
+    f.read_exact_at(&mut buf, size - (1 << 20)).expect("read");
+    assert_eq!(buf, tail);
+}
+
+#[test]
+fn sixteen_concurrent_writers() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let mnt = fx.mnt.clone();
+    let sums: Vec<(String, u64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..16)
+            .map(|i| {
+                let mnt = mnt.clone();
+                s.spawn(move || {
+                    let data = random(6 << 20, 100 + i);
+                    let name = format!("w{i:02}.bin");
+                    let mut f = File::create(mnt.join(&name)).expect("create");
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(i);
+                    let mut off = 0;
+                    while off < data.len() {
+                        let n = rng.gen_range(4096..=(1 << 20)).min(data.len() - off);
+                        f.write_all(&data[off..off + n]).expect("write");
+                        off += n;
+                    }
+                    f.sync_all().expect("fsync");
+                    (name, hash(&data))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("writer")).collect()
+    });
+    for (name, h) in &sums {
+        assert_eq!(
+            hash(&fs::read(fx.m(name)).expect("read")),
+            *h,
+            "{name} via mount"
+        );
+    }
+    fx.umount();
+    for (name, h) in &sums {
+        assert_eq!(
+            hash(&fs::read(fx.b(name)).expect("read")),
+            *h,
+            "{name} in BACKING"
+        );
+    }
+}
+
+#[test]
+fn kill_nine_after_fsync_loses_nothing() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    // A slow drain, so that most of the data is only on the fast tier when the daemon dies.
+    fx.mount(&["--mode", "sync", "--drain-rate", "1"]);
+    fs::create_dir(fx.m("ckpt")).expect("mkdir");
+    let mut want = Vec::new();
+    for i in 0..4u64 {
+        let data = random((8 << 20) + 777 * i as usize, 200 + i);
+        let name = format!("ckpt/rank{i}.bin");
+        let mut f = File::create(fx.m(&name)).expect("create");
+        f.write_all(&data).expect("write");
+        f.sync_all().expect("fsync");
+        want.push((name, data));
+    }
+    fs::rename(fx.m("ckpt/rank0.bin"), fx.m("ckpt/first.bin")).expect("rename");
+    want[0].0 = "ckpt/first.bin".into();
+    File::open(fx.m("ckpt"))
+        .expect("open dir")
+        .sync_all()
+        .expect("fsync dir");
+    let pid = fx.pid.expect("pid");
+    // SAFETY: kill(2) on the daemon this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let t0 = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let drained_before = want
+        .iter()
+        .filter(|(n, d)| fs::read(fx.b(n)).is_ok_and(|b| b == *d))
+        .count();
+    assert!(drained_before < want.len(), "the drain was not slowed down");
+    // Mount again with the same fast tier: the stale mount is cleared, the drain resumes.
+    fx.mount(&["--mode", "sync"]);
+    for (n, d) in &want {
+        assert_eq!(
+            &fs::read(fx.m(n)).expect("read after restart"),
+            d,
+            "{n} via mount"
+        );
+    }
+    fx.umount();
+    for (n, d) in &want {
+        assert_eq!(
+            &fs::read(fx.b(n)).expect("read in BACKING"),
+            d,
+            "{n} in BACKING"
+        );
+    }
+    assert!(!fx.b("ckpt/rank0.bin").exists());
+}
+
+#[test]
+fn umount_drains_pending_data_first() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&["--drain-rate", "20"]);
+    let data = random(40 << 20, 7);
+    fs::write(fx.m("out.bin"), &data).expect("write");
+    let st = fx.status();
+    for k in [
+        "dirty_bytes",
+        "dirty_files",
+        "drain_bytes_per_s",
+        "pid",
+        "tiers",
+    ] {
+        assert!(st.get(k).is_some(), "status lacks {k}: {st}");
+    }
+    assert!(
+        st["dirty_bytes"].as_u64().expect("dirty") > 0 || st["pending_ops"].as_u64() > Some(0),
+        "nothing pending right after the write: {st}"
+    );
+    assert_eq!(st["tiers"][0]["name"], "dram");
+    assert_eq!(st["tiers"][1]["name"], "array");
+    fx.umount();
+    assert_eq!(fs::read(fx.b("out.bin")).expect("read"), data);
+}
+
+#[test]
+fn backing_read_only_for_a_while_delays_the_drain() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fs::create_dir(fx.b("out")).expect("mkdir");
+    fx.mount(&["--mode", "async"]);
+    let chattr = |flag: &str| {
+        let st = Command::new("chattr")
+            .arg(flag)
+            .arg(fx.b("out"))
+            .status()
+            .expect("chattr");
+        assert!(st.success(), "chattr {flag}");
+    };
+    chattr("+i");
+    let data = random(3 << 20, 9);
+    fs::write(fx.m("out/result.bin"), &data).expect("write while BACKING is read-only");
+    ok(&["drain", fx.mnt.to_str().expect("utf8")]);
+    let t0 = Instant::now();
+    loop {
+        let st = fx.status();
+        if st["drain_retries"].as_u64() > Some(0) {
+            assert!(!st["idle"].as_bool().expect("idle"));
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no retry seen: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!fx.b("out/result.bin").exists());
+    chattr("-i");
+    ok(&["drain", fx.mnt.to_str().expect("utf8"), "--wait"]);
+    assert_eq!(fs::read(fx.b("out/result.bin")).expect("read"), data);
+    fx.umount();
+    assert_eq!(fs::read(fx.b("out/result.bin")).expect("read"), data);
+    assert_eq!(fs::read_dir(fx.b("out")).expect("readdir").count(), 1);
+}
+
+#[test]
+fn backpressure_three_times_the_fast_tier() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&["--mode", "async", "--drive-size", "32M"]);
+    let st = fx.status();
+    let cap: u64 = st["tiers"]
+        .as_array()
+        .expect("tiers")
+        .iter()
+        .map(|t| t["capacity_bytes"].as_u64().expect("cap"))
+        .sum();
+    let total = 3 * cap;
+    // One big file and several smaller ones.
+    let big = random(total as usize / 2, 11);
+    fs::write(fx.m("big.bin"), &big).expect("write big");
+    let mut small = Vec::new();
+    let mut left = total - big.len() as u64;
+    let mut i = 0;
+    while left > 0 {
+        let n = left.min(16 << 20);
+        let d = random(n as usize, 20 + i);
+        let name = format!("s{i}.bin");
+        fs::write(fx.m(&name), &d).expect("write small");
+        small.push((name, hash(&d)));
+        left -= n;
+        i += 1;
+    }
+    assert_eq!(hash(&fs::read(fx.m("big.bin")).expect("read")), hash(&big));
+    fx.umount();
+    assert_eq!(hash(&fs::read(fx.b("big.bin")).expect("read")), hash(&big));
+    for (n, h) in &small {
+        assert_eq!(hash(&fs::read(fx.b(n)).expect("read")), *h, "{n}");
+    }
+}
+
+#[test]
+fn other_users_cannot_read_a_private_file() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&["--allow-other"]);
+    fs::write(fx.m("secret"), b"root only").expect("write");
+    fs::set_permissions(fx.m("secret"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    fs::write(fx.m("public"), b"everyone").expect("write");
+    let as_nobody = |p: &Path| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+            .arg(p)
+            .output()
+            .expect("setpriv")
+    };
+    let o = as_nobody(&fx.m("public"));
+    assert!(o.status.success(), "nobody reads a 0644 file: {o:?}");
+    assert_eq!(o.stdout, b"everyone");
+    let o = as_nobody(&fx.m("secret"));
+    assert!(!o.status.success(), "nobody read a 0600 file");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        "{o:?}"
+    );
+    fx.umount();
+}
+
+#[test]
+fn bad_input_is_refused_with_nothing_left_behind() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    let mnt = fx.mnt.to_str().expect("utf8").to_string();
+    let backing = fx.backing.to_str().expect("utf8").to_string();
+    let fast = fx.fast.to_str().expect("utf8").to_string();
+    let missing = format!("{backing}/nope");
+    let refuse = |args: &[&str], what: &str| {
+        let o = run(args);
+        assert!(!o.status.success(), "{what}: accepted");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(e.lines().count(), 1, "{what}: not one line: {e}");
+        assert!(e.starts_with("tierstack: error: "), "{what}: {e}");
+    };
+    refuse(
+        &["mount", &missing, &mnt, "--dir", &fast],
+        "missing backing",
+    );
+    refuse(
+        &["mount", &backing, &missing, "--dir", &fast],
+        "missing mountpoint",
+    );
+    refuse(
+        &["mount", &backing, &mnt, "--dir", &fast, "--dram", "12Q"],
+        "bad size",
+    );
+    refuse(
+        &["mount", &backing, &mnt, "--dir", &fast, "--mode", "fast"],
+        "unknown mode",
+    );
+    refuse(
+        &[
+            "mount",
+            &backing,
+            &mnt,
+            "--dir",
+            &fast,
+            "--drain-rate",
+            "-3",
+        ],
+        "bad rate",
+    );
+    fs::write(fx.mnt.join("file"), b"x").expect("write");
+    refuse(
+        &["mount", &backing, &mnt, "--dir", &fast],
+        "non-empty mountpoint",
+    );
+    fs::remove_file(fx.mnt.join("file")).expect("rm");
+    assert!(
+        !fx.fast.exists(),
+        "the fast tier was made for a refused mount"
+    );
+    assert!(!is_mounted(&fx.mnt));
+    refuse(&["status", &mnt], "status of no mount");
+    refuse(&["umount", &mnt], "umount of no mount");
+    fx.mount(&[]);
+    refuse(
+        &["mount", &backing, &mnt, "--dir", &fast],
+        "already mounted",
+    );
+    fx.umount();
+}
