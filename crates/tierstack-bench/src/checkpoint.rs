@@ -96,6 +96,8 @@ pub struct WriterReport {
     /// When its fsync returned.
     pub done_ns: u64,
     pub bytes: u64,
+    /// xxh3-64 of what it wrote (computed after its fsync, outside the timing).
+    pub xxh3: u64,
 }
 
 /// Runs one writer: joins the cgroup, says `ready` on `out`, waits for end of file on `go`,
@@ -146,10 +148,22 @@ pub fn run_writer(spec: &WriterSpec, mut go: impl Read, mut out: impl Write) -> 
     f.sync_all().map_err(io_err("fsync", &spec.path))?;
     let done_ns = monotonic_ns();
     drop(f);
+    // The same bytes again, hashed.
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut left = spec.size;
+    let mut block = 0u64;
+    while left > 0 {
+        let n = left.min(BLOCK as u64) as usize;
+        buf[..8].copy_from_slice(&block.to_le_bytes());
+        h.update(&buf[..n]);
+        left -= n as u64;
+        block += 1;
+    }
     let r = WriterReport {
         start_ns,
         done_ns,
         bytes: spec.size,
+        xxh3: h.digest(),
     };
     let line = serde_json::to_string(&r).map_err(|e| CheckpointError::Setup(e.to_string()))?;
     writeln!(out, "{line}")
@@ -189,13 +203,17 @@ fn child_stderr(c: &mut Child) -> String {
 }
 
 /// Result of one output phase.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Phase {
+    /// CLOCK_MONOTONIC ns of the release of the writers.
+    pub start_ns: u64,
     /// From the release of the writers to the last fsync.
     pub output_s: f64,
     /// CLOCK_MONOTONIC ns of the last fsync.
     pub end_ns: u64,
     pub bytes: u64,
+    /// xxh3-64 of each writer's file, by index.
+    pub hashes: Vec<u64>,
 }
 
 /// Runs `procs` writers into `dir` (files `ckpt.00000` ...), started together.
@@ -297,6 +315,7 @@ fn release_and_collect(
     let mut end_ns = t0;
     let mut bytes = 0;
     let mut failure = None;
+    let mut hashes = Vec::with_capacity(w.0.len());
     for (i, (c, out)) in w.0.iter_mut().enumerate() {
         let mut line = String::new();
         let rep = out
@@ -307,6 +326,7 @@ fn release_and_collect(
             Some(r) => {
                 end_ns = end_ns.max(r.done_ns);
                 bytes += r.bytes;
+                hashes.push(r.xxh3);
             }
             None => {
                 if failure.is_none() {
@@ -325,9 +345,11 @@ fn release_and_collect(
         return Err(f);
     }
     Ok(Phase {
+        start_ns: t0,
         output_s: (end_ns - t0) as f64 / 1e9,
         end_ns,
         bytes,
+        hashes,
     })
 }
 
@@ -453,6 +475,8 @@ struct Mounted {
     exe: PathBuf,
     mnt: PathBuf,
     daemon_pid: Option<u32>,
+    /// The fsync mode `status` names.
+    mode: Option<String>,
     active: bool,
 }
 
@@ -482,6 +506,7 @@ impl Mounted {
             exe: exe.to_path_buf(),
             mnt: mnt.to_path_buf(),
             daemon_pid: None,
+            mode: None,
             active: true,
         };
         run_cmd(
@@ -496,6 +521,7 @@ impl Mounted {
             .find_map(|k| st.get(k).and_then(|v| v.as_u64()))
             .or_else(|| st.pointer("/daemon/pid").and_then(|v| v.as_u64()))
             .map(|p| p as u32);
+        me.mode = st.get("mode").and_then(|v| v.as_str()).map(str::to_string);
         Ok(me)
     }
 
@@ -577,6 +603,50 @@ impl Mounted {
         }
         r.map(|_| ())
     }
+}
+
+/// One sample of `status --json` during the mount run.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    t_ns: u64,
+    drained: u64,
+    rate: f64,
+}
+
+/// Samples `tierstack status MNT --json` every 200 ms until `stop`.
+fn sample_status(exe: &Path, mnt: &Path, stop: &AtomicBool) -> Vec<Sample> {
+    let mut v = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let t_ns = monotonic_ns();
+        let out = run_cmd(
+            Command::new(exe).arg("status").arg(mnt).arg("--json"),
+            "tierstack status --json",
+            Some(stop),
+            Duration::from_secs(10),
+        );
+        if let Ok(j) = out.and_then(|o| {
+            serde_json::from_str::<serde_json::Value>(o.trim()).map_err(|e| {
+                CheckpointError::Command {
+                    what: "tierstack status --json".into(),
+                    msg: e.to_string(),
+                }
+            })
+        }) {
+            v.push(Sample {
+                t_ns,
+                drained: j.get("drained_bytes").and_then(|x| x.as_u64()).unwrap_or(0),
+                rate: j
+                    .get("drain_bytes_per_s")
+                    .and_then(|x| x.as_f64())
+                    .unwrap_or(0.0),
+            });
+        }
+        let until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    v
 }
 
 impl Drop for Mounted {
@@ -851,6 +921,10 @@ pub struct RunResult {
     pub direct_output_s: f64,
     pub mount_output_s: Option<f64>,
     pub drain_s: Option<f64>,
+    /// From the first byte drained (seen by sampling `status`) to the end of the drain.
+    pub drain_window_s: Option<f64>,
+    /// Highest `drain_bytes_per_s` that `status` showed, in MB/s.
+    pub drain_peak_mb_s: Option<f64>,
 }
 
 /// The benchmark's figures (means over the repetitions).
@@ -873,7 +947,13 @@ pub struct Report {
     pub mount_output_s: Option<f64>,
     pub mount_mb_s: Option<f64>,
     pub drain_s: Option<f64>,
+    /// From the first byte drained to the end of the drain (the drain starts while the
+    /// writers still write).
+    pub drain_window_s: Option<f64>,
+    /// bytes_total / drain_window_s: the rate the drain sustained into BACKING.
     pub drain_mb_s: Option<f64>,
+    /// Highest drain rate `status` showed.
+    pub drain_peak_mb_s: Option<f64>,
     /// direct_output_s / mount_output_s.
     pub speedup: Option<f64>,
     pub runs: Vec<RunResult>,
@@ -942,6 +1022,36 @@ fn check_cancel(cancel: &AtomicBool) -> Result<()> {
 
 fn mkdir(p: &Path) -> Result<()> {
     fs::create_dir(p).map_err(io_err("create", p))
+}
+
+/// Every drained file holds exactly what its writer wrote.
+fn verify_drained(dir: &Path, hashes: &[u64]) -> Result<()> {
+    let mut buf = vec![0u8; BLOCK];
+    for (i, want) in hashes.iter().enumerate() {
+        let p = dir.join(format!("ckpt.{i:05}"));
+        let mut f = fs::File::open(&p).map_err(io_err("read the drained file", &p))?;
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        loop {
+            let n = f
+                .read(&mut buf)
+                .map_err(io_err("read the drained file", &p))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        if h.digest() != *want {
+            return Err(CheckpointError::Command {
+                what: "the drain".into(),
+                msg: format!(
+                    "{} in BACKING differs from what its writer wrote (xxh3 {:016x}, written {want:016x})",
+                    p.display(),
+                    h.digest()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Bytes of regular files directly in `dir`.
@@ -1063,6 +1173,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
     check_cancel(cancel)?;
     let procs_file = env.throttle.as_ref().and_then(|t| t.procs());
     let mut runs = Vec::new();
+    let mut mount_mode: Option<String> = None;
     let drain_timeout = Duration::from_secs_f64(
         600.0
             + bytes_per_s
@@ -1086,6 +1197,8 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
             direct_output_s: direct.output_s,
             mount_output_s: None,
             drain_s: None,
+            drain_window_s: None,
+            drain_peak_mb_s: None,
         };
         if !cfg.direct_only {
             check_cancel(cancel)?;
@@ -1106,6 +1219,9 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                 cancel,
             )?;
             let daemon = m.daemon_pid;
+            if mount_mode.is_none() {
+                mount_mode = m.mode.clone();
+            }
             env.mount = Some(m);
             if let Some(t) = &env.throttle {
                 let pid = daemon.ok_or_else(|| CheckpointError::Command {
@@ -1115,19 +1231,46 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                 })?;
                 t.add(pid)?;
             }
-            let phase = run_phase(
-                &cfg.exe,
-                &mnt,
-                cfg.procs,
-                cfg.file_size,
-                procs_file.as_deref(),
-                cancel,
-            )?;
-            if let Some(m) = &env.mount {
-                m.drain_wait(cancel, drain_timeout)?;
+            // `status` is sampled meanwhile to see when the drain starts and how fast it runs.
+            let stop = AtomicBool::new(false);
+            let (r, samples) = std::thread::scope(|s| {
+                let sampler = s.spawn(|| sample_status(&cfg.exe, &mnt, &stop));
+                let r = (|| -> Result<(Phase, u64)> {
+                    let phase = run_phase(
+                        &cfg.exe,
+                        &mnt,
+                        cfg.procs,
+                        cfg.file_size,
+                        procs_file.as_deref(),
+                        cancel,
+                    )?;
+                    if let Some(m) = &env.mount {
+                        m.drain_wait(cancel, drain_timeout)?;
+                    }
+                    Ok((phase, monotonic_ns()))
+                })();
+                stop.store(true, Ordering::Relaxed);
+                (r, sampler.join().unwrap_or_default())
+            });
+            let (phase, drained_ns) = r?;
+            let drain_s = drained_ns.saturating_sub(phase.end_ns) as f64 / 1e9;
+            // The drain started between the last sample with nothing drained and the first
+            // with something drained (or, without samples, when the writers started).
+            let first = samples.iter().position(|x| x.drained > 0);
+            let drain_start = match first {
+                Some(0) | None => phase.start_ns,
+                Some(i) => (samples[i - 1].t_ns + samples[i].t_ns) / 2,
             }
-            let drain_s = monotonic_ns().saturating_sub(phase.end_ns) as f64 / 1e9;
+            .max(phase.start_ns);
+            res.drain_window_s = Some(drained_ns.saturating_sub(drain_start) as f64 / 1e9);
+            res.drain_peak_mb_s = samples
+                .iter()
+                .map(|x| x.rate / 1e6)
+                .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
             let (n, b) = dir_bytes(&sub);
+            if n == cfg.procs && b == total {
+                verify_drained(&sub, &phase.hashes)?;
+            }
             if n != cfg.procs || b != total {
                 return Err(CheckpointError::Command {
                     what: "the drain".into(),
@@ -1171,14 +1314,17 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
     env.close()?;
     let direct_output_s = mean(runs.iter().map(|r| r.direct_output_s));
     let mb = |s: f64| if s > 0.0 { total as f64 / 1e6 / s } else { 0.0 };
-    let (mount_output_s, drain_s) = if cfg.direct_only {
-        (None, None)
-    } else {
-        (
-            Some(mean(runs.iter().filter_map(|r| r.mount_output_s))),
-            Some(mean(runs.iter().filter_map(|r| r.drain_s))),
-        )
+    let opt_mean = |f: fn(&RunResult) -> Option<f64>| {
+        let v: Vec<f64> = runs.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| mean(v.into_iter()))
     };
+    let mount_output_s = opt_mean(|r| r.mount_output_s);
+    let drain_s = opt_mean(|r| r.drain_s);
+    let drain_window_s = opt_mean(|r| r.drain_window_s);
+    let drain_peak_mb_s = runs
+        .iter()
+        .filter_map(|r| r.drain_peak_mb_s)
+        .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
     Ok(Report {
         procs: cfg.procs,
         file_size: cfg.file_size,
@@ -1187,7 +1333,11 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
         throttle_cgroup,
         backing: backing.display().to_string(),
         backing_fs,
-        mode: cfg.mode.clone().unwrap_or_else(|| "default".into()),
+        mode: cfg
+            .mode
+            .clone()
+            .or(mount_mode)
+            .unwrap_or_else(|| "default".into()),
         direct_only: cfg.direct_only,
         repeat: cfg.repeat,
         direct_output_s,
@@ -1195,7 +1345,9 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
         mount_output_s,
         mount_mb_s: mount_output_s.map(mb),
         drain_s,
-        drain_mb_s: drain_s.map(mb),
+        drain_window_s,
+        drain_mb_s: drain_window_s.map(mb),
+        drain_peak_mb_s,
         speedup: mount_output_s.map(|m| if m > 0.0 { direct_output_s / m } else { 0.0 }),
         runs,
     })
@@ -1245,6 +1397,14 @@ pub fn render(r: &Report) -> String {
         g(r.drain_mb_s),
     ]);
     out.push_str(&crate::table::render(&header, &rows));
+    if let (Some(w), Some(d)) = (r.drain_window_s, r.drain_mb_s) {
+        out.push_str(&format!(
+            "\ndrain: {w:.2} s from the first byte drained (while the writers still wrote) to the last, {d:.1} MB/s{}",
+            r.drain_peak_mb_s
+                .map(|p| format!(" (peak {p:.1} MB/s in status)"))
+                .unwrap_or_default()
+        ));
+    }
     match r.speedup {
         Some(s) => out.push_str(&format!(
             "\nspeedup (the application's view: direct output / mount output): {s:.1}x\n"
@@ -1296,13 +1456,17 @@ mod tests {
             mount_output_s: None,
             mount_mb_s: None,
             drain_s: None,
+            drain_window_s: None,
             drain_mb_s: None,
+            drain_peak_mb_s: None,
             speedup: None,
             runs: vec![RunResult {
                 run: 1,
                 direct_output_s: 0.5,
                 mount_output_s: None,
                 drain_s: None,
+                drain_window_s: None,
+                drain_peak_mb_s: None,
             }],
         };
         let s = render(&r);

@@ -100,11 +100,16 @@ fn check_consistent(j: &serde_json::Value, procs: u64, size: u64) {
         let dr = f(j, "drain_s");
         assert!(m > 0.0 && dr >= 0.0, "{j}");
         assert!((f(j, "speedup") - d / m).abs() < 1e-6, "{j}");
+        // The drain window runs from the first byte drained (after the writers started) to
+        // the end of the drain.
+        let w = f(j, "drain_window_s");
+        assert!(w > 0.0 && w <= m + dr + 1e-6, "{j}");
         let dm = f(j, "drain_mb_s");
         assert!(
-            (dm - (procs * size) as f64 / 1e6 / dr).abs() / dm < 1e-6,
+            (dm - (procs * size) as f64 / 1e6 / w).abs() / dm < 1e-6,
             "{j}"
         );
+        assert!(j["mode"] == "sync" || j["mode"] == "async", "{j}");
     }
 }
 
