@@ -540,6 +540,13 @@ fn serve(
 
 /// Runs a mount in this process until it is unmounted with `tierstack umount`.
 pub fn run(spec: MountSpec, on_ready: impl FnOnce(&MountSpec)) -> Result<()> {
+    // Pages are 1 MiB buffers allocated and freed at the write rate: keep them on the heap
+    // (reused) instead of fresh mmaps that fault and zero every page.
+    // SAFETY: mallopt only changes allocator tunables; called before the mount's threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
     let d = Daemon::start(spec)?;
     on_ready(&d.spec);
     d.wait()
