@@ -71,6 +71,8 @@ pub struct BenchCheckpointArgs {
     /// Runs of both ways; the table shows each and the mean.
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
+    /// Print the figures as one JSON object (direct_output_s, mount_output_s, drain_s,
+    /// speedup, ...).
     #[arg(long)]
     pub json: bool,
 }
