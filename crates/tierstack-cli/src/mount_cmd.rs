@@ -465,6 +465,8 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A clean exit: the daemon's log has nothing left to tell.
+    let _ = std::fs::remove_file(fsmount::socket_path(&mp).with_extension("log"));
     println!(
         "unmounted {} (everything drained to {})",
         mp.display(),

@@ -1575,3 +1575,25 @@ pub fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
         dirty: f.is_some_and(|f| f.dirty),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_rel_of_root_is_the_name() {
+        assert_eq!(join_rel(b"", b"x"), b"x");
+        assert_eq!(join_rel(b"a/b", b"x"), b"a/b/x");
+    }
+
+    #[test]
+    fn barriers_are_the_ops_that_move_or_remove_paths() {
+        assert!(OpKind::Rename.is_barrier());
+        assert!(OpKind::Unlink.is_barrier());
+        assert!(OpKind::Rmdir.is_barrier());
+        assert!(OpKind::Link.is_barrier());
+        assert!(OpKind::SetAttr.is_barrier());
+        assert!(!OpKind::Create.is_barrier());
+        assert!(!OpKind::Data.is_barrier());
+    }
+}

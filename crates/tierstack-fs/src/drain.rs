@@ -677,3 +677,38 @@ fn under(p: &[u8], root: &[u8]) -> bool {
 pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
     dir.join(format!(".tierstack-tmp.{ino}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn under_matches_whole_components() {
+        assert!(under(b"a/b", b"a"));
+        assert!(under(b"a", b"a"));
+        assert!(!under(b"ab", b"a"));
+        assert!(!under(b"a", b"a/b"));
+    }
+
+    #[test]
+    fn rate_limit_paces_bytes() {
+        let r = RateLimit::new(10_000_000);
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            r.take(1_000_000);
+        }
+        // 10 MB at 10 MB/s with a 2.5 MB burst: at least 0.7 s.
+        assert!(
+            t0.elapsed() >= Duration::from_millis(700),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(backoff(0), Duration::from_millis(100));
+        assert!(backoff(3) > backoff(2));
+        assert_eq!(backoff(30), Duration::from_millis(5000));
+    }
+}
