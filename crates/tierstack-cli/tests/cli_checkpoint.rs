@@ -247,7 +247,7 @@ fn ctrl_c_tears_everything_down() {
     rustix::process::kill_process(p, rustix::process::Signal::INT).expect("kill -INT");
     let o = child.wait_with_output().expect("wait");
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(15),
         "teardown took {:?}",
         started.elapsed()
     );
