@@ -364,7 +364,11 @@ fn run_cmd(
     cancel: Option<&AtomicBool>,
     timeout: Duration,
 ) -> Result<String> {
+    // Its own process group: a Ctrl-C at the terminal reaches this process (which stops
+    // what it runs in order), not a `tierstack mount` halfway through starting its daemon.
+    use std::os::unix::process::CommandExt;
     let child = cmd
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -488,7 +492,6 @@ impl Mounted {
         fast: &Path,
         dram: Option<&str>,
         mode: Option<&str>,
-        cancel: &AtomicBool,
     ) -> Result<Mounted> {
         let mut cmd = Command::new(exe);
         cmd.arg("mount")
@@ -509,12 +512,9 @@ impl Mounted {
             mode: None,
             active: true,
         };
-        run_cmd(
-            &mut cmd,
-            "tierstack mount",
-            Some(cancel),
-            Duration::from_secs(120),
-        )?;
+        // Not cancelled halfway: its daemon would come up after the teardown. A Ctrl-C
+        // meanwhile is seen by the caller once the mount is up (and then torn down).
+        run_cmd(&mut cmd, "tierstack mount", None, Duration::from_secs(120))?;
         let st = me.status()?;
         me.daemon_pid = ["pid", "daemon_pid"]
             .iter()
@@ -1216,13 +1216,13 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                 &fast,
                 cfg.dram.as_deref(),
                 cfg.mode.as_deref(),
-                cancel,
             )?;
             let daemon = m.daemon_pid;
             if mount_mode.is_none() {
                 mount_mode = m.mode.clone();
             }
             env.mount = Some(m);
+            check_cancel(cancel)?;
             if let Some(t) = &env.throttle {
                 let pid = daemon.ok_or_else(|| CheckpointError::Command {
                     what: "tierstack status --json".into(),
