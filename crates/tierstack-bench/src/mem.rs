@@ -133,7 +133,6 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
         page: t.page,
         budget,
         fault_threads: 2,
-        obj: 1,
     };
     let region = tierstack_mem::Region::new(std::sync::Arc::new(store), map as usize, &opts)
         .map_err(|e| e.to_string())?;

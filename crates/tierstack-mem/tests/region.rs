@@ -18,12 +18,11 @@ fn store(dir: &std::path::Path) -> Arc<TieredStore> {
     Arc::new(TieredStore::new(4 << 20, vec![Box::new(ArrayTier::new(a))]).expect("store"))
 }
 
-fn opts(obj: u64) -> RegionOptions {
+fn opts() -> RegionOptions {
     RegionOptions {
         page: 64 << 10,
         budget: 8 << 20,
         fault_threads: 2,
-        obj,
     }
 }
 
@@ -64,7 +63,7 @@ fn region_four_times_its_budget_keeps_every_byte() {
     let Some((_serial, _dir, st)) = setup() else {
         return;
     };
-    let r = Region::new(st, 32 << 20, &opts(1)).expect("region");
+    let r = Region::new(st, 32 << 20, &opts()).expect("region");
     let words = r.len() / 8;
     // SAFETY: the region is a valid mapping of r.len() bytes for the life of `r`; this test
     // is its only user.
@@ -132,7 +131,7 @@ fn threads_write_and_read_while_pages_move() {
     let Some((_serial, _dir, st)) = setup() else {
         return;
     };
-    let r = Region::new(st, 24 << 20, &opts(2)).expect("region");
+    let r = Region::new(st, 24 << 20, &opts()).expect("region");
     let words = r.len() / 8;
     let base = r.as_ptr() as usize;
     std::thread::scope(|s| {
@@ -169,6 +168,7 @@ fn regions_created_and_dropped_in_a_loop_leak_nothing() {
     let maps_before = std::fs::read_to_string("/proc/self/maps")
         .map(|m| m.lines().count())
         .unwrap_or(0);
+    let mut objs = Vec::new();
     for round in 0..200u64 {
         let r = Region::new(
             st.clone(),
@@ -177,10 +177,10 @@ fn regions_created_and_dropped_in_a_loop_leak_nothing() {
                 page: 64 << 10,
                 budget: 256 << 10,
                 fault_threads: 1,
-                obj: 100 + round,
             },
         )
         .expect("region");
+        objs.push(r.obj());
         // SAFETY: valid mapping for the life of `r`.
         let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), r.len()) };
         for i in (0..mem.len()).step_by(4096) {
@@ -196,8 +196,8 @@ fn regions_created_and_dropped_in_a_loop_leak_nothing() {
         "mappings leaked: {maps_before} -> {maps_after}"
     );
     // Dropped regions removed their pages from the store.
-    for round in 0..200u64 {
-        assert!(st.get((100 + round, 0)).expect("get").is_none());
+    for obj in objs {
+        assert!(st.get((obj, 0)).expect("get").is_none());
     }
 }
 
@@ -212,8 +212,7 @@ fn bad_options_are_refused() {
         &RegionOptions {
             page: 5000,
             budget: 1 << 20,
-            fault_threads: 1,
-            obj: 1
+            fault_threads: 1
         }
     )
     .is_err());
@@ -223,8 +222,7 @@ fn bad_options_are_refused() {
         &RegionOptions {
             page: 2 << 20,
             budget: 8 << 20,
-            fault_threads: 1,
-            obj: 1
+            fault_threads: 1
         }
     )
     .is_err());
@@ -234,8 +232,7 @@ fn bad_options_are_refused() {
         &RegionOptions {
             page: 64 << 10,
             budget: 4096,
-            fault_threads: 1,
-            obj: 1
+            fault_threads: 1
         }
     )
     .is_err());
@@ -246,7 +243,7 @@ fn sequential_scans_prefetch_and_stay_exact() {
     let Some((_serial, _dir, st)) = setup() else {
         return;
     };
-    let r = Region::new(st, 32 << 20, &opts(3)).expect("region");
+    let r = Region::new(st, 32 << 20, &opts()).expect("region");
     let words = r.len() / 8;
     // SAFETY: valid mapping of r.len() bytes for the life of `r`; only this test uses it.
     let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr() as *mut u64, words) };

@@ -1,0 +1,1032 @@
+//! The pager: one userfaultfd, fault threads, an evictor and one budget over all regions.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use tierstack_store::{TieredStore, MAX_PAGE};
+use userfaultfd::{Event, FaultKind, RegisterMode, Uffd, UffdBuilder};
+
+use crate::{MemCounters, MemError, Result};
+
+/// Largest prefetch window, in pages.
+const PREFETCH_MAX: u64 = 32;
+/// Fault streams remembered per region.
+const STREAMS: usize = 4;
+/// Largest stride (in pages) taken for a stream.
+const MAX_STRIDE: i64 = 64;
+/// Store object ids of regions: unique in the process, so pagers may share a store.
+static NEXT_OBJ: AtomicU64 = AtomicU64::new(1);
+/// Victims taken from the clock at a time.
+const EVICT_BATCH: usize = 64;
+
+/// Options of a pager.
+#[derive(Debug, Clone)]
+pub struct PagerOptions {
+    /// Unit of faulting, eviction and I/O: a multiple of 4 KiB, at most 1 MiB.
+    pub page: usize,
+    /// Resident bytes of all regions together.
+    pub budget: u64,
+    pub fault_threads: usize,
+    /// Bytes of regions the store can hold; `map` refuses more. None: no limit.
+    pub commit_limit: Option<u64>,
+}
+
+/// Options of a stand-alone region (a region with its own pager).
+#[derive(Debug, Clone)]
+pub struct RegionOptions {
+    pub page: usize,
+    pub budget: u64,
+    pub fault_threads: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PageState {
+    /// Never written, or evicted while all zero: served by the zero page.
+    Zero,
+    /// In the store.
+    Stored,
+    /// Being read from the store (by a fault or a prefetch); whoever set it maps and wakes.
+    Loading,
+    Resident,
+    /// Being written out by an eviction; writers wait in a write-protect fault.
+    Evicting,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Stream {
+    /// Page of the last fault of the stream.
+    last: i64,
+    stride: i64,
+    /// Page the next fault of the stream is expected at (past any prefetched pages).
+    next: i64,
+    /// Consecutive faults that followed the stride.
+    hits: u32,
+    window: u64,
+    /// Pages prefetched by the last prefetch of this stream (hits when the stream goes on).
+    pending: u64,
+    used: u64,
+}
+
+struct RState {
+    pages: Vec<PageState>,
+    /// For a resident page: written since it came in.
+    dirty: Vec<bool>,
+    /// For a resident page: what the store holds for it while it is clean (Zero or Stored).
+    backed: Vec<PageState>,
+    /// In the clock queue.
+    queued: Vec<bool>,
+    resident: u64,
+    streams: [Stream; STREAMS],
+    tick: u64,
+    /// The region was unmapped; late fault and eviction work undoes itself.
+    dead: bool,
+}
+
+struct RegionCore {
+    obj: u64,
+    base: usize,
+    len: usize,
+    st: Mutex<RState>,
+}
+
+struct Inner {
+    uffd: Uffd,
+    page: usize,
+    /// One page of zeros (the source of zero fills).
+    zeros: Vec<u8>,
+    budget: u64,
+    high: u64,
+    low: u64,
+    store: Arc<TieredStore>,
+    regions: RwLock<BTreeMap<usize, Arc<RegionCore>>>,
+    clock: Mutex<VecDeque<(Weak<RegionCore>, u32)>>,
+    resident: AtomicU64,
+    committed: Mutex<u64>,
+    commit_limit: Option<u64>,
+    stop: AtomicBool,
+    counters: MemCounters,
+    kick: Mutex<bool>,
+    kick_cv: Condvar,
+    /// First error the pager hit (a page it could not write out stays resident).
+    failed: Mutex<Option<String>>,
+}
+
+/// The paging engine of a process: every region it maps shares its budget.
+pub struct Pager {
+    inner: Arc<Inner>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// A mapping paged by a [`Pager`]. Dropping it unmaps it and removes its pages from the store.
+pub struct Region {
+    core: Arc<RegionCore>,
+    inner: Arc<Inner>,
+    /// A stand-alone region owns its pager (dropped after the region).
+    _own: Option<Pager>,
+}
+
+fn check_page(page: usize) -> Result<()> {
+    if page == 0 || !page.is_multiple_of(4096) || page > MAX_PAGE {
+        return Err(MemError::Config(format!(
+            "page size {page} is not a multiple of 4 KiB up to {} KiB",
+            MAX_PAGE / 1024
+        )));
+    }
+    Ok(())
+}
+
+impl Pager {
+    pub fn new(store: Arc<TieredStore>, o: &PagerOptions) -> Result<Pager> {
+        check_page(o.page)?;
+        if o.budget < 4 * o.page as u64 {
+            return Err(MemError::Config(format!(
+                "budget {} is below four pages of {}",
+                o.budget, o.page
+            )));
+        }
+        let uffd = UffdBuilder::new()
+            .close_on_exec(true)
+            .non_blocking(true)
+            .user_mode_only(false)
+            .require_features(userfaultfd::FeatureFlags::PAGEFAULT_FLAG_WP)
+            .create()
+            .map_err(|e| {
+                MemError::Uffd(format!(
+                    "cannot create ({e}): run as root or allow /dev/userfaultfd"
+                ))
+            })?;
+        let page = o.page as u64;
+        let inner = Arc::new(Inner {
+            uffd,
+            page: o.page,
+            zeros: vec![0u8; o.page],
+            budget: o.budget,
+            high: (o.budget / 20 * 19).max(2 * page),
+            low: (o.budget / 20 * 17).max(page),
+            store,
+            regions: RwLock::new(BTreeMap::new()),
+            clock: Mutex::new(VecDeque::new()),
+            resident: AtomicU64::new(0),
+            committed: Mutex::new(0),
+            commit_limit: o.commit_limit,
+            stop: AtomicBool::new(false),
+            counters: MemCounters::default(),
+            kick: Mutex::new(false),
+            kick_cv: Condvar::new(),
+            failed: Mutex::new(None),
+        });
+        let mut threads = Vec::new();
+        let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
+            let h = std::thread::Builder::new()
+                .name(name)
+                .spawn(f)
+                .map_err(|e| MemError::Uffd(format!("cannot start a pager thread: {e}")))?;
+            threads.push(h);
+            Ok(())
+        };
+        for i in 0..o.fault_threads.max(1) {
+            let s = inner.clone();
+            spawn(
+                format!("ts-fault-{i}"),
+                Box::new(move || {
+                    // A dead fault thread would leave the program asleep in a fault forever.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.serve(i == 0)))
+                        .is_err()
+                    {
+                        fatal("a fault-handling thread panicked");
+                    }
+                }),
+            )?;
+        }
+        let s = inner.clone();
+        spawn("ts-evict".into(), Box::new(move || s.evictor()))?;
+        Ok(Pager { inner, threads })
+    }
+
+    /// Maps `len` bytes (rounded up to whole pages) aligned to `align` (a power of two; the
+    /// mapping is at least page-aligned).
+    pub fn map(&self, len: usize, align: usize) -> Result<Region> {
+        map_region(&self.inner, len, align, None)
+    }
+
+    /// Resident bytes of all regions.
+    pub fn resident(&self) -> u64 {
+        self.inner.resident.load(Relaxed)
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.inner.budget
+    }
+
+    pub fn page(&self) -> usize {
+        self.inner.page
+    }
+
+    pub fn counters(&self) -> &MemCounters {
+        &self.inner.counters
+    }
+
+    /// Bytes of regions mapped now.
+    pub fn committed(&self) -> u64 {
+        *self.inner.committed.lock()
+    }
+
+    pub fn error(&self) -> Option<String> {
+        self.inner.failed.lock().clone()
+    }
+}
+
+impl Drop for Pager {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Relaxed);
+        self.inner.kick_cv.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn map_region(inner: &Arc<Inner>, len: usize, align: usize, own: Option<Pager>) -> Result<Region> {
+    if !align.is_power_of_two() {
+        return Err(MemError::Config(format!(
+            "alignment {align} is not a power of two"
+        )));
+    }
+    let page = inner.page;
+    let npages = len.div_ceil(page).max(1);
+    let len = npages * page;
+    {
+        let mut c = inner.committed.lock();
+        if let Some(limit) = inner.commit_limit {
+            if *c + len as u64 > limit {
+                return Err(MemError::NoSpace {
+                    want: len as u64,
+                    committed: *c,
+                    limit,
+                });
+            }
+        }
+        *c += len as u64;
+    }
+    let uncommit = || *inner.committed.lock() -= len as u64;
+    let align = align.max(4096);
+    let extra = if align > 4096 { align } else { 0 };
+    // SAFETY: a fresh private anonymous mapping at an address the kernel chooses; nothing else
+    // refers to it until this function returns it.
+    let raw = unsafe {
+        rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            len + extra,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
+        )
+    };
+    let raw = match raw {
+        Ok(p) => p as usize,
+        Err(e) => {
+            uncommit();
+            return Err(MemError::Map(e.to_string()));
+        }
+    };
+    let base = raw.next_multiple_of(align);
+    // SAFETY: trimming the unaligned head and the tail of the mapping made above; only the
+    // aligned part [base, base+len) is kept and used.
+    unsafe {
+        if base > raw {
+            let _ = rustix::mm::munmap(raw as *mut _, base - raw);
+        }
+        let end = raw + len + extra;
+        if end > base + len {
+            let _ = rustix::mm::munmap((base + len) as *mut _, end - base - len);
+        }
+        // Forked children do not inherit the region (they could not page it): a child that
+        // touches it gets SIGSEGV instead of silently wrong data. Huge pages would defeat the
+        // page-sized faulting and eviction.
+        let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxDontFork);
+        let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxNoHugepage);
+    }
+    if let Err(e) = inner.uffd.register_with_mode(
+        base as *mut _,
+        len,
+        RegisterMode::MISSING | RegisterMode::WRITE_PROTECT,
+    ) {
+        // SAFETY: unmapping the mapping created above, which nobody else uses yet.
+        let _ = unsafe { rustix::mm::munmap(base as *mut _, len) };
+        uncommit();
+        return Err(MemError::Uffd(format!("register: {e}")));
+    }
+    let core = Arc::new(RegionCore {
+        obj: NEXT_OBJ.fetch_add(1, Relaxed),
+        base,
+        len,
+        st: Mutex::new(RState {
+            pages: vec![PageState::Zero; npages],
+            dirty: vec![false; npages],
+            backed: vec![PageState::Zero; npages],
+            queued: vec![false; npages],
+            resident: 0,
+            streams: [Stream::default(); STREAMS],
+            tick: 0,
+            dead: false,
+        }),
+    });
+    inner.regions.write().insert(base, core.clone());
+    inner.counters.regions.fetch_add(1, Relaxed);
+    Ok(Region {
+        core,
+        inner: inner.clone(),
+        _own: own,
+    })
+}
+
+impl Region {
+    /// A region with a pager of its own (its budget is the region's).
+    pub fn new(store: Arc<TieredStore>, len: usize, o: &RegionOptions) -> Result<Region> {
+        let pager = Pager::new(
+            store,
+            &PagerOptions {
+                page: o.page,
+                budget: o.budget,
+                fault_threads: o.fault_threads,
+                commit_limit: None,
+            },
+        )?;
+        let inner = pager.inner.clone();
+        map_region(&inner, len, 4096, Some(pager))
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.core.base as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.core.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.core.len == 0
+    }
+
+    /// The store object that holds this region's pages.
+    pub fn obj(&self) -> u64 {
+        self.core.obj
+    }
+
+    /// Resident bytes of this region.
+    pub fn resident(&self) -> u64 {
+        self.core.st.lock().resident
+    }
+
+    /// Counters of the region's pager.
+    pub fn counters(&self) -> &MemCounters {
+        &self.inner.counters
+    }
+
+    /// The first error of the region's pager, if any.
+    pub fn error(&self) -> Option<String> {
+        self.inner.failed.lock().clone()
+    }
+
+    /// Releases the pages of `[off, off+len)` (whole pages inside it): they read as zeros
+    /// afterwards and leave the store. The address range stays mapped.
+    pub fn discard(&self, off: usize, len: usize) {
+        let page = self.inner.page;
+        let first = off.div_ceil(page);
+        let end = ((off + len).min(self.core.len)) / page;
+        if first >= end {
+            return;
+        }
+        let mut st = self.core.st.lock();
+        for i in first..end {
+            match st.pages[i] {
+                PageState::Resident => {
+                    st.resident -= page as u64;
+                    self.inner.resident.fetch_sub(page as u64, Relaxed);
+                    if st.backed[i] == PageState::Stored {
+                        let _ = self.inner.store.remove((self.core.obj, i as u64));
+                    }
+                    st.pages[i] = PageState::Zero;
+                }
+                PageState::Stored => {
+                    let _ = self.inner.store.remove((self.core.obj, i as u64));
+                    st.pages[i] = PageState::Zero;
+                }
+                // In flight: leave it to its owner (the range is being discarded by a
+                // program that no longer uses it).
+                _ => {}
+            }
+        }
+        let a = self.core.base + first * page;
+        // SAFETY: the pages lie in this region's mapping; their contents are discarded on the
+        // program's request.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                a as *mut _,
+                (end - first) * page,
+                rustix::mm::Advice::LinuxDontNeed,
+            )
+        };
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        let c = &self.core;
+        inner.regions.write().remove(&c.base);
+        let _ = inner.uffd.unregister(c.base as *mut _, c.len);
+        // SAFETY: the mapping was created by `map_region`; it is no longer registered and the
+        // Region (the only owner of the pointer) is being dropped.
+        let _ = unsafe { rustix::mm::munmap(c.base as *mut _, c.len) };
+        let mut st = c.st.lock();
+        st.dead = true;
+        inner.resident.fetch_sub(st.resident, Relaxed);
+        st.resident = 0;
+        for (i, s) in st.pages.iter().enumerate() {
+            let stored = match s {
+                PageState::Stored => true,
+                PageState::Resident => st.backed[i] == PageState::Stored,
+                _ => false,
+            };
+            if stored {
+                let _ = inner.store.remove((c.obj, i as u64));
+            }
+        }
+        drop(st);
+        *inner.committed.lock() -= c.len as u64;
+    }
+}
+
+fn fatal(msg: &str) -> ! {
+    // A page that cannot be read back must not be replaced by wrong data.
+    eprintln!("tierstack: fatal: {msg}; stopping the program rather than returning wrong data");
+    std::process::abort();
+}
+
+impl Inner {
+    fn fail(&self, msg: String) {
+        let mut f = self.failed.lock();
+        if f.is_none() {
+            eprintln!("tierstack: {msg}");
+            *f = Some(msg);
+        }
+    }
+
+    fn region_of(&self, addr: usize) -> Option<Arc<RegionCore>> {
+        let r = self.regions.read();
+        let (_, c) = r.range(..=addr).next_back()?;
+        (addr < c.base + c.len).then(|| c.clone())
+    }
+
+    /// Fault thread loop. With `spin`, the thread polls the descriptor without sleeping for
+    /// up to 2 ms after each fault (a sleeping thread costs a cross-CPU wake-up, 60–90 us
+    /// here, per fault); then it sleeps in poll like the others.
+    fn serve(&self, spin: bool) {
+        let mut last_fault = Instant::now();
+        while !self.stop.load(Relaxed) {
+            if spin && last_fault.elapsed() < Duration::from_millis(2) {
+                match self.uffd.read_event() {
+                    Ok(Some(ev)) => {
+                        self.handle(ev);
+                        last_fault = Instant::now();
+                    }
+                    _ => std::hint::spin_loop(),
+                }
+                continue;
+            }
+            let ready = {
+                let fd = self.uffd.as_fd();
+                let mut pfd = [rustix::event::PollFd::new(
+                    &fd,
+                    rustix::event::PollFlags::IN,
+                )];
+                let ts = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 100_000_000,
+                };
+                rustix::event::poll(&mut pfd, Some(&ts)).unwrap_or(0)
+            };
+            if ready == 0 {
+                continue;
+            }
+            match self.uffd.read_event() {
+                Ok(Some(ev)) => {
+                    self.handle(ev);
+                    last_fault = Instant::now();
+                }
+                Ok(None) => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    fn handle(&self, ev: Event) {
+        // Fork, remap, remove and unmap events are not requested; only page faults come.
+        let Event::Pagefault { kind, addr, rw, .. } = ev else {
+            return;
+        };
+        let addr = addr as usize;
+        let Some(core) = self.region_of(addr) else {
+            // Unmapped meanwhile: nothing to serve; never leave a thread asleep.
+            let pa = addr & !4095;
+            let _ = self.uffd.wake(pa as *mut _, 4096);
+            return;
+        };
+        match kind {
+            FaultKind::Missing => self.on_missing(&core, addr, rw == userfaultfd::ReadWrite::Write),
+            FaultKind::WriteProtected => self.on_wp(&core, addr),
+            // Not registered for minor faults.
+            FaultKind::Minor => {}
+        }
+    }
+
+    /// Makes room for `pages` more resident pages: wakes the evictor past the high watermark,
+    /// and evicts here when the budget itself would be passed.
+    fn make_room(&self, pages: u64) {
+        let want = self.resident.load(Relaxed) + pages * self.page as u64;
+        if want > self.high {
+            *self.kick.lock() = true;
+            self.kick_cv.notify_one();
+        }
+        if want > self.budget {
+            self.counters.sync_evictions.fetch_add(1, Relaxed);
+            let target = self.budget.saturating_sub(pages * self.page as u64);
+            self.evict_to(target.min(self.low));
+        }
+    }
+
+    fn charge(&self, bytes: u64) {
+        let now = self.resident.fetch_add(bytes, Relaxed) + bytes;
+        self.counters.peak_resident.fetch_max(now, Relaxed);
+    }
+
+    fn read_page(&self, core: &RegionCore, idx: usize) -> Vec<u8> {
+        match self.store.get((core.obj, idx as u64)) {
+            Ok(Some(mut v)) => {
+                v.resize(self.page, 0);
+                v
+            }
+            Ok(None) => fatal(&format!(
+                "page {idx} of region {} is missing from the store",
+                core.obj
+            )),
+            Err(e) => fatal(&format!(
+                "cannot read page {idx} of region {} from the store: {e}",
+                core.obj
+            )),
+        }
+    }
+
+    fn on_missing(&self, core: &Arc<RegionCore>, addr: usize, write: bool) {
+        let page = self.page;
+        let idx = (addr - core.base) / page;
+        let pa = core.base + idx * page;
+        self.counters.faults.fetch_add(1, Relaxed);
+        self.make_room(1);
+        let mut st = core.st.lock();
+        match st.pages[idx] {
+            PageState::Resident => {
+                drop(st);
+                let _ = self.uffd.wake(pa as *mut _, page);
+                return;
+            }
+            // Whoever is loading or evicting it wakes the waiters.
+            PageState::Loading | PageState::Evicting => return,
+            PageState::Zero => {
+                self.charge(page as u64);
+                // A private zero-filled page rather than the shared zero page: it can be
+                // write-protected atomically (tracked clean on a read) and a write does not
+                // take one copy-on-write fault per 4 KiB afterwards.
+                let tracked = self.place(pa, &self.zeros, !write);
+                self.counters.zero_fills.fetch_add(1, Relaxed);
+                self.mark_resident(core, &mut st, idx, PageState::Zero, !tracked);
+                let pf = self.stream(&mut st, idx);
+                drop(st);
+                let _ = self.uffd.wake(pa as *mut _, page);
+                self.prefetch(core, pf);
+                return;
+            }
+            PageState::Stored => {}
+        }
+        st.pages[idx] = PageState::Loading;
+        self.charge(page as u64);
+        drop(st);
+        let data = self.read_page(core, idx);
+        self.counters.bytes_in.fetch_add(page as u64, Relaxed);
+        let tracked = self.place(pa, &data, !write);
+        let mut st = core.st.lock();
+        if st.dead {
+            drop(st);
+            self.resident.fetch_sub(page as u64, Relaxed);
+            return;
+        }
+        self.mark_resident(core, &mut st, idx, PageState::Stored, !tracked);
+        let pf = self.stream(&mut st, idx);
+        drop(st);
+        let _ = self.uffd.wake(pa as *mut _, page);
+        self.prefetch(core, pf);
+    }
+
+    /// Copies one page into place without waking, write-protected in the same step when
+    /// `protect` (so the first write is seen, even from a thread that was not waiting on this
+    /// page). Returns whether the page is write-protected (tracked clean).
+    fn place(&self, pa: usize, data: &[u8], protect: bool) -> bool {
+        let page = self.page;
+        match copy_page(&self.uffd, data, pa, protect) {
+            Ok(()) => protect,
+            Err(_) => {
+                // Part of the range exists already (or the region is being unmapped): copy
+                // 4 KiB at a time, ignoring what exists, and count the page dirty.
+                for off in (0..page).step_by(4096) {
+                    let _ = copy_page(&self.uffd, &data[off..off + 4096], pa + off, false);
+                }
+                false
+            }
+        }
+    }
+
+    fn mark_resident(
+        &self,
+        core: &Arc<RegionCore>,
+        st: &mut RState,
+        idx: usize,
+        backed: PageState,
+        dirty: bool,
+    ) {
+        st.pages[idx] = PageState::Resident;
+        st.backed[idx] = backed;
+        st.dirty[idx] = dirty;
+        st.resident += self.page as u64;
+        if !st.queued[idx] {
+            st.queued[idx] = true;
+            self.clock
+                .lock()
+                .push_back((Arc::downgrade(core), idx as u32));
+        }
+    }
+
+    /// Follows the fault streams of the region; returns the pages to prefetch.
+    fn stream(&self, st: &mut RState, idx: usize) -> Vec<usize> {
+        let i = idx as i64;
+        st.tick += 1;
+        let tick = st.tick;
+        let npages = st.pages.len() as i64;
+        let budget_pages = (self.budget / self.page as u64 / 8).max(1);
+        // A stream this fault continues?
+        if let Some(s) = st
+            .streams
+            .iter_mut()
+            .find(|s| s.used > 0 && s.stride != 0 && s.next == i)
+        {
+            s.hits += 1;
+            s.used = tick;
+            s.last = i;
+            self.counters.prefetch_hits.fetch_add(s.pending, Relaxed);
+            s.pending = 0;
+            // Sequential streams prefetch at once; other strides once confirmed.
+            if s.stride == 1 || s.hits >= 2 {
+                s.window = (s.window * 2).min(PREFETCH_MAX).min(budget_pages).max(1);
+                let mut out = Vec::new();
+                let mut p = i;
+                for _ in 0..s.window {
+                    p += s.stride;
+                    if p < 0 || p >= npages {
+                        break;
+                    }
+                    out.push(p as usize);
+                }
+                s.pending = out.len() as u64;
+                s.next = i + s.stride * (out.len() as i64 + 1);
+                return out;
+            }
+            s.next = i + s.stride;
+            return Vec::new();
+        }
+        // Near a stream's last fault: a (new) stride.
+        if let Some(s) = st
+            .streams
+            .iter_mut()
+            .find(|s| s.used > 0 && s.last != i && (i - s.last).abs() <= MAX_STRIDE)
+        {
+            s.stride = i - s.last;
+            s.last = i;
+            s.next = i + s.stride;
+            s.hits = 0;
+            s.window = 1;
+            s.pending = 0;
+            s.used = tick;
+            return Vec::new();
+        }
+        // A new stream in the least recently used slot.
+        if let Some(s) = st.streams.iter_mut().min_by_key(|s| s.used) {
+            *s = Stream {
+                last: i,
+                stride: 0,
+                next: i64::MIN,
+                hits: 0,
+                window: 1,
+                pending: 0,
+                used: tick,
+            };
+        }
+        Vec::new()
+    }
+
+    /// Maps the given pages ahead of a fault stream: read from the store outside the lock,
+    /// write-protected (clean), waking anybody who faulted on them meanwhile.
+    fn prefetch(&self, core: &Arc<RegionCore>, pages: Vec<usize>) {
+        if pages.is_empty() {
+            return;
+        }
+        // Only while there is room under the high watermark; prefetch never forces eviction.
+        let room = self.high.saturating_sub(self.resident.load(Relaxed)) / self.page as u64;
+        let mut todo = Vec::new();
+        {
+            let mut st = core.st.lock();
+            for &j in pages.iter().take(room as usize) {
+                match st.pages[j] {
+                    PageState::Zero | PageState::Stored => {
+                        let was = st.pages[j];
+                        st.pages[j] = PageState::Loading;
+                        todo.push((j, was));
+                    }
+                    _ => {}
+                }
+            }
+            self.charge(todo.len() as u64 * self.page as u64);
+        }
+        let page = self.page;
+        let zeros = &self.zeros;
+        let mut placed = Vec::with_capacity(todo.len());
+        for &(j, was) in &todo {
+            let pa = core.base + j * page;
+            let tracked = if was == PageState::Stored {
+                let data = self.read_page(core, j);
+                self.counters.bytes_in.fetch_add(page as u64, Relaxed);
+                self.place(pa, &data, true)
+            } else {
+                // A real zero-filled page (not the shared zero page) so it can be tracked.
+                self.place(pa, zeros, true)
+            };
+            placed.push((j, was, tracked));
+        }
+        let mut st = core.st.lock();
+        if st.dead {
+            drop(st);
+            self.resident
+                .fetch_sub(placed.len() as u64 * page as u64, Relaxed);
+            return;
+        }
+        for &(j, was, tracked) in &placed {
+            self.mark_resident(core, &mut st, j, was, !tracked);
+        }
+        drop(st);
+        self.counters
+            .prefetched
+            .fetch_add(placed.len() as u64, Relaxed);
+        for &(j, _, _) in &placed {
+            let _ = self.uffd.wake((core.base + j * page) as *mut _, page);
+        }
+    }
+
+    fn on_wp(&self, core: &Arc<RegionCore>, addr: usize) {
+        self.counters.wp_faults.fetch_add(1, Relaxed);
+        let idx = (addr - core.base) / self.page;
+        let pa = core.base + idx * self.page;
+        let mut st = core.st.lock();
+        match st.pages[idx] {
+            PageState::Resident => {
+                st.dirty[idx] = true;
+                let _ = self
+                    .uffd
+                    .remove_write_protection(pa as *mut _, self.page, true);
+            }
+            // The eviction wakes the writer once the page is gone; it then faults it back.
+            PageState::Evicting | PageState::Loading => {}
+            _ => {
+                drop(st);
+                let _ = self.uffd.wake(pa as *mut _, self.page);
+            }
+        }
+    }
+
+    fn evictor(&self) {
+        while !self.stop.load(Relaxed) {
+            {
+                let mut k = self.kick.lock();
+                if !*k {
+                    self.kick_cv.wait_for(&mut k, Duration::from_millis(20));
+                }
+                *k = false;
+            }
+            if self.resident.load(Relaxed) > self.high {
+                self.evict_to(self.low);
+            }
+        }
+    }
+
+    /// Evicts in clock order until resident bytes are at most `target` (or nothing is left to
+    /// evict).
+    fn evict_to(&self, target: u64) {
+        let page = self.page;
+        while self.resident.load(Relaxed) > target {
+            let mut batch: Vec<(Arc<RegionCore>, u32)> = Vec::new();
+            {
+                let mut clock = self.clock.lock();
+                let need = (self.resident.load(Relaxed) - target).div_ceil(page as u64) as usize;
+                while batch.len() < need.min(EVICT_BATCH) {
+                    let Some((w, i)) = clock.pop_front() else {
+                        break;
+                    };
+                    if let Some(c) = w.upgrade() {
+                        batch.push((c, i));
+                    }
+                }
+            }
+            if batch.is_empty() {
+                return;
+            }
+            // Group by region, pages in order (for runs of adjacent pages).
+            batch.sort_by_key(|(c, i)| (c.base, *i));
+            let mut start = 0;
+            while start < batch.len() {
+                let mut end = start + 1;
+                while end < batch.len() && Arc::ptr_eq(&batch[end].0, &batch[start].0) {
+                    end += 1;
+                }
+                let core = batch[start].0.clone();
+                let idxs: Vec<usize> = batch[start..end].iter().map(|(_, i)| *i as usize).collect();
+                self.evict_pages(&core, &idxs);
+                start = end;
+            }
+        }
+    }
+
+    fn evict_pages(&self, core: &Arc<RegionCore>, idxs: &[usize]) {
+        let page = self.page;
+        // Phase 1, under the lock: choose, and write-protect the dirty ones.
+        let mut clean = Vec::new();
+        let mut dirty = Vec::new();
+        {
+            let mut st = core.st.lock();
+            if st.dead {
+                return;
+            }
+            for &i in idxs {
+                st.queued[i] = false;
+                if st.pages[i] != PageState::Resident {
+                    continue;
+                }
+                let pa = core.base + i * page;
+                if !st.dirty[i] {
+                    st.pages[i] = PageState::Evicting;
+                    clean.push(i);
+                } else if self.uffd.write_protect(pa as *mut _, page).is_ok() {
+                    st.pages[i] = PageState::Evicting;
+                    dirty.push(i);
+                } else {
+                    // Cannot stop writers: keep it.
+                    st.queued[i] = true;
+                    self.clock
+                        .lock()
+                        .push_back((Arc::downgrade(core), i as u32));
+                }
+            }
+        }
+        // Phase 2, no lock: write the dirty pages out (writers wait on the protection).
+        let mut written = Vec::with_capacity(dirty.len());
+        for &i in &dirty {
+            let pa = core.base + i * page;
+            // SAFETY: the page is resident and write-protected (state Evicting): no one
+            // writes it and the mapping stays until the region's drop, which marks the state
+            // dead first (checked below before the result is used).
+            let bytes = unsafe { std::slice::from_raw_parts(pa as *const u8, page) };
+            if bytes.iter().all(|&b| b == 0) {
+                let _ = self.store.remove((core.obj, i as u64));
+                written.push((i, Some(PageState::Zero)));
+            } else {
+                match self.store.put((core.obj, i as u64), bytes) {
+                    Ok(()) => {
+                        self.counters.bytes_out.fetch_add(page as u64, Relaxed);
+                        written.push((i, Some(PageState::Stored)));
+                    }
+                    Err(e) => {
+                        self.fail(format!(
+                            "cannot write a page out ({e}); it stays in DRAM over the budget"
+                        ));
+                        written.push((i, None));
+                    }
+                }
+            }
+        }
+        // Phase 3, under the lock: final states, then one MADV_DONTNEED per run.
+        let mut gone: Vec<usize> = Vec::with_capacity(idxs.len());
+        {
+            let mut st = core.st.lock();
+            if st.dead {
+                for &(i, s) in &written {
+                    if s == Some(PageState::Stored) {
+                        let _ = self.store.remove((core.obj, i as u64));
+                    }
+                }
+                return;
+            }
+            for &i in &clean {
+                st.pages[i] = st.backed[i];
+                self.counters.clean_drops.fetch_add(1, Relaxed);
+                gone.push(i);
+            }
+            for &(i, s) in &written {
+                match s {
+                    Some(s) => {
+                        if s == PageState::Zero {
+                            self.counters.zero_evictions.fetch_add(1, Relaxed);
+                        }
+                        st.pages[i] = s;
+                        gone.push(i);
+                    }
+                    None => {
+                        st.pages[i] = PageState::Resident;
+                        st.queued[i] = true;
+                        self.clock
+                            .lock()
+                            .push_back((Arc::downgrade(core), i as u32));
+                    }
+                }
+            }
+            gone.sort_unstable();
+            st.resident -= gone.len() as u64 * page as u64;
+            self.resident
+                .fetch_sub(gone.len() as u64 * page as u64, Relaxed);
+            self.counters
+                .evictions
+                .fetch_add(gone.len() as u64, Relaxed);
+            for (a, n) in runs(&gone) {
+                let pa = core.base + a * page;
+                // SAFETY: the run lies in our mapping and its contents were saved above (or
+                // are clean copies of what the store holds).
+                let _ = unsafe {
+                    rustix::mm::madvise(pa as *mut _, n * page, rustix::mm::Advice::LinuxDontNeed)
+                };
+                self.counters.madvise_calls.fetch_add(1, Relaxed);
+            }
+        }
+        // Writers blocked on the protection retry and fault the page back in.
+        for (a, n) in runs(&gone) {
+            let _ = self.uffd.wake((core.base + a * page) as *mut _, n * page);
+        }
+    }
+}
+
+/// `UFFDIO_COPY` without waking, with `UFFDIO_COPY_MODE_WP` when `protect`: the page
+/// appears already write-protected, so no write can slip in between the copy and the
+/// protection (the userfaultfd crate does not expose the WP mode).
+fn copy_page(uffd: &Uffd, data: &[u8], dst: usize, protect: bool) -> std::result::Result<(), i64> {
+    #[repr(C)]
+    struct UffdioCopy {
+        dst: u64,
+        src: u64,
+        len: u64,
+        mode: u64,
+        copy: i64,
+    }
+    const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
+    const MODE_DONTWAKE: u64 = 1 << 0;
+    const MODE_WP: u64 = 1 << 1;
+    let mut arg = UffdioCopy {
+        dst: dst as u64,
+        src: data.as_ptr() as u64,
+        len: data.len() as u64,
+        mode: MODE_DONTWAKE | if protect { MODE_WP } else { 0 },
+        copy: 0,
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: UFFDIO_COPY reads `len` bytes from `src` (a live slice) and fills `dst`, a
+    // missing range of a mapping registered with this userfaultfd; `arg` is a valid
+    // `struct uffdio_copy` that the kernel updates in place.
+    let r = unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_COPY, &mut arg as *mut UffdioCopy) };
+    if r == 0 && arg.copy == data.len() as i64 {
+        Ok(())
+    } else {
+        Err(if arg.copy < 0 { arg.copy } else { -1 })
+    }
+}
+
+/// Runs of adjacent numbers in a sorted list: (first, count).
+fn runs(v: &[usize]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i + 1;
+        while j < v.len() && v[j] == v[j - 1] + 1 {
+            j += 1;
+        }
+        out.push((v[i], j - i));
+        i = j;
+    }
+    out
+}
