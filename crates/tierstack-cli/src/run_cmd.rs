@@ -1,16 +1,299 @@
 //! `tierstack run`: an unmodified program with a DRAM budget, paged to the array.
+//!
+//! The program runs with `LD_PRELOAD=libtierstack_preload.so` (found next to the `tierstack`
+//! binary, or at `$TIERSTACK_PRELOAD`) and its settings in `TIERSTACK_*` variables. Each
+//! process of the program that makes a large allocation gets its own pager, budget and store
+//! (see crates/tierstack-preload). With `--dir` (the default: the system's temporary folder)
+//! every process makes its drives in a fresh run folder under DIR that is removed when the
+//! program ends, however it ends.
 
-use anyhow::{bail, Result};
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use tierstack_bench::{fmt_size, parse_size};
 
 #[derive(Args)]
 pub struct RunArgs {
+    /// DRAM budget for the program's large allocations (all of them together, per process).
     #[arg(long)]
     pub dram: String,
-    #[arg(last = true, required = true)]
-    pub cmd: Vec<String>,
+    /// Page to this existing array (its descriptor) instead of file drives in --dir.
+    #[arg(long, conflicts_with = "dir")]
+    pub array: Option<PathBuf>,
+    /// Folder for the per-process file drives (sparse; removed at exit). Default: $TMPDIR or /tmp.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// tierstack page (unit of faulting, eviction and I/O): a multiple of 4K up to 1M.
+    #[arg(long, default_value = "64K")]
+    pub page: String,
+    /// Allocations of at least this size are paged; smaller ones use the ordinary allocator.
+    #[arg(long, default_value = "64M")]
+    pub threshold: String,
+    /// Most bytes of paged allocations the store takes per process (with --dir). Default: half
+    /// the free space of DIR, at most 1T. An allocation beyond it fails (NULL / ENOMEM).
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Print one summary line at exit (peak RSS, faults, prefetch, evictions, bytes moved).
+    #[arg(long)]
+    pub stats: bool,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub cmd: Vec<OsString>,
 }
 
-pub fn run(_a: RunArgs) -> Result<()> {
-    bail!("tierstack run is not built yet")
+/// Finds libtierstack_preload.so: $TIERSTACK_PRELOAD, next to the binary, in its deps/
+/// folder (cargo's layout) or in ../lib.
+fn preload_lib() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("TIERSTACK_PRELOAD") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        bail!(
+            "TIERSTACK_PRELOAD={} is not a file: point it at libtierstack_preload.so",
+            p.display()
+        );
+    }
+    let exe = std::env::current_exe().context("cannot find the tierstack binary")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for c in [
+        dir.join("libtierstack_preload.so"),
+        dir.join("deps/libtierstack_preload.so"),
+        dir.join("../lib/libtierstack_preload.so"),
+        dir.join("../lib/tierstack/libtierstack_preload.so"),
+    ] {
+        if c.is_file() {
+            return Ok(c);
+        }
+    }
+    bail!(
+        "cannot find libtierstack_preload.so next to {}: build it with `cargo build --release` or set TIERSTACK_PRELOAD",
+        exe.display()
+    )
+}
+
+fn uffd_usable() -> bool {
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok()
+    {
+        return true;
+    }
+    std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd")
+        .map(|s| s.trim() == "1")
+        .unwrap_or(false)
+}
+
+fn free_space(dir: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some(st.f_bavail * st.f_frsize)
+}
+
+/// Removes the run folder when `run` returns, however it returns.
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let dram = parse_size(&a.dram).map_err(|e| anyhow::anyhow!("--dram: {e}"))?;
+    if dram < 16 << 20 {
+        bail!(
+            "--dram {} is too small: give at least 16M (e.g. --dram 256M)",
+            a.dram
+        );
+    }
+    let page = parse_size(&a.page).map_err(|e| anyhow::anyhow!("--page: {e}"))?;
+    if page == 0 || page % 4096 != 0 || page > tierstack_store::MAX_PAGE as u64 {
+        bail!(
+            "--page {} is not a multiple of 4K up to 1M: use e.g. --page 64K",
+            a.page
+        );
+    }
+    if dram < 16 * page {
+        bail!(
+            "--dram {} holds fewer than 16 pages of {}: raise --dram or lower --page",
+            a.dram,
+            a.page
+        );
+    }
+    let threshold = parse_size(&a.threshold).map_err(|e| anyhow::anyhow!("--threshold: {e}"))?;
+    if threshold < 16 << 20 {
+        bail!(
+            "--threshold {} is below 16M (tierstack's own buffers must stay below it): use e.g. --threshold 64M",
+            a.threshold
+        );
+    }
+    let Some(program) = a.cmd.first() else {
+        bail!("no command given: use `tierstack run --dram 4G -- ./program ARGS`");
+    };
+    if !uffd_usable() {
+        bail!("userfaultfd is not usable by this user: run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1` or access to /dev/userfaultfd");
+    }
+    let lib = preload_lib()?;
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(&a.cmd[1..]);
+    let mut preload = lib.into_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    cmd.env("LD_PRELOAD", preload)
+        .env("TIERSTACK_DRAM", dram.to_string())
+        .env("TIERSTACK_PAGE", page.to_string())
+        .env("TIERSTACK_THRESHOLD", threshold.to_string())
+        .env_remove("TIERSTACK_DIR")
+        .env_remove("TIERSTACK_ARRAY")
+        .env_remove("TIERSTACK_STORE");
+    if let Some(array) = &a.array {
+        if !array.is_file() {
+            bail!(
+                "--array {}: no array descriptor there: create one with `tierstack array create`",
+                array.display()
+            );
+        }
+        // Open it once here: a wrong or busy array is reported before the program starts.
+        tierstack_array::descriptor::open_array(array, &tierstack_array::ArrayOptions::default())
+            .with_context(|| format!("--array {}", array.display()))?;
+        cmd.env("TIERSTACK_ARRAY", std::fs::canonicalize(array)?);
+    }
+    let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    if !parent.is_dir() {
+        bail!(
+            "--dir {}: no such folder: create it or give another",
+            parent.display()
+        );
+    }
+    let run_dir = tempfile::Builder::new()
+        .prefix("tierstack-run-")
+        .tempdir_in(&parent)
+        .with_context(|| format!("cannot make a run folder in {}", parent.display()))?
+        .keep();
+    let run_dir = RunDir(run_dir);
+    if a.array.is_none() {
+        let store = match &a.store {
+            Some(s) => {
+                let v = parse_size(s).map_err(|e| anyhow::anyhow!("--store: {e}"))?;
+                if v < 64 << 20 {
+                    bail!("--store {s} is too small: give at least 64M");
+                }
+                v
+            }
+            None => (free_space(&parent).unwrap_or(8 << 30) / 2).clamp(1 << 30, 1 << 40),
+        };
+        cmd.env("TIERSTACK_DIR", &run_dir.0)
+            .env("TIERSTACK_STORE", store.to_string());
+    }
+    if a.stats {
+        cmd.env("TIERSTACK_STATS_DIR", &run_dir.0);
+    }
+    // The program gets Ctrl-C itself; we wait for it and clean up.
+    // SAFETY: ignoring SIGINT/SIGQUIT in this process; the child resets them before exec.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: zeroed rusage is a valid value for wait4 to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waiting for our own child with valid out-pointers.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            bail!(
+                "waiting for the program: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        1
+    };
+    if a.stats {
+        eprintln!(
+            "{}",
+            stats_line(&run_dir.0, ru.ru_maxrss as u64 * 1024, code)
+        );
+    }
+    drop(run_dir);
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
+/// One line: the program's peak RSS and the sums of its processes' counters.
+fn stats_line(dir: &Path, peak_rss: u64, code: i32) -> String {
+    let mut procs = 0u64;
+    let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut budget = 0u64;
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let Ok(v) = std::fs::read_to_string(&p)
+                .map_err(|_| ())
+                .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).map_err(|_| ()))
+            else {
+                continue;
+            };
+            procs += 1;
+            budget = budget.max(v["budget"].as_u64().unwrap_or(0));
+            if let Some(o) = v["stats"].as_object() {
+                for (k, x) in o {
+                    let x = x.as_u64().unwrap_or(0);
+                    let e = sum.entry(k.clone()).or_default();
+                    if k == "peak_resident" {
+                        *e = (*e).max(x);
+                    } else {
+                        *e += x;
+                    }
+                }
+            }
+        }
+    }
+    let g = |k: &str| sum.get(k).copied().unwrap_or(0);
+    format!(
+        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={}",
+        fmt_size(peak_rss),
+        fmt_size(budget),
+        fmt_size(g("peak_resident")),
+        g("regions"),
+        g("faults"),
+        g("zero_fills"),
+        g("prefetched"),
+        g("prefetch_hits"),
+        g("wp_faults"),
+        g("evictions"),
+        g("clean_drops"),
+        g("sync_evictions"),
+        fmt_size(g("bytes_in")),
+        fmt_size(g("bytes_out")),
+    )
 }

@@ -93,7 +93,17 @@ struct RegionCore {
     st: Mutex<RState>,
 }
 
+/// A page to read ahead of a fault stream.
+struct PrefetchJob {
+    core: Arc<RegionCore>,
+    idx: usize,
+}
+
+/// Threads that read prefetched pages in parallel (the store's reads are synchronous).
+const PREFETCH_THREADS: usize = 4;
+
 struct Inner {
+    prefetch_tx: Mutex<Option<std::sync::mpsc::Sender<PrefetchJob>>>,
     uffd: Uffd,
     page: usize,
     /// One page of zeros (the source of zero fills).
@@ -160,7 +170,10 @@ impl Pager {
                 ))
             })?;
         let page = o.page as u64;
+        let (tx, rx) = std::sync::mpsc::channel::<PrefetchJob>();
+        let rx = Arc::new(Mutex::new(rx));
         let inner = Arc::new(Inner {
+            prefetch_tx: Mutex::new(Some(tx)),
             uffd,
             page: o.page,
             zeros: vec![0u8; o.page],
@@ -204,6 +217,20 @@ impl Pager {
         }
         let s = inner.clone();
         spawn("ts-evict".into(), Box::new(move || s.evictor()))?;
+        for i in 0..PREFETCH_THREADS {
+            let s = inner.clone();
+            let rx = rx.clone();
+            spawn(
+                format!("ts-prefetch-{i}"),
+                Box::new(move || {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.prefetcher(&rx)))
+                        .is_err()
+                    {
+                        fatal("a prefetch thread panicked");
+                    }
+                }),
+            )?;
+        }
         Ok(Pager { inner, threads })
     }
 
@@ -243,6 +270,7 @@ impl Pager {
 impl Drop for Pager {
     fn drop(&mut self) {
         self.inner.stop.store(true, Relaxed);
+        self.inner.prefetch_tx.lock().take();
         self.inner.kick_cv.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -744,52 +772,93 @@ impl Inner {
         }
         // Only while there is room under the high watermark; prefetch never forces eviction.
         let room = self.high.saturating_sub(self.resident.load(Relaxed)) / self.page as u64;
-        let mut todo = Vec::new();
+        let mut zeros = Vec::new();
+        let mut stored = Vec::new();
         {
             let mut st = core.st.lock();
             for &j in pages.iter().take(room as usize) {
                 match st.pages[j] {
-                    PageState::Zero | PageState::Stored => {
-                        let was = st.pages[j];
-                        st.pages[j] = PageState::Loading;
-                        todo.push((j, was));
-                    }
-                    _ => {}
+                    PageState::Zero => zeros.push(j),
+                    PageState::Stored => stored.push(j),
+                    _ => continue,
                 }
+                st.pages[j] = PageState::Loading;
             }
-            self.charge(todo.len() as u64 * self.page as u64);
+            self.charge((zeros.len() + stored.len()) as u64 * self.page as u64);
+        }
+        // Zero pages at once, left writable (a stream that writes them takes no second
+        // fault; if they stay all-zero, eviction drops them without a write).
+        for &j in &zeros {
+            let _ = self.place(core.base + j * self.page, &self.zeros, false);
+        }
+        self.finish_loads(core, &zeros, PageState::Zero, &vec![false; zeros.len()]);
+        // Pages in the store: read in parallel by the prefetch threads.
+        let tx = self.prefetch_tx.lock().clone();
+        for j in stored {
+            let job = PrefetchJob {
+                core: core.clone(),
+                idx: j,
+            };
+            let job = match &tx {
+                Some(tx) => match tx.send(job) {
+                    Ok(()) => continue,
+                    Err(e) => e.0,
+                },
+                None => job,
+            };
+            self.load_one(job);
+        }
+    }
+
+    /// Reads one page of a prefetch from the store and maps it, write-protected (clean).
+    fn load_one(&self, job: PrefetchJob) {
+        let pa = job.core.base + job.idx * self.page;
+        let data = self.read_page(&job.core, job.idx);
+        self.counters.bytes_in.fetch_add(self.page as u64, Relaxed);
+        let tracked = self.place(pa, &data, true);
+        self.finish_loads(&job.core, &[job.idx], PageState::Stored, &[tracked]);
+    }
+
+    /// Marks loaded pages resident (or undoes the charge if the region went away) and wakes
+    /// anybody who faulted on them meanwhile.
+    fn finish_loads(
+        &self,
+        core: &Arc<RegionCore>,
+        idxs: &[usize],
+        was: PageState,
+        tracked: &[bool],
+    ) {
+        if idxs.is_empty() {
+            return;
         }
         let page = self.page;
-        let zeros = &self.zeros;
-        let mut placed = Vec::with_capacity(todo.len());
-        for &(j, was) in &todo {
-            let pa = core.base + j * page;
-            let tracked = if was == PageState::Stored {
-                let data = self.read_page(core, j);
-                self.counters.bytes_in.fetch_add(page as u64, Relaxed);
-                self.place(pa, &data, true)
-            } else {
-                // A real zero-filled page (not the shared zero page) so it can be tracked.
-                self.place(pa, zeros, true)
-            };
-            placed.push((j, was, tracked));
-        }
         let mut st = core.st.lock();
         if st.dead {
             drop(st);
             self.resident
-                .fetch_sub(placed.len() as u64 * page as u64, Relaxed);
+                .fetch_sub(idxs.len() as u64 * page as u64, Relaxed);
             return;
         }
-        for &(j, was, tracked) in &placed {
-            self.mark_resident(core, &mut st, j, was, !tracked);
+        for (&j, &t) in idxs.iter().zip(tracked) {
+            self.mark_resident(core, &mut st, j, was, !t);
         }
         drop(st);
         self.counters
             .prefetched
-            .fetch_add(placed.len() as u64, Relaxed);
-        for &(j, _, _) in &placed {
+            .fetch_add(idxs.len() as u64, Relaxed);
+        for &j in idxs {
             let _ = self.uffd.wake((core.base + j * page) as *mut _, page);
+        }
+    }
+
+    fn prefetcher(&self, rx: &Mutex<std::sync::mpsc::Receiver<PrefetchJob>>) {
+        while !self.stop.load(Relaxed) {
+            let job = rx.lock().recv_timeout(Duration::from_millis(50));
+            match job {
+                Ok(job) => self.load_one(job),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            }
         }
     }
 

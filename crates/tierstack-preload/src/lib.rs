@@ -1,0 +1,677 @@
+//! tierstack-preload: the LD_PRELOAD shim behind `tierstack run`.
+//!
+//! Interposes the malloc family (`malloc`, `calloc`, `realloc`, `reallocarray`, `free`,
+//! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`, `malloc_usable_size`)
+//! and anonymous private `mmap` / `munmap` / `mremap`. A request of at least the threshold
+//! (`TIERSTACK_THRESHOLD`, default 64 MiB) becomes a region of the process's
+//! [`tierstack_mem::Pager`]: its pages live in DRAM up to the process's budget
+//! (`TIERSTACK_DRAM`) and in the tiered store (an array of file drives) beyond it. Everything
+//! smaller goes to glibc's allocator (`__libc_malloc` and friends), as do requests made by
+//! tierstack's own threads (named `ts-*`) and by the shim while it works (a thread-local flag).
+//!
+//! - The pager and its store start on the first large request. With `TIERSTACK_DIR` the
+//!   process makes its own RAID 5 of four sparse file drives in `DIR/<pid>/` and unlinks them
+//!   at once (the space is freed when the process ends, even by `kill -9`); with
+//!   `TIERSTACK_ARRAY` it opens that array (one process at a time; its paging data from
+//!   earlier runs is discarded).
+//! - A region is only created when the store can hold all of it (the pager's commit limit):
+//!   otherwise the call fails like an allocation failure (NULL / `MAP_FAILED`, errno ENOMEM).
+//! - Threads: any thread may allocate and touch regions. A child that calls `exec` starts
+//!   afresh with its own budget and store (the environment is inherited). A child made by
+//!   `fork` without `exec` does not inherit regions (they are `MADV_DONTFORK`: touching one
+//!   there faults with SIGSEGV, never reads wrong data) and its own allocations go to glibc.
+//! - `mremap` is declared with its fifth argument (`new_address`), which is only read with
+//!   `MREMAP_FIXED` (the x86-64 calling convention makes the variadic call compatible).
+//! - With `TIERSTACK_STATS_DIR` the process writes its counters to `DIR/<pid>.json` at exit;
+//!   `tierstack run --stats` prints them.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+
+use libc::{c_int, c_void, off_t, size_t};
+use parking_lot::Mutex;
+use tierstack_mem::{MemError, Pager, PagerOptions, Region};
+
+extern "C" {
+    fn __libc_malloc(n: size_t) -> *mut c_void;
+    fn __libc_free(p: *mut c_void);
+    fn __libc_calloc(n: size_t, s: size_t) -> *mut c_void;
+    fn __libc_realloc(p: *mut c_void, n: size_t) -> *mut c_void;
+    fn __libc_memalign(a: size_t, n: size_t) -> *mut c_void;
+    fn __libc_valloc(n: size_t) -> *mut c_void;
+    fn __libc_pvalloc(n: size_t) -> *mut c_void;
+}
+
+/// Requests of at least this many bytes become regions; 0 until configured (inert shim).
+static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+/// 0: not started, 1: running, 2: off (start failed, or a forked child).
+static STATE: AtomicU8 = AtomicU8::new(0);
+const OFF: u8 = 2;
+const RUNNING: u8 = 1;
+/// Set in a child made by fork: regions belong to the parent.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Lock-free table of live regions (base, length), so that `free` of an ordinary pointer
+/// costs a few loads and no lock.
+const SLOTS: usize = 4096;
+static BASES: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static LENS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+
+struct Engine {
+    pager: Pager,
+    regions: Mutex<HashMap<usize, Region>>,
+    stats_dir: Option<std::path::PathBuf>,
+}
+
+static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
+
+thread_local! {
+    /// The shim is working on this thread: its own allocations go to glibc.
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+struct Busy(bool);
+
+impl Busy {
+    fn enter() -> Busy {
+        Busy(BUSY.with(|b| b.replace(true)))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let prev = self.0;
+        BUSY.with(|b| b.set(prev));
+    }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Reads a size from the environment without allocating (this runs before the program).
+fn env_size(name: &[u8]) -> Option<u64> {
+    // SAFETY: `name` is NUL-terminated; getenv returns NULL or a NUL-terminated string that
+    // stays valid while the environment is not changed (we copy it out at once).
+    let p = unsafe { libc::getenv(name.as_ptr() as *const libc::c_char) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: p is a NUL-terminated string (above).
+    let s = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+    let mut v: u64 = 0;
+    for &c in s {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((c - b'0') as u64)?;
+    }
+    Some(v)
+}
+
+extern "C" fn configure() {
+    if env_size(b"TIERSTACK_DRAM\0").is_none() {
+        return;
+    }
+    let t = env_size(b"TIERSTACK_THRESHOLD\0")
+        .unwrap_or(64 << 20)
+        .max(16 << 20);
+    // Fixed glibc thresholds: blocks of 256 KiB and more are mapped and go back to the system
+    // when freed (glibc's sliding threshold would keep freed buffers of up to 32 MiB, and the
+    // pager's I/O buffers, in its heaps: resident memory outside the budget).
+    // SAFETY: mallopt only sets allocator parameters.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20);
+    }
+    THRESHOLD.store(t as usize, SeqCst);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static CONFIGURE: extern "C" fn() = configure;
+
+extern "C" fn after_fork_in_child() {
+    FORKED.store(true, SeqCst);
+}
+
+/// Is this one of tierstack's own threads (pager, array writers)?
+fn tierstack_thread() -> bool {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into `name`.
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    name.starts_with(b"ts-")
+}
+
+fn wants_region(size: usize) -> bool {
+    let t = THRESHOLD.load(Relaxed);
+    t != 0
+        && size >= t
+        && STATE.load(Relaxed) != OFF
+        && !FORKED.load(Relaxed)
+        && !BUSY.with(|b| b.get())
+        && !tierstack_thread()
+}
+
+fn start() -> Result<Engine, String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let dram = env_size(b"TIERSTACK_DRAM\0").ok_or("TIERSTACK_DRAM is not set")?;
+    let page = env_size(b"TIERSTACK_PAGE\0").unwrap_or(64 << 10) as usize;
+    let opts = tierstack_array::ArrayOptions::default();
+    let array = if let Some(desc) = env("TIERSTACK_ARRAY") {
+        let a = tierstack_array::descriptor::open_array(std::path::Path::new(&desc), &opts)
+            .map_err(|e| format!("cannot open array {desc}: {e}"))?;
+        // Paging data of an earlier run is garbage now.
+        for k in a.keys_in(0, tierstack_store::MAX_OBJECT_ID - 1) {
+            let _ = a.delete(k);
+        }
+        a
+    } else {
+        let dir = env("TIERSTACK_DIR").ok_or("neither TIERSTACK_DIR nor TIERSTACK_ARRAY is set")?;
+        let dir = std::path::Path::new(&dir).join(std::process::id().to_string());
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(64 << 30);
+        let paths: Vec<_> = (0..4).map(|i| dir.join(format!("d{i}"))).collect();
+        let params = tierstack_array::CreateParams {
+            level: tierstack_array::Level::Raid5,
+            chunk: 64 << 10,
+            groups: None,
+            // Three data drives of four, and room for the cleaner.
+            size: Some((store / 3).max(64 << 20) + (64 << 20)),
+        };
+        let made = tierstack_array::Array::create(&paths, &params, &opts);
+        // The drives stay open; their names go now, so nothing is left behind at exit.
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+        let _ = std::fs::remove_dir(&dir);
+        made.map_err(|e| format!("cannot create the array in {}: {e}", dir.display()))?
+    };
+    let capacity = array.status().capacity_bytes;
+    let store_dram = (dram / 16).clamp(4 << 20, 64 << 20);
+    let store = tierstack_store::TieredStore::new(
+        store_dram,
+        vec![Box::new(tierstack_store::ArrayTier::new(array))],
+    )
+    .map_err(|e| e.to_string())?;
+    // --dram covers all of it: the store's DRAM tier and the array's stripe buffers in flight
+    // (about 32 MiB) come out of the budget of the regions.
+    let io_buffers = (32u64 << 20).min(dram / 4);
+    let budget = dram.saturating_sub(store_dram + io_buffers);
+    let pager = Pager::new(
+        Arc::new(store),
+        &PagerOptions {
+            page,
+            budget,
+            fault_threads: 2,
+            // The log needs room to clean: regions may take half the array.
+            commit_limit: Some(capacity / 2),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let stats_dir = env("TIERSTACK_STATS_DIR").map(std::path::PathBuf::from);
+    // SAFETY: registering plain extern "C" callbacks with no arguments.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(after_fork_in_child));
+        if stats_dir.is_some() {
+            libc::atexit(write_stats);
+        }
+    }
+    Ok(Engine {
+        pager,
+        regions: Mutex::new(HashMap::new()),
+        stats_dir,
+    })
+}
+
+fn engine() -> Option<Arc<Engine>> {
+    let mut g = ENGINE.lock();
+    if let Some(e) = g.as_ref() {
+        return Some(e.clone());
+    }
+    if STATE.load(SeqCst) == OFF {
+        return None;
+    }
+    match start() {
+        Ok(e) => {
+            let e = Arc::new(e);
+            *g = Some(e.clone());
+            STATE.store(RUNNING, SeqCst);
+            Some(e)
+        }
+        Err(msg) => {
+            eprintln!("tierstack: paging is off for this process, large allocations use ordinary memory: {msg}");
+            STATE.store(OFF, SeqCst);
+            None
+        }
+    }
+}
+
+extern "C" fn write_stats() {
+    let _b = Busy::enter();
+    let Some(e) = ENGINE.try_lock().and_then(|g| g.clone()) else {
+        return;
+    };
+    let Some(dir) = &e.stats_dir else { return };
+    let s = e.pager.counters().snapshot();
+    let v = serde_json::json!({
+        "pid": std::process::id(),
+        "budget": e.pager.budget(),
+        "page": e.pager.page(),
+        "committed": e.pager.committed(),
+        "stats": s,
+    });
+    let _ = std::fs::write(
+        dir.join(format!("{}.json", std::process::id())),
+        v.to_string(),
+    );
+}
+
+enum Got {
+    Region(*mut c_void),
+    /// The store cannot hold it: allocation failure.
+    NoMemory,
+    /// Paging is off: use ordinary memory.
+    Fallback,
+}
+
+fn slot_insert(base: usize, len: usize) -> bool {
+    for i in 0..SLOTS {
+        if BASES[i]
+            .compare_exchange(0, usize::MAX, SeqCst, SeqCst)
+            .is_ok()
+        {
+            LENS[i].store(len, SeqCst);
+            BASES[i].store(base, SeqCst);
+            HIGH.fetch_max(i + 1, SeqCst);
+            return true;
+        }
+    }
+    false
+}
+
+/// The slot of the region starting at `p`.
+fn slot_exact(p: usize) -> Option<usize> {
+    let high = HIGH.load(Acquire);
+    (0..high).find(|&i| BASES[i].load(Acquire) == p)
+}
+
+/// The slot of the region containing `p`.
+fn slot_containing(p: usize) -> Option<(usize, usize, usize)> {
+    let high = HIGH.load(Acquire);
+    (0..high).find_map(|i| {
+        let b = BASES[i].load(Acquire);
+        let l = LENS[i].load(Acquire);
+        (b != 0 && b != usize::MAX && p >= b && p < b + l).then_some((i, b, l))
+    })
+}
+
+fn new_region(size: usize, align: usize) -> Got {
+    let _b = Busy::enter();
+    let Some(e) = engine() else {
+        return Got::Fallback;
+    };
+    match e.pager.map(size, align) {
+        Ok(r) => {
+            let p = r.as_ptr() as usize;
+            if !slot_insert(p, r.len()) {
+                return Got::Fallback;
+            }
+            e.regions.lock().insert(p, r);
+            Got::Region(p as *mut c_void)
+        }
+        Err(MemError::NoSpace { .. }) => Got::NoMemory,
+        Err(err) => {
+            eprintln!(
+                "tierstack: cannot map a region of {size} bytes ({err}); using ordinary memory"
+            );
+            Got::Fallback
+        }
+    }
+}
+
+/// Frees the region at `p` if it is one. In a forked child, regions belong to the parent and
+/// are simply forgotten.
+fn free_region(p: usize) -> bool {
+    if p & 4095 != 0 {
+        return false;
+    }
+    let Some(i) = slot_exact(p) else {
+        return false;
+    };
+    if FORKED.load(Relaxed) {
+        return true;
+    }
+    let _b = Busy::enter();
+    BASES[i].store(0, SeqCst);
+    let e = ENGINE.lock().clone();
+    if let Some(e) = e {
+        let r = e.regions.lock().remove(&p);
+        drop(r);
+    }
+    true
+}
+
+fn region_len(p: usize) -> Option<usize> {
+    if p & 4095 != 0 {
+        return None;
+    }
+    slot_exact(p).map(|i| LENS[i].load(Acquire))
+}
+
+fn alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
+    if wants_region(size) {
+        match new_region(size, align) {
+            Got::Region(p) => return p,
+            Got::NoMemory => {
+                set_errno(libc::ENOMEM);
+                return std::ptr::null_mut();
+            }
+            Got::Fallback => {}
+        }
+    }
+    // SAFETY: plain calls into glibc's allocator.
+    unsafe {
+        match (zero, align > 16) {
+            (true, _) => __libc_calloc(1, size),
+            (false, false) => __libc_malloc(size),
+            (false, true) => __libc_memalign(align, size),
+        }
+    }
+}
+
+/// # Safety
+/// C `malloc`.
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
+    alloc(size, 16, false)
+}
+
+/// # Safety
+/// C `calloc`.
+#[no_mangle]
+pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
+    let Some(total) = n.checked_mul(size) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    if wants_region(total) {
+        // Regions start as zero pages.
+        return alloc(total, 16, false);
+    }
+    __libc_calloc(n, size)
+}
+
+/// # Safety
+/// C `free`: `p` is NULL or came from this allocator.
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() || free_region(p as usize) {
+        return;
+    }
+    __libc_free(p)
+}
+
+/// # Safety
+/// C `realloc`.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
+    if p.is_null() {
+        return malloc(size);
+    }
+    if let Some(len) = region_len(p as usize) {
+        if size == 0 {
+            free(p);
+            return std::ptr::null_mut();
+        }
+        if size <= len {
+            return p;
+        }
+        let q = malloc(size);
+        if q.is_null() {
+            return q;
+        }
+        std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, len);
+        free(p);
+        return q;
+    }
+    if wants_region(size) {
+        let old = real_usable_size(p);
+        match new_region(size, 16) {
+            Got::Region(q) => {
+                std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
+                __libc_free(p);
+                return q;
+            }
+            Got::NoMemory => {
+                set_errno(libc::ENOMEM);
+                return std::ptr::null_mut();
+            }
+            Got::Fallback => {}
+        }
+    }
+    __libc_realloc(p, size)
+}
+
+/// # Safety
+/// C `reallocarray`.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
+    match n.checked_mul(size) {
+        Some(t) => realloc(p, t),
+        None => {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// C `posix_memalign`: `out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(
+    out: *mut *mut c_void,
+    align: size_t,
+    size: size_t,
+) -> c_int {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
+        return libc::EINVAL;
+    }
+    let p = alloc(size, align, false);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    *out = p;
+    0
+}
+
+/// # Safety
+/// C `aligned_alloc`.
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    alloc(size, align, false)
+}
+
+/// # Safety
+/// C `memalign`.
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
+    aligned_alloc(align, size)
+}
+
+/// # Safety
+/// C `valloc`.
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
+    if wants_region(size) {
+        return alloc(size, 4096, false);
+    }
+    __libc_valloc(size)
+}
+
+/// # Safety
+/// C `pvalloc`.
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
+    if wants_region(size) {
+        return alloc(size, 4096, false);
+    }
+    __libc_pvalloc(size)
+}
+
+unsafe fn real_usable_size(p: *mut c_void) -> usize {
+    type F = unsafe extern "C" fn(*mut c_void) -> size_t;
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    let mut f = REAL.load(Relaxed);
+    if f == 0 {
+        f = libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) as usize;
+        REAL.store(f, Relaxed);
+    }
+    if f == 0 {
+        return 0;
+    }
+    // SAFETY: `f` is glibc's malloc_usable_size, found by dlsym.
+    let real: F = std::mem::transmute::<usize, F>(f);
+    real(p)
+}
+
+/// # Safety
+/// C `malloc_usable_size`.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
+    if p.is_null() {
+        return 0;
+    }
+    region_len(p as usize).unwrap_or_else(|| real_usable_size(p))
+}
+
+fn anonymous_private(addr: *mut c_void, prot: c_int, flags: c_int, fd: c_int) -> bool {
+    let odd = libc::MAP_SHARED
+        | libc::MAP_FIXED
+        | libc::MAP_FIXED_NOREPLACE
+        | libc::MAP_HUGETLB
+        | libc::MAP_GROWSDOWN
+        | libc::MAP_STACK;
+    addr.is_null()
+        && fd == -1
+        && flags & libc::MAP_ANONYMOUS != 0
+        && flags & libc::MAP_PRIVATE != 0
+        && flags & odd == 0
+        && prot == libc::PROT_READ | libc::PROT_WRITE
+}
+
+/// # Safety
+/// C `mmap`.
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    if anonymous_private(addr, prot, flags, fd) && wants_region(len) {
+        match new_region(len, 4096) {
+            Got::Region(p) => return p,
+            Got::NoMemory => {
+                set_errno(libc::ENOMEM);
+                return libc::MAP_FAILED;
+            }
+            Got::Fallback => {}
+        }
+    }
+    libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void
+}
+
+/// # Safety
+/// C `mmap64` (the same as `mmap` on 64-bit Linux).
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    mmap(addr, len, prot, flags, fd, off)
+}
+
+/// # Safety
+/// C `munmap`.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    let a = addr as usize;
+    if let Some((_, base, rlen)) = slot_containing(a) {
+        if FORKED.load(Relaxed) {
+            return 0;
+        }
+        if a == base && len >= rlen {
+            free_region(a);
+        } else {
+            // Part of a region: its pages are released, the range stays reserved until the
+            // whole region is unmapped.
+            let _b = Busy::enter();
+            if let Some(e) = ENGINE.lock().clone() {
+                if let Some(r) = e.regions.lock().get(&base) {
+                    r.discard(a - base, len);
+                }
+            }
+        }
+        return 0;
+    }
+    libc::syscall(libc::SYS_munmap, addr, len) as c_int
+}
+
+/// # Safety
+/// C `mremap` (see the module notes on its fifth argument).
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let a = old as usize;
+    if let Some(rlen) = region_len(a) {
+        if FORKED.load(Relaxed) || flags & libc::MREMAP_FIXED != 0 {
+            set_errno(libc::EINVAL);
+            return libc::MAP_FAILED;
+        }
+        if new_len <= rlen {
+            if new_len < old_len.min(rlen) {
+                munmap(
+                    (a + new_len.next_multiple_of(4096)) as *mut c_void,
+                    rlen - new_len.min(rlen),
+                );
+            }
+            return old;
+        }
+        if flags & libc::MREMAP_MAYMOVE == 0 {
+            set_errno(libc::ENOMEM);
+            return libc::MAP_FAILED;
+        }
+        let q = match new_region(new_len, 4096) {
+            Got::Region(q) => q,
+            Got::NoMemory | Got::Fallback => {
+                set_errno(libc::ENOMEM);
+                return libc::MAP_FAILED;
+            }
+        };
+        std::ptr::copy_nonoverlapping(old as *const u8, q as *mut u8, old_len.min(rlen));
+        free_region(a);
+        return q;
+    }
+    libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void
+}
