@@ -2,7 +2,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -87,6 +89,8 @@ struct RState {
 }
 
 struct RegionCore {
+    /// Evictions reading this region's pages outside the lock; drop waits for them.
+    inflight: AtomicU64,
     obj: u64,
     base: usize,
     len: usize,
@@ -348,6 +352,7 @@ fn map_region(inner: &Arc<Inner>, len: usize, align: usize, own: Option<Pager>) 
         return Err(MemError::Uffd(format!("register: {e}")));
     }
     let core = Arc::new(RegionCore {
+        inflight: AtomicU64::new(0),
         obj: NEXT_OBJ.fetch_add(1, Relaxed),
         base,
         len,
@@ -466,21 +471,22 @@ impl Drop for Region {
         let inner = &self.inner;
         let c = &self.core;
         inner.regions.write().remove(&c.base);
+        c.st.lock().dead = true;
+        // An eviction may be copying one of our pages out: the mapping must outlive it.
+        while c.inflight.load(Acquire) > 0 {
+            std::thread::yield_now();
+        }
         let _ = inner.uffd.unregister(c.base as *mut _, c.len);
         // SAFETY: the mapping was created by `map_region`; it is no longer registered and the
         // Region (the only owner of the pointer) is being dropped.
         let _ = unsafe { rustix::mm::munmap(c.base as *mut _, c.len) };
         let mut st = c.st.lock();
-        st.dead = true;
         inner.resident.fetch_sub(st.resident, Relaxed);
         st.resident = 0;
+        // Every page that may have a copy in the store (also those a loader or an eviction
+        // still holds: they see `dead` and drop their work).
         for (i, s) in st.pages.iter().enumerate() {
-            let stored = match s {
-                PageState::Stored => true,
-                PageState::Resident => st.backed[i] == PageState::Stored,
-                _ => false,
-            };
-            if stored {
+            if *s != PageState::Zero {
                 let _ = inner.store.remove((c.obj, i as u64));
             }
         }
@@ -592,11 +598,17 @@ impl Inner {
         self.counters.peak_resident.fetch_max(now, Relaxed);
     }
 
-    fn read_page(&self, core: &RegionCore, idx: usize) -> Vec<u8> {
-        match self.store.get((core.obj, idx as u64)) {
+    /// Reads a page from the store; None when its region was unmapped meanwhile (its pages
+    /// left the store). Any other failure stops the program: it must not see wrong data.
+    fn read_page(&self, core: &RegionCore, idx: usize) -> Option<Vec<u8>> {
+        let r = self.store.get((core.obj, idx as u64));
+        if !matches!(r, Ok(Some(_))) && core.st.lock().dead {
+            return None;
+        }
+        match r {
             Ok(Some(mut v)) => {
                 v.resize(self.page, 0);
-                v
+                Some(v)
             }
             Ok(None) => fatal(&format!(
                 "page {idx} of region {} is missing from the store",
@@ -643,7 +655,10 @@ impl Inner {
         st.pages[idx] = PageState::Loading;
         self.charge(page as u64);
         drop(st);
-        let data = self.read_page(core, idx);
+        let Some(data) = self.read_page(core, idx) else {
+            self.resident.fetch_sub(page as u64, Relaxed);
+            return;
+        };
         self.counters.bytes_in.fetch_add(page as u64, Relaxed);
         let tracked = self.place(pa, &data, !write);
         let mut st = core.st.lock();
@@ -813,7 +828,10 @@ impl Inner {
     /// Reads one page of a prefetch from the store and maps it, write-protected (clean).
     fn load_one(&self, job: PrefetchJob) {
         let pa = job.core.base + job.idx * self.page;
-        let data = self.read_page(&job.core, job.idx);
+        let Some(data) = self.read_page(&job.core, job.idx) else {
+            self.resident.fetch_sub(self.page as u64, Relaxed);
+            return;
+        };
         self.counters.bytes_in.fetch_add(self.page as u64, Relaxed);
         let tracked = self.place(pa, &data, true);
         self.finish_loads(&job.core, &[job.idx], PageState::Stored, &[tracked]);
@@ -945,6 +963,7 @@ impl Inner {
             if st.dead {
                 return;
             }
+            core.inflight.fetch_add(1, AcqRel);
             for &i in idxs {
                 st.queued[i] = false;
                 if st.pages[i] != PageState::Resident {
@@ -966,6 +985,14 @@ impl Inner {
                 }
             }
         }
+        /// Ends the eviction's hold on the mapping, however the function returns.
+        struct Hold<'a>(&'a AtomicU64);
+        impl Drop for Hold<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, AcqRel);
+            }
+        }
+        let _hold = Hold(&core.inflight);
         // Phase 2, no lock: write the dirty pages out (writers wait on the protection).
         let mut written = Vec::with_capacity(dirty.len());
         for &i in &dirty {

@@ -1,0 +1,308 @@
+//! `tierstack run` end to end: unmodified C, C++ and Python/numpy programs under a DRAM
+//! budget through the real binary, the LD_PRELOAD shim and real userfaultfd.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tierstack");
+
+fn programs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
+}
+
+/// The tests of this file run one at a time (each wants the machine's memory and disk).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn usable() -> bool {
+    let uffd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok();
+    if !uffd {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    }
+    uffd
+}
+
+fn compile(compiler: &str, src: &str, out: &Path, extra: &[&str]) -> PathBuf {
+    let exe = out.join(src.split('.').next().unwrap_or("prog"));
+    let st = Command::new(compiler)
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(programs().join(src))
+        .args(extra)
+        .status()
+        .unwrap_or_else(|e| panic!("{compiler} not found ({e}): install build-essential"));
+    assert!(st.success(), "{compiler} {src} failed");
+    exe
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(args: &[&str], dir: &Path) -> Run {
+    let out = Command::new(BIN)
+        .arg("run")
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run tierstack");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    }
+}
+
+/// Bytes of `peak_rss=... (N B)` in the --stats line.
+fn peak_rss(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("tierstack: stats:"))
+        .unwrap_or_else(|| panic!("no stats line in {stderr}"));
+    let open = line.find("peak_rss=").expect("peak_rss");
+    let rest = &line[open..];
+    let a = rest.find('(').expect("(") + 1;
+    let b = rest.find(" B)").expect(" B)");
+    rest[a..b].parse().expect("bytes")
+}
+
+fn stat(stderr: &str, key: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("tierstack: stats:"))
+        .unwrap_or("");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs `prog` under `--dram 256M` and checks it succeeds with exact results (the program
+/// checks them) and a peak RSS within the budget plus 100 MiB.
+fn must_show(prog: &[&str], dir: &Path) {
+    let mut args = vec!["--dram", "256M", "--stats", "--"];
+    args.extend_from_slice(prog);
+    let r = run(&args, dir);
+    assert_eq!(r.code, 0, "{prog:?} failed: {}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.starts_with("ok"), "{}", r.stdout);
+    let rss = peak_rss(&r.stderr);
+    assert!(
+        rss <= (256 + 100) << 20,
+        "peak RSS {} MiB over budget + 100 MiB: {}",
+        rss >> 20,
+        r.stderr
+    );
+    assert!(
+        stat(&r.stderr, "faults") > 0,
+        "nothing was paged: {}",
+        r.stderr
+    );
+    assert!(
+        stat(&r.stderr, "evictions") > 0,
+        "nothing was evicted: {}",
+        r.stderr
+    );
+    // The run folder is gone.
+    let left: Vec<_> = std::fs::read_dir(dir)
+        .expect("dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn c_program_posix_memalign_two_threads_calloc_realloc_free() {
+    let _s = serial();
+    if !usable() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let exe = compile("gcc", "memalign_threads.c", t.path(), &["-pthread"]);
+    let dir = t.path().join("drives");
+    std::fs::create_dir(&dir).expect("mkdir");
+    must_show(&[exe.to_str().expect("utf8")], &dir);
+}
+
+#[test]
+fn cxx_vector_grows_past_one_gib() {
+    let _s = serial();
+    if !usable() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let exe = compile("g++", "vector_grow.cpp", t.path(), &[]);
+    let dir = t.path().join("drives");
+    std::fs::create_dir(&dir).expect("mkdir");
+    must_show(&[exe.to_str().expect("utf8")], &dir);
+}
+
+fn python_with_numpy() -> Option<String> {
+    for py in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(py)
+            .args(["-c", "import numpy"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return Some(py.to_string());
+        }
+    }
+    None
+}
+
+#[test]
+fn numpy_makes_and_sums_a_1_6_gb_array() {
+    let _s = serial();
+    if !usable() {
+        return;
+    }
+    let Some(py) = python_with_numpy() else {
+        // .ci/run installs python3-numpy and sets this: there the test must run.
+        assert!(
+            std::env::var_os("TIERSTACK_REQUIRE_NUMPY").is_none(),
+            "numpy is required here: apt-get install python3-numpy"
+        );
+        eprintln!("SKIP: no python3 with numpy (apt-get install python3-numpy)");
+        return;
+    };
+    let t = tempfile::tempdir().expect("tmp");
+    let script = programs().join("numpy_sum.py");
+    must_show(&[&py, script.to_str().expect("utf8")], t.path());
+}
+
+#[test]
+fn full_store_fails_allocations_and_fork_never_sees_wrong_data() {
+    let _s = serial();
+    if !usable() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let exe = compile("gcc", "enomem_fork.c", t.path(), &[]);
+    let dir = t.path().join("drives");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let r = run(
+        &[
+            "--dram",
+            "64M",
+            "--store",
+            "64M",
+            "--",
+            exe.to_str().expect("utf8"),
+        ],
+        &dir,
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.stdout.trim(), "ok");
+    assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0);
+}
+
+#[test]
+fn exit_status_and_signals_of_the_program_are_passed_on() {
+    let _s = serial();
+    if !usable() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let r = run(&["--dram", "64M", "--", "sh", "-c", "exit 7"], t.path());
+    assert_eq!(r.code, 7);
+    let r = run(&["--dram", "64M", "--", "sh", "-c", "kill -9 $$"], t.path());
+    assert_eq!(r.code, 128 + 9);
+    assert_eq!(std::fs::read_dir(t.path()).expect("dir").count(), 0);
+}
+
+#[test]
+fn bad_options_get_one_line_and_nothing_is_created() {
+    let _s = serial();
+    let t = tempfile::tempdir().expect("tmp");
+    let d = t.path().to_str().expect("utf8");
+    let missing = t.path().join("nope");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["run", "--dir", d, "--dram", "0", "--", "true"],
+            "--dram",
+        ),
+        (
+            vec!["run", "--dir", d, "--dram", "abc", "--", "true"],
+            "--dram",
+        ),
+        (
+            vec![
+                "run", "--dir", d, "--dram", "256M", "--page", "5000", "--", "true",
+            ],
+            "--page",
+        ),
+        (
+            vec![
+                "run", "--dir", d, "--dram", "256M", "--page", "2M", "--", "true",
+            ],
+            "--page",
+        ),
+        (
+            vec![
+                "run",
+                "--dir",
+                d,
+                "--dram",
+                "256M",
+                "--threshold",
+                "1M",
+                "--",
+                "true",
+            ],
+            "--threshold",
+        ),
+        (vec!["run", "--dir", d, "--dram", "256M"], "CMD"),
+        (vec!["run", "--dir", d, "--", "true"], "--dram"),
+        (
+            vec![
+                "run",
+                "--dir",
+                missing.to_str().expect("utf8"),
+                "--dram",
+                "256M",
+                "--",
+                "true",
+            ],
+            "--dir",
+        ),
+        (
+            vec![
+                "run",
+                "--array",
+                "/nonexistent.toml",
+                "--dram",
+                "256M",
+                "--",
+                "true",
+            ],
+            "--array",
+        ),
+        (
+            vec![
+                "run", "--dir", d, "--dram", "256M", "--store", "1M", "--", "true",
+            ],
+            "--store",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = Command::new(BIN).args(&args).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(err.starts_with("tierstack: error:"), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read_dir(t.path()).expect("dir").count(), 0);
+    assert!(!missing.exists());
+}
