@@ -14,8 +14,8 @@ use userfaultfd::{Event, FaultKind, RegisterMode, Uffd, UffdBuilder};
 
 use crate::{MemCounters, MemError, Result};
 
-/// Largest prefetch window, in pages.
-const PREFETCH_MAX: u64 = 32;
+/// Largest prefetch window, in bytes (at least 16 pages).
+const PREFETCH_BYTES: usize = 4 << 20;
 /// Fault streams remembered per region.
 const STREAMS: usize = 4;
 /// Largest stride (in pages) taken for a stream.
@@ -63,13 +63,11 @@ struct Stream {
     /// Page of the last fault of the stream.
     last: i64,
     stride: i64,
-    /// Page the next fault of the stream is expected at (past any prefetched pages).
-    next: i64,
+    /// Last page prefetched (or faulted) along the stream: the prefetch frontier.
+    ahead: i64,
     /// Consecutive faults that followed the stride.
     hits: u32,
     window: u64,
-    /// Pages prefetched by the last prefetch of this stream (hits when the stream goes on).
-    pending: u64,
     used: u64,
 }
 
@@ -104,7 +102,7 @@ struct PrefetchJob {
 }
 
 /// Threads that read prefetched pages in parallel (the store's reads are synchronous).
-const PREFETCH_THREADS: usize = 4;
+const PREFETCH_THREADS: usize = 8;
 
 struct Inner {
     prefetch_tx: Mutex<Option<std::sync::mpsc::Sender<PrefetchJob>>>,
@@ -634,8 +632,15 @@ impl Inner {
                 let _ = self.uffd.wake(pa as *mut _, page);
                 return;
             }
-            // Whoever is loading or evicting it wakes the waiters.
-            PageState::Loading | PageState::Evicting => return,
+            // Whoever is loading it wakes the waiters; a program that caught up with a
+            // prefetch pushes the stream's frontier further.
+            PageState::Loading => {
+                let pf = self.stream(&mut st, idx);
+                drop(st);
+                self.prefetch(core, pf);
+                return;
+            }
+            PageState::Evicting => return,
             PageState::Zero => {
                 self.charge(page as u64);
                 // A private zero-filled page rather than the shared zero page: it can be
@@ -713,41 +718,53 @@ impl Inner {
     }
 
     /// Follows the fault streams of the region; returns the pages to prefetch.
+    ///
+    /// A stream is a run of faults with a constant stride. A fault that continues it (at any
+    /// page up to one stride past its prefetch frontier, including a page still being
+    /// prefetched: the program has caught up with the reads) doubles the window and moves the
+    /// frontier to `window` strides past the fault, so reads stay in flight ahead of the
+    /// program instead of starting only when it reaches the end of the last window.
     fn stream(&self, st: &mut RState, idx: usize) -> Vec<usize> {
         let i = idx as i64;
         st.tick += 1;
         let tick = st.tick;
         let npages = st.pages.len() as i64;
-        let budget_pages = (self.budget / self.page as u64 / 8).max(1);
-        // A stream this fault continues?
-        if let Some(s) = st
-            .streams
-            .iter_mut()
-            .find(|s| s.used > 0 && s.stride != 0 && s.next == i)
-        {
+        let max_window = ((PREFETCH_BYTES / self.page) as u64)
+            .max(16)
+            .min((self.budget / self.page as u64 / 8).max(1));
+        let continues = |s: &Stream| {
+            if s.used == 0 || s.stride == 0 {
+                return false;
+            }
+            let d = i - s.last;
+            let sign = s.stride.signum();
+            d != 0
+                && d.signum() == sign
+                && d % s.stride == 0
+                && (i - s.ahead) * sign <= s.stride.abs()
+        };
+        if let Some(s) = st.streams.iter_mut().find(|s| continues(s)) {
             s.hits += 1;
             s.used = tick;
+            let sign = s.stride.signum();
+            // Pages the program went through without a fault were prefetched ones.
+            let passed = ((i - s.last) / s.stride - 1).max(0) as u64;
+            self.counters.prefetch_hits.fetch_add(passed, Relaxed);
             s.last = i;
-            self.counters.prefetch_hits.fetch_add(s.pending, Relaxed);
-            s.pending = 0;
-            // Sequential streams prefetch at once; other strides once confirmed.
-            if s.stride == 1 || s.hits >= 2 {
-                s.window = (s.window * 2).min(PREFETCH_MAX).min(budget_pages).max(1);
-                let mut out = Vec::new();
-                let mut p = i;
-                for _ in 0..s.window {
-                    p += s.stride;
-                    if p < 0 || p >= npages {
-                        break;
-                    }
-                    out.push(p as usize);
-                }
-                s.pending = out.len() as u64;
-                s.next = i + s.stride * (out.len() as i64 + 1);
-                return out;
+            if s.stride != 1 && s.hits < 2 {
+                s.ahead = i;
+                return Vec::new();
             }
-            s.next = i + s.stride;
-            return Vec::new();
+            s.window = (s.window * 2).clamp(1, max_window);
+            let target = i + s.stride * s.window as i64;
+            let mut p = if (s.ahead - i) * sign > 0 { s.ahead } else { i } + s.stride;
+            let mut out = Vec::new();
+            while (target - p) * sign >= 0 && p >= 0 && p < npages {
+                out.push(p as usize);
+                s.ahead = p;
+                p += s.stride;
+            }
+            return out;
         }
         // Near a stream's last fault: a (new) stride.
         if let Some(s) = st
@@ -757,10 +774,9 @@ impl Inner {
         {
             s.stride = i - s.last;
             s.last = i;
-            s.next = i + s.stride;
+            s.ahead = i;
             s.hits = 0;
             s.window = 1;
-            s.pending = 0;
             s.used = tick;
             return Vec::new();
         }
@@ -769,10 +785,9 @@ impl Inner {
             *s = Stream {
                 last: i,
                 stride: 0,
-                next: i64::MIN,
+                ahead: i,
                 hits: 0,
                 window: 1,
-                pending: 0,
                 used: tick,
             };
         }

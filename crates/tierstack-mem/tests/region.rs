@@ -414,3 +414,50 @@ fn the_commit_limit_refuses_what_the_store_cannot_hold() {
     let _b = pager.map(8 << 20, 1 << 21).expect("fits again");
     assert_eq!(_b.as_ptr() as usize % (1 << 21), 0, "alignment");
 }
+
+/// Strided and backward fault streams are followed: pages ahead of the program are mapped
+/// before it touches them, and the data is exact.
+#[test]
+fn strided_and_backward_streams_prefetch() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let pager = pager(st, 4 << 20, None);
+    let page = 64 << 10;
+    let r = pager.map(32 << 20, 4096).expect("region");
+    let words = r.len() / 8;
+    // SAFETY: valid mapping of r.len() bytes for the life of `r`; only this test uses it.
+    let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr() as *mut u64, words) };
+    for (i, w) in mem.iter_mut().enumerate() {
+        *w = i as u64 ^ 0x1234_5678;
+    }
+    let per_page = page / 8;
+    let npages = words / per_page;
+    let before = pager.counters().snapshot();
+    // Every third page, forwards.
+    for p in (0..npages).step_by(3) {
+        assert_eq!(
+            mem[p * per_page + 5],
+            (p * per_page + 5) as u64 ^ 0x1234_5678
+        );
+    }
+    let mid = pager.counters().snapshot();
+    assert!(
+        mid.prefetched > before.prefetched,
+        "no prefetch on a stride-3 scan"
+    );
+    assert!(mid.prefetch_hits > before.prefetch_hits, "{mid:?}");
+    // Backwards, every page.
+    for p in (0..npages).rev() {
+        assert_eq!(
+            mem[p * per_page + 9],
+            (p * per_page + 9) as u64 ^ 0x1234_5678
+        );
+    }
+    let end = pager.counters().snapshot();
+    assert!(
+        end.prefetched > mid.prefetched,
+        "no prefetch on a backward scan"
+    );
+    assert!(pager.error().is_none());
+}
