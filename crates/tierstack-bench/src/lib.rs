@@ -3,6 +3,7 @@
 pub mod array;
 pub mod checkpoint;
 pub mod mem;
+pub mod plot;
 pub mod table;
 
 /// Parses sizes like `64K`, `1.5G`, `512` (bytes). Suffixes K, M, G, T are powers of 1024.

@@ -1,11 +1,12 @@
 //! `tierstack bench mem` (pmbench method) and its hidden worker.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
 use tierstack_bench::mem::{self, Pattern, WorkerSpec};
-use tierstack_bench::parse_size;
+use tierstack_bench::{fmt_size, parse_size, plot};
 
 #[derive(Args)]
 pub struct BenchMemArgs {
@@ -34,9 +35,13 @@ pub struct BenchMemArgs {
     /// Run tierstack and kernel-swap back to back and print the ratio of accesses/s.
     #[arg(long)]
     compare: bool,
-    /// Draw both histograms into a PNG (not built yet).
+    /// Draw the read and write latency histograms of every engine that ran into this PNG.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// With --plot: draw from saved `bench mem --json` output (a report or the --compare
+    /// object) instead of running a benchmark; `-` reads standard input.
+    #[arg(long, requires = "plot")]
+    from_json: Option<PathBuf>,
     /// tierstack page size (unit of faulting and I/O): a multiple of 4K up to 1M.
     #[arg(long, default_value = "64K")]
     page: String,
@@ -45,6 +50,9 @@ pub struct BenchMemArgs {
 }
 
 pub fn bench(a: BenchMemArgs) -> Result<()> {
+    if let (Some(plot), Some(src)) = (&a.plot, &a.from_json) {
+        return plot_saved(plot, src);
+    }
     let map = parse_size(&a.map).map_err(anyhow::Error::msg)?;
     let dram = parse_size(&a.dram).map_err(anyhow::Error::msg)?;
     if map < 4096 {
@@ -84,9 +92,23 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
             a.page
         );
     }
-    if a.plot.is_some() {
-        bail!("--plot is not built yet: use --json and plot the bands yourself");
+    if let Some(p) = &a.plot {
+        // Fail before a long run, not after it.
+        plot::check_target(p).map_err(anyhow::Error::msg)?;
+        plot::check_font().map_err(anyhow::Error::msg)?;
     }
+    let note = format!("tierstack page {}", fmt_size(page as u64));
+    let draw = |reports: &[mem::MemReport]| -> Result<()> {
+        if let Some(p) = &a.plot {
+            let ran_tierstack = reports.iter().any(|r| r.engine == "tierstack");
+            plot::plot_mem(p, reports, ran_tierstack.then_some(note.as_str()))
+                .map_err(anyhow::Error::msg)?;
+            if !a.json {
+                println!("plot: {}", p.display());
+            }
+        }
+        Ok(())
+    };
     let spec = WorkerSpec {
         map,
         threads: a.threads,
@@ -117,7 +139,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
             print!("{}{}", mem::render(&t), mem::render(&k));
             println!("ratio (tierstack / kernel-swap accesses/s): {ratio:.2}");
         }
-        return Ok(());
+        return draw(&[t, k]);
     }
     let r =
         mem::run_engine(&exe, &a.engine, &spec, dram, &a.dir, page).map_err(anyhow::Error::msg)?;
@@ -126,6 +148,25 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     } else {
         print!("{}", mem::render(&r));
     }
+    draw(&[r])
+}
+
+/// `--plot FILE --from-json JSON`: redraws a plot from saved `--json` output.
+fn plot_saved(plot: &Path, src: &Path) -> Result<()> {
+    let text = if src == Path::new("-") {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| anyhow::anyhow!("cannot read standard input: {e}"))?;
+        s
+    } else {
+        std::fs::read_to_string(src)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", src.display()))?
+    };
+    let reports =
+        plot::reports_from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;
+    plot::plot_mem(plot, &reports, None).map_err(anyhow::Error::msg)?;
+    println!("plot: {}", plot.display());
     Ok(())
 }
 

@@ -98,7 +98,8 @@ fn bad_options_get_one_line() {
         (vec!["--read-ratio", "150"], "--read-ratio"),
         (vec!["--threads", "0"], "--threads"),
         (vec!["--engine", "nvme"], "unknown engine"),
-        (vec!["--plot", "x.png"], "not built yet"),
+        (vec!["--plot", "/no/such/folder/x.png"], "does not exist"),
+        (vec!["--from-json", "x.json"], "--plot"),
         (vec!["--no-such-flag"], "unexpected argument"),
     ] {
         let mut a = vec!["bench", "mem", "--seconds", "0.2"];
@@ -154,4 +155,75 @@ fn tierstack_engine_runs_in_a_userfaultfd_region_and_cleans_up() {
         0,
         "drive files left behind"
     );
+}
+
+#[test]
+fn plot_draws_a_png_of_the_histograms() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let png = tmp.path().join("OUT.png");
+    let json = tmp.path().join("r.json");
+    let png_s = png.to_str().expect("utf8");
+    let mut args: Vec<&str> = "bench mem --engine dram --map 64M --dram 64M --seconds 1 --json"
+        .split(' ')
+        .collect();
+    args.extend(["--plot", png_s]);
+    let o = ts(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    // Without a font the error names the package to install (fonts-dejavu-core; CI installs it).
+    assert!(o.status.success(), "{err}");
+    // --json output stays pure JSON with --plot.
+    let _: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let check = |p: &std::path::Path| {
+        let b = std::fs::read(p).expect("png written");
+        assert!(b.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+        // 1600x1000 RGB: width and height in the IHDR chunk; compressed to a sane size.
+        assert_eq!(&b[12..16], b"IHDR");
+        assert_eq!(u32::from_be_bytes([b[16], b[17], b[18], b[19]]), 1600);
+        assert_eq!(u32::from_be_bytes([b[20], b[21], b[22], b[23]]), 1000);
+        assert!((20_000..4_800_000).contains(&b.len()), "size {}", b.len());
+    };
+    check(&png);
+
+    // Drawn again from the saved JSON.
+    std::fs::write(&json, &o.stdout).expect("write json");
+    let again = tmp.path().join("again.png");
+    let redraw = || {
+        let (png, json) = (again.to_str().expect("utf8"), json.to_str().expect("utf8"));
+        ts(&["bench", "mem", "--plot", png, "--from-json", json])
+    };
+    let o = redraw();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check(&again);
+
+    // A folder that does not exist: one line, non-zero exit, before any run.
+    let bad = tmp.path().join("missing/OUT.png");
+    let t0 = std::time::Instant::now();
+    let bad_s = bad.to_str().expect("utf8");
+    let o = ts(&[
+        "bench",
+        "mem",
+        "--engine",
+        "dram",
+        "--seconds",
+        "5",
+        "--plot",
+        bad_s,
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(
+        t0.elapsed().as_secs_f64() < 4.0,
+        "the bad path was found only after the run"
+    );
+    assert!(!bad.exists());
+
+    // Saved JSON that is not a bench mem report: one line.
+    std::fs::write(&json, "{\"x\": 1}").expect("write json");
+    let o = redraw();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not bench mem JSON"), "{err}");
 }
