@@ -340,6 +340,18 @@ fn through_the_mount_when_it_is_built() {
     assert!(o.status.success(), "{err}");
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
     check_consistent(&j, 4, 2 << 20);
+    // async is the benchmark's default (seed 004's RAM-disk staging layer).
+    assert_eq!(j["mode"], "async", "{j}");
+    assert_clean(&work, bench_pid(&j));
+    assert_clean(&backing, None);
+    // --mode sync stays available and is reported.
+    args.extend(["--mode", "sync"]);
+    let o = ts(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    check_consistent(&j, 4, 2 << 20);
+    assert_eq!(j["mode"], "sync", "{j}");
     assert_clean(&work, bench_pid(&j));
     assert_clean(&backing, None);
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::Transaction;
 use tierstack_array::Array;
-use tierstack_store::{StoreError, TieredStore, MAX_OBJECT_ID};
+use tierstack_store::{PageData, StoreError, TieredStore, MAX_OBJECT_ID};
 
 use crate::db::{self, Db, InodeRow, OpKind};
 use crate::error::{FsError, Result};
@@ -183,7 +183,19 @@ pub struct Core {
     pub force: AtomicBool,
     pub drained_bytes: AtomicU64,
     pub last_error: Mutex<Option<String>>,
+    /// Group commit of `fsync` in sync mode: `fsync` calls so far, and how many of them the
+    /// last completed flush covered (it started after they arrived). `sync_lock` is held
+    /// while a flush runs.
+    sync_arrived: AtomicU64,
+    sync_covered: AtomicU64,
+    sync_lock: Mutex<()>,
+    /// The daemon is stopping: background threads end.
+    pub stopping: AtomicBool,
 }
+
+/// In sync mode, dirty DRAM pages are written to the array in the background once this many
+/// bytes are dirty, so an `fsync` finds little left to write.
+pub const WRITE_BACK_START: u64 = 32 << 20;
 
 impl Core {
     /// Opens the namespace from the database (creating the root from BACKING if new) and
@@ -214,6 +226,10 @@ impl Core {
             force: AtomicBool::new(false),
             drained_bytes: AtomicU64::new(0),
             last_error: Mutex::new(None),
+            sync_arrived: AtomicU64::new(0),
+            sync_covered: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
+            stopping: AtomicBool::new(false),
         };
         core.load()?;
         Ok(core)
@@ -637,16 +653,18 @@ impl Core {
     }
 
     /// Reads page `p` of a file: from the store, else from its base in BACKING (cached in the
-    /// store when `cache`), else None (zeros).
+    /// store when `cache`), else None (zeros). The contents are shared with the store (a later
+    /// write of the page replaces them, it never changes them); they may be longer than the
+    /// file's current size.
     pub fn read_page(
         &self,
         obj: u64,
         f: &mut FileData,
         p: u64,
         cache: bool,
-    ) -> Result<Option<Vec<u8>>> {
+    ) -> Result<Option<PageData>> {
         if f.pages.contains_key(&p) {
-            return match self.store.get((obj, p))? {
+            return match self.store.get_shared((obj, p))? {
                 Some(v) => Ok(Some(v)),
                 None => Err(FsError::Config(format!(
                     "page {p} of object {obj} is missing from the fast tier"
@@ -661,7 +679,8 @@ impl Core {
             return Ok(None);
         };
         let want = (f.base_len - start).min(PAGE) as usize;
-        let mut buf = vec![0u8; want];
+        let mut buf = self.store.page_buf(want);
+        buf.resize(want, 0);
         let mut got = 0;
         while got < want {
             match base.read_at(&mut buf[got..], start + got as u64) {
@@ -676,10 +695,11 @@ impl Core {
                 }
             }
         }
+        let buf = PageData::new(buf);
         if cache
             && !self.pressure.load(Relaxed)
             && self.held.load(Relaxed) + want as u64 <= self.limit / 2
-            && self.store.put((obj, p), &buf).is_ok()
+            && self.store.put_shared((obj, p), buf.clone()).is_ok()
         {
             f.pages.insert(
                 p,
@@ -694,8 +714,24 @@ impl Core {
         Ok(Some(buf))
     }
 
-    fn put_page(&self, obj: u64, f: &mut FileData, p: u64, data: &[u8]) -> Result<(), WriteErr> {
-        match self.store.put((obj, p), data) {
+    /// The first `len` bytes of page `p` as a buffer of its own: the page's bytes below the
+    /// file's current size, zeros after them.
+    fn page_copy(&self, obj: u64, f: &mut FileData, p: u64, len: usize) -> Result<Vec<u8>> {
+        let mut buf = self.store.page_buf(len);
+        if let Some(v) = self.read_page(obj, f, p, false)? {
+            // Bytes beyond the old size read as zeros even where a stale page is longer.
+            let valid = (f.size.saturating_sub(p * PAGE).min(PAGE) as usize)
+                .min(v.len())
+                .min(len);
+            buf.extend_from_slice(&v[..valid]);
+        }
+        buf.resize(len, 0);
+        Ok(buf)
+    }
+
+    fn put_page(&self, obj: u64, f: &mut FileData, p: u64, data: Vec<u8>) -> Result<(), WriteErr> {
+        let len = data.len() as u64;
+        match self.store.put_owned((obj, p), data) {
             Ok(()) => {}
             Err(StoreError::Full(_)) => return Err(WriteErr::Full),
             Err(e) => return Err(WriteErr::Other(e.into())),
@@ -704,7 +740,7 @@ impl Core {
         let new = Page {
             ver: f.ver,
             dirty: true,
-            len: data.len() as u32,
+            len: len as u32,
         };
         if let Some(old) = f.pages.insert(p, new) {
             self.held.fetch_sub(old.len as u64, Relaxed);
@@ -712,9 +748,22 @@ impl Core {
                 self.dirty_bytes.fetch_sub(old.len as u64, Relaxed);
             }
         }
-        self.held.fetch_add(data.len() as u64, Relaxed);
-        self.dirty_bytes.fetch_add(data.len() as u64, Relaxed);
+        self.held.fetch_add(len, Relaxed);
+        self.dirty_bytes.fetch_add(len, Relaxed);
         Ok(())
+    }
+
+    /// [`Core::put_page`] of a copy of `data`, retried until the store has room.
+    fn put_page_retry(&self, obj: u64, f: &mut FileData, p: u64, data: &[u8]) -> R<()> {
+        loop {
+            let mut v = self.store.page_buf(data.len());
+            v.extend_from_slice(data);
+            match self.put_page(obj, f, p, v) {
+                Ok(()) => return Ok(()),
+                Err(WriteErr::Full) => std::thread::sleep(Duration::from_millis(50)),
+                Err(WriteErr::Other(e)) => return Err(eio(e)),
+            }
+        }
     }
 
     fn drop_page(&self, obj: u64, f: &mut FileData, p: u64) -> Result<()> {
@@ -755,20 +804,17 @@ impl Core {
             let lo = off.max(pstart);
             let hi = end.min(pstart + PAGE);
             let src = &data[(lo - off) as usize..(hi - off) as usize];
-            if lo == pstart && hi - pstart >= plen as u64 {
-                self.put_page(obj, f, p, &src[..plen])?;
+            let buf = if lo == pstart && hi - pstart >= plen as u64 {
+                // The write covers the whole page: no need to read it.
+                let mut buf = self.store.page_buf(plen);
+                buf.extend_from_slice(&src[..plen]);
+                buf
             } else {
-                let mut buf = self
-                    .read_page(obj, f, p, false)
-                    .map_err(WriteErr::Other)?
-                    .unwrap_or_default();
-                // Bytes beyond the old size read as zeros even where a stale page is longer.
-                let valid = f.size.saturating_sub(pstart).min(PAGE) as usize;
-                buf.truncate(valid);
-                buf.resize(plen, 0);
+                let mut buf = self.page_copy(obj, f, p, plen).map_err(WriteErr::Other)?;
                 buf[(lo - pstart) as usize..(hi - pstart) as usize].copy_from_slice(src);
-                self.put_page(obj, f, p, &buf)?;
-            }
+                buf
+            };
+            self.put_page(obj, f, p, buf)?;
             p += 1;
         }
         f.size = new_size;
@@ -914,19 +960,10 @@ impl Core {
             }
             if !new.is_multiple_of(PAGE) {
                 let p = new / PAGE;
-                if let Some(mut v) = self.read_page(obj, &mut f, p, false).map_err(eio)? {
+                if let Some(v) = self.read_page(obj, &mut f, p, false).map_err(eio)? {
                     let keep = (new - p * PAGE) as usize;
                     if v.len() > keep {
-                        v.truncate(keep);
-                        loop {
-                            match self.put_page(obj, &mut f, p, &v) {
-                                Ok(()) => break,
-                                Err(WriteErr::Full) => {
-                                    std::thread::sleep(Duration::from_millis(50));
-                                }
-                                Err(WriteErr::Other(e)) => return Err(eio(e)),
-                            }
-                        }
+                        self.put_page_retry(obj, &mut f, p, &v[..keep])?;
                     }
                 }
             }
@@ -953,13 +990,7 @@ impl Core {
                 continue;
             }
             if let Some(v) = self.read_page(n.obj, &mut f, p, false).map_err(eio)? {
-                loop {
-                    match self.put_page(n.obj, &mut f, p, &v) {
-                        Ok(()) => break,
-                        Err(WriteErr::Full) => std::thread::sleep(Duration::from_millis(50)),
-                        Err(WriteErr::Other(e)) => return Err(eio(e)),
-                    }
-                }
+                self.put_page_retry(n.obj, &mut f, p, &v)?;
             }
         }
         f.has_base = false;
@@ -1496,10 +1527,44 @@ impl Core {
             self.persist_node(&ns, ino).map_err(eio)?;
         }
         if self.sync_mode {
-            self.store.flush().map_err(eio)?;
-            self.db.lock().make_durable().map_err(eio)?;
+            self.sync_all().map_err(eio)?;
         }
         Ok(())
+    }
+
+    /// Makes every page and every journal row written before the call durable. Concurrent
+    /// callers share one flush (group commit): a caller returns once a flush that started
+    /// after it arrived has completed.
+    fn sync_all(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let ticket = self.sync_arrived.fetch_add(1, SeqCst) + 1;
+        let _g = self.sync_lock.lock();
+        if self.sync_covered.load(SeqCst) >= ticket {
+            return Ok(());
+        }
+        // Everyone who arrived until now wrote their data before this flush starts.
+        let covers = self.sync_arrived.load(SeqCst);
+        self.store.flush()?;
+        self.db.lock().make_durable()?;
+        self.sync_covered.store(covers, SeqCst);
+        Ok(())
+    }
+
+    /// Sync mode's background writer: keeps the store's dirty DRAM pages below
+    /// [`WRITE_BACK_START`] by writing them to the array (not yet durable: `fsync` makes them
+    /// so), until the daemon stops.
+    pub fn write_back_loop(&self) {
+        while !self.stopping.load(Relaxed) {
+            if self.store.dirty_bytes() < WRITE_BACK_START {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            if let Err(e) = self.store.write_back(8 * PAGE) {
+                // The pages stay dirty in DRAM; fsync and eviction report the error.
+                tracing::warn!("background write to the fast tier: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 
     pub fn flush_handle(&self, ino: u64) -> R<()> {

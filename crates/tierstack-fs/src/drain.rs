@@ -646,19 +646,21 @@ impl Drainer {
                     .map_err(|e| io::Error::other(e.to_string()))?;
                 (v, ver)
             };
-            if let Some(ver) = ver {
+            let Some(page) = data else { continue };
+            let lim = (size - p * PAGE).min(PAGE) as usize;
+            // A page that grew past the size this drain writes (the file was written to
+            // since) is not all in BACKING: it stays dirty.
+            if let Some(ver) = ver.filter(|_| page.len() <= lim) {
                 drained.push((p, ver));
             }
-            let Some(mut v) = data else { continue };
-            let lim = (size - p * PAGE).min(PAGE) as usize;
-            v.truncate(lim);
+            let v = &page[..lim.min(page.len())];
             if v.iter().all(|b| *b == 0) {
                 continue;
             }
             if let Some(r) = &self.rate {
                 r.take(v.len() as u64);
             }
-            out.write_all_at(&v, p * PAGE)?;
+            out.write_all_at(v, p * PAGE)?;
         }
         Ok(drained)
     }

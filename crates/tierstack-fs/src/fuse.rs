@@ -59,6 +59,19 @@ fn fattr(a: &Attr) -> FileAttr {
     }
 }
 
+/// How a file handle uses the kernel's page cache. A handle that may write does direct I/O:
+/// its writes go from the writer's buffer straight into the request (no copy into the page
+/// cache, no page-cache pages to allocate for data the store already holds), and the kernel
+/// invalidates cached pages of the range it writes, so read-only handles, which keep the page
+/// cache (contents change only through this mount), stay coherent.
+fn open_flags(flags: i32) -> FopenFlags {
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        FopenFlags::FOPEN_KEEP_CACHE
+    } else {
+        FopenFlags::FOPEN_DIRECT_IO
+    }
+}
+
 fn err(e: i32) -> Errno {
     Errno::from_i32(e)
 }
@@ -74,6 +87,9 @@ impl fuser::Filesystem for TierFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(PAGE as u32);
         let _ = config.set_max_readahead(PAGE as u32);
+        // Shared mappings of files open for writing (direct I/O handles); kernels before 6.6
+        // refuse them instead.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         Ok(())
     }
 
@@ -243,10 +259,9 @@ impl fuser::Filesystem for TierFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.core.open(ino.0) {
-            // Contents change only through this mount, so the kernel's page cache stays valid.
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(()) => reply.opened(FileHandle(0), open_flags(flags.0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -394,7 +409,7 @@ impl fuser::Filesystem for TierFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         match self.core.create(
@@ -410,7 +425,7 @@ impl fuser::Filesystem for TierFs {
                 &fattr(&a),
                 Generation(0),
                 FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
+                open_flags(flags),
             ),
             Err(e) => reply.error(err(e)),
         }

@@ -428,6 +428,13 @@ impl Daemon {
         let mut spec = spec;
         spec.mountpoint = mp;
         spec.backing = backing;
+        if spec.sync {
+            let core = core.clone();
+            std::thread::Builder::new()
+                .name("write-back".into())
+                .spawn(move || core.write_back_loop())
+                .map_err(|e| FsError::Config(format!("cannot start the write-back thread: {e}")))?;
+        }
         Ok(Daemon {
             core,
             drainer,
@@ -456,6 +463,7 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(100));
         }
         self.drainer.stop.store(true, Relaxed);
+        self.core.stopping.store(true, Relaxed);
         self.core.store.flush()?;
         self.core.db.lock().make_durable()?;
         let _ = std::fs::remove_file(&self.sock);

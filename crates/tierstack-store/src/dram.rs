@@ -1,9 +1,14 @@
 //! The DRAM tier: pages in process memory, a byte budget with high/low watermarks, clock
 //! (second-chance) replacement and dirty tracking. Pages being evicted stay readable here
 //! until the tier below has them.
+//!
+//! Page contents are shared (`Arc`): eviction and flush hand the tier below a reference to the
+//! page instead of a copy, and a page nobody else holds any more is given back to the caller
+//! for reuse.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -11,7 +16,7 @@ use crate::tier::{TierCounters, TierStatus};
 use crate::PageKey;
 
 struct Entry {
-    data: Vec<u8>,
+    data: Arc<Vec<u8>>,
     dirty: bool,
     referenced: bool,
     /// Changes on every insert, so an eviction never drops a newer write.
@@ -26,8 +31,11 @@ struct Inner {
     next_gen: u64,
 }
 
+/// Contents of a page, shared with an eviction or a flush in progress.
+pub type PageData = Arc<Vec<u8>>;
+
 /// A page chosen for eviction: key, contents, whether it must be written down, generation.
-pub type Victim = (PageKey, Vec<u8>, bool, u64);
+pub type Victim = (PageKey, PageData, bool, u64);
 
 pub struct DramTier {
     capacity: u64,
@@ -56,6 +64,11 @@ impl DramTier {
         self.capacity
     }
 
+    /// The low watermark: eviction stops below it.
+    pub fn low(&self) -> u64 {
+        self.low
+    }
+
     pub fn used(&self) -> u64 {
         self.inner.lock().used
     }
@@ -77,7 +90,13 @@ impl DramTier {
         self.inner.lock().used > self.low
     }
 
-    pub fn insert(&self, key: PageKey, data: Vec<u8>, dirty: bool) {
+    /// Inserts (or replaces) a page; returns the contents it replaced.
+    pub fn insert(&self, key: PageKey, data: Vec<u8>, dirty: bool) -> Option<PageData> {
+        self.insert_shared(key, Arc::new(data), dirty)
+    }
+
+    /// [`DramTier::insert`] of contents that may be shared.
+    pub fn insert_shared(&self, key: PageKey, data: PageData, dirty: bool) -> Option<PageData> {
         let mut g = self.inner.lock();
         let gen = g.next_gen;
         g.next_gen += 1;
@@ -91,26 +110,62 @@ impl DramTier {
                 gen,
             },
         );
-        match old {
+        let old = match old {
             Some(o) => {
                 g.used -= o.data.len() as u64;
                 if o.dirty {
                     g.dirty_bytes -= o.data.len() as u64;
                 }
+                Some(o.data)
             }
-            None => g.clock.push_back(key),
-        }
+            None => {
+                g.clock.push_back(key);
+                None
+            }
+        };
         g.used += len;
         if dirty {
             g.dirty_bytes += len;
         }
+        drop(g);
         if dirty {
             self.counters.puts.fetch_add(1, Relaxed);
             self.counters.bytes_in.fetch_add(len, Relaxed);
         }
+        old
     }
 
-    pub fn get(&self, key: PageKey) -> Option<Vec<u8>> {
+    /// Changes a page in place, made dirty with a new generation, when nobody else holds its
+    /// contents (no reader, eviction or flush has them): `f` gets the bytes and may change
+    /// their length. Returns the page's length before and after, or None (`f` not called)
+    /// when the page is not here or is shared.
+    pub fn update(&self, key: PageKey, f: impl FnOnce(&mut Vec<u8>)) -> Option<(u64, u64)> {
+        let mut guard = self.inner.lock();
+        let g = &mut *guard;
+        let gen = g.next_gen;
+        let e = g.map.get_mut(&key)?;
+        let data = Arc::get_mut(&mut e.data)?;
+        let old = data.len() as u64;
+        f(data);
+        let new = data.len() as u64;
+        let was_dirty = e.dirty;
+        e.dirty = true;
+        e.referenced = true;
+        e.gen = gen;
+        g.next_gen += 1;
+        g.used = g.used - old + new;
+        if was_dirty {
+            g.dirty_bytes -= old;
+        }
+        g.dirty_bytes += new;
+        drop(guard);
+        self.counters.puts.fetch_add(1, Relaxed);
+        self.counters.bytes_in.fetch_add(new, Relaxed);
+        Some((old, new))
+    }
+
+    /// The page's contents, shared (no copy).
+    pub fn get(&self, key: PageKey) -> Option<PageData> {
         let mut g = self.inner.lock();
         match g.map.get_mut(&key) {
             Some(e) => {
@@ -128,18 +183,15 @@ impl DramTier {
         }
     }
 
-    pub fn remove(&self, key: PageKey) -> bool {
+    /// Removes a page; returns its contents if it was here.
+    pub fn remove(&self, key: PageKey) -> Option<PageData> {
         let mut g = self.inner.lock();
-        match g.map.remove(&key) {
-            Some(e) => {
-                g.used -= e.data.len() as u64;
-                if e.dirty {
-                    g.dirty_bytes -= e.data.len() as u64;
-                }
-                true
-            }
-            None => false,
+        let e = g.map.remove(&key)?;
+        g.used -= e.data.len() as u64;
+        if e.dirty {
+            g.dirty_bytes -= e.data.len() as u64;
         }
+        Some(e.data)
     }
 
     /// Chooses up to `n` victims in clock order (a referenced page gets a second chance).
@@ -180,12 +232,23 @@ impl DramTier {
         }
     }
 
-    /// Every dirty page (key, contents, generation).
-    pub fn dirty_pages(&self) -> Vec<(PageKey, Vec<u8>, u64)> {
+    /// Bytes of dirty pages.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.inner.lock().dirty_bytes
+    }
+
+    /// Dirty pages (key, contents, generation), until they add up to `max_bytes` or more.
+    pub fn dirty_pages(&self, max_bytes: u64) -> Vec<(PageKey, PageData, u64)> {
         let g = self.inner.lock();
+        let mut bytes = 0;
         g.map
             .iter()
             .filter(|(_, e)| e.dirty)
+            .take_while(|(_, e)| {
+                let more = bytes < max_bytes;
+                bytes += e.data.len() as u64;
+                more
+            })
             .map(|(k, e)| (*k, e.data.clone(), e.gen))
             .collect()
     }

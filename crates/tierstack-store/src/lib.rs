@@ -11,8 +11,10 @@
 mod dram;
 mod tier;
 
-pub use dram::DramTier;
+pub use dram::{DramTier, PageData};
 pub use tier::{ArrayTier, Tier, TierCounters, TierStatus};
+
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -54,6 +56,12 @@ pub struct TieredStore {
     lower: Vec<Box<dyn Tier>>,
     /// Serialises evictions so that a page is never written down twice at once.
     evicting: Mutex<()>,
+    /// Buffers of `MAX_PAGE` bytes capacity freed by eviction and removal, handed out again by
+    /// [`TieredStore::page_buf`]: a fresh buffer costs a page fault and the zeroing of every
+    /// 4 KiB page in it, a reused one nothing.
+    pool: Mutex<Vec<Vec<u8>>>,
+    /// At most this many buffers wait in `pool` (the DRAM tier's eviction batch).
+    pool_max: usize,
 }
 
 impl TieredStore {
@@ -64,11 +72,45 @@ impl TieredStore {
                 "the DRAM tier needs a size above 0".into(),
             ));
         }
+        let dram = DramTier::new(dram_bytes);
+        // Eviction frees the pages between the high and the low watermark in one go.
+        let pool_max = ((dram_bytes - dram.low()) / MAX_PAGE as u64).clamp(1, 1024) as usize;
         Ok(TieredStore {
-            dram: DramTier::new(dram_bytes),
+            dram,
             lower,
             evicting: Mutex::new(()),
+            pool: Mutex::new(Vec::new()),
+            pool_max,
         })
+    }
+
+    /// An empty buffer for a page of `len` bytes, to fill and hand to
+    /// [`TieredStore::put_owned`]. Buffers for pages above half of `MAX_PAGE` come from the
+    /// store's pool of freed pages (capacity `MAX_PAGE`); smaller ones are allocated.
+    pub fn page_buf(&self, len: usize) -> Vec<u8> {
+        if len <= MAX_PAGE / 2 {
+            return Vec::with_capacity(len);
+        }
+        self.pool
+            .lock()
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(MAX_PAGE))
+    }
+
+    /// Takes back the contents of a page that left the store, for reuse by `page_buf` when
+    /// nobody else holds it.
+    fn recycle(&self, data: PageData) {
+        let Ok(mut v) = Arc::try_unwrap(data) else {
+            return;
+        };
+        if v.capacity() != MAX_PAGE {
+            return;
+        }
+        let mut pool = self.pool.lock();
+        if pool.len() < self.pool_max {
+            v.clear();
+            pool.push(v);
+        }
     }
 
     fn check(key: PageKey, len: usize) -> Result<()> {
@@ -85,6 +127,21 @@ impl TieredStore {
     /// its high watermark; fails with `Full` only when no tier below can take the evicted pages.
     pub fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
         Self::check(key, data.len())?;
+        let mut v = self.page_buf(data.len());
+        v.extend_from_slice(data);
+        self.put_owned(key, v)
+    }
+
+    /// [`TieredStore::put`] of a buffer the store takes over (no copy). A buffer from
+    /// [`TieredStore::page_buf`] returns to the store's pool once the page leaves DRAM.
+    pub fn put_owned(&self, key: PageKey, data: Vec<u8>) -> Result<()> {
+        self.put_shared(key, Arc::new(data))
+    }
+
+    /// [`TieredStore::put`] of contents the caller may keep reading (they are never changed
+    /// in place).
+    pub fn put_shared(&self, key: PageKey, data: PageData) -> Result<()> {
+        Self::check(key, data.len())?;
         if self.lower.is_empty() {
             let replaced = self.dram.len_of(key);
             if self.dram.used() - replaced + data.len() as u64 > self.dram.capacity() {
@@ -93,12 +150,51 @@ impl TieredStore {
                 ));
             }
         }
-        self.dram.insert(key, data.to_vec(), true);
+        if let Some(old) = self.dram.insert_shared(key, data, true) {
+            self.recycle(old);
+        }
         self.maybe_evict()
+    }
+
+    /// Changes a page in place when its contents are in DRAM and nobody reads them at the
+    /// moment (no copy of the page is made): the page is cut to its first `keep` bytes,
+    /// zero-extended to `len` bytes (at most `MAX_PAGE`), and `f` changes those bytes. The
+    /// page becomes dirty, as after a `put`. Returns false, without changing anything, when
+    /// the page is not in DRAM or its contents are shared; the caller then puts a copy.
+    pub fn update(
+        &self,
+        key: PageKey,
+        keep: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]),
+    ) -> Result<bool> {
+        Self::check(key, len)?;
+        let done = self
+            .dram
+            .update(key, |v| {
+                v.truncate(keep);
+                v.resize(len, 0);
+                f(v);
+            })
+            .is_some();
+        if done {
+            self.maybe_evict()?;
+        }
+        Ok(done)
     }
 
     /// Reads a page from the fastest tier that has it, promoting it into DRAM.
     pub fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
+        Ok(self.get_shared(key)?.map(|d| {
+            let mut v = self.page_buf(d.len());
+            v.extend_from_slice(&d);
+            v
+        }))
+    }
+
+    /// [`TieredStore::get`] without the copy: the page's contents as the DRAM tier holds them
+    /// (a later `put` of the key replaces them, it never changes them).
+    pub fn get_shared(&self, key: PageKey) -> Result<Option<PageData>> {
         Self::check(key, 0)?;
         if let Some(v) = self.dram.get(key) {
             return Ok(Some(v));
@@ -106,7 +202,10 @@ impl TieredStore {
         for t in &self.lower {
             if let Some(v) = t.get(key)? {
                 // Clean copy: the lower tier keeps it, so eviction can simply drop it.
-                self.dram.insert(key, v.clone(), false);
+                let v = Arc::new(v);
+                if let Some(old) = self.dram.insert_shared(key, v.clone(), false) {
+                    self.recycle(old);
+                }
                 self.maybe_evict()?;
                 return Ok(Some(v));
             }
@@ -119,7 +218,11 @@ impl TieredStore {
         Self::check(key, 0)?;
         // Not while an eviction may be writing this page down (it would come back).
         let _g = self.evicting.lock();
-        let mut found = self.dram.remove(key);
+        let old = self.dram.remove(key);
+        let mut found = old.is_some();
+        if let Some(old) = old {
+            self.recycle(old);
+        }
         for t in &self.lower {
             found |= t.remove(key)?;
         }
@@ -129,20 +232,40 @@ impl TieredStore {
     /// Writes every dirty page to the lower tiers and makes them durable.
     pub fn flush(&self) -> Result<()> {
         let _g = self.evicting.lock();
-        let Some(first) = self.lower.first() else {
-            return Ok(());
-        };
-        let dirty = self.dram.dirty_pages();
-        for (k, v, _) in &dirty {
-            first.put(*k, v).map_err(full)?;
-        }
-        for (k, _, gen) in &dirty {
-            self.dram.mark_clean(*k, *gen);
-        }
+        self.write_back_locked(u64::MAX)?;
         for t in &self.lower {
             t.flush()?;
         }
         Ok(())
+    }
+
+    /// Writes dirty pages (about `max_bytes` of them) to the tier below without making them
+    /// durable there, and keeps them in DRAM as clean pages: a later [`TieredStore::flush`]
+    /// has that much less to write. Returns the bytes written.
+    pub fn write_back(&self, max_bytes: u64) -> Result<u64> {
+        let _g = self.evicting.lock();
+        self.write_back_locked(max_bytes)
+    }
+
+    fn write_back_locked(&self, max_bytes: u64) -> Result<u64> {
+        let Some(first) = self.lower.first() else {
+            return Ok(0);
+        };
+        let dirty = self.dram.dirty_pages(max_bytes);
+        let mut bytes = 0;
+        for (k, v, _) in &dirty {
+            first.put(*k, v).map_err(full)?;
+            bytes += v.len() as u64;
+        }
+        for (k, _, gen) in &dirty {
+            self.dram.mark_clean(*k, *gen);
+        }
+        Ok(bytes)
+    }
+
+    /// Bytes of DRAM pages the tier below does not have yet.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dram.dirty_bytes()
     }
 
     fn maybe_evict(&self) -> Result<()> {
@@ -170,6 +293,7 @@ impl TieredStore {
                     first.put(k, &v).map_err(full)?;
                 }
                 self.dram.finish_evict(k, gen);
+                self.recycle(v);
             }
         }
         Ok(())

@@ -134,3 +134,72 @@ fn rejects_bad_input_and_reports_full() {
         .expect_err("full");
     assert!(err.to_string().contains("full"), "{err}");
 }
+
+#[test]
+fn owned_shared_and_in_place_pages() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (_paths, a) = array(dir.path());
+    let store = TieredStore::new(8 << 20, vec![Box::new(ArrayTier::new(a))]).expect("store");
+    let mut v = store.page_buf(1 << 20);
+    assert!(v.is_empty() && v.capacity() >= 1 << 20);
+    v.extend_from_slice(&page(1 << 20, 1));
+    store.put_owned((1, 0), v).expect("put_owned");
+    // In place: cut to 10 bytes, grown to 4096 with zeros, then changed.
+    assert!(store
+        .update((1, 0), 10, 4096, |b| b[100..104].copy_from_slice(b"abcd"))
+        .expect("update"));
+    let mut want = page(1 << 20, 1);
+    want.truncate(10);
+    want.resize(4096, 0);
+    want[100..104].copy_from_slice(b"abcd");
+    assert_eq!(store.get((1, 0)).expect("get"), Some(want.clone()));
+    // A reader holds the contents: no change in place, and what it holds never changes.
+    let held = store.get_shared((1, 0)).expect("get").expect("present");
+    assert!(!store.update((1, 0), 0, 1, |_| {}).expect("update"));
+    store.put((1, 0), b"new").expect("put");
+    assert_eq!(held.as_slice(), want.as_slice());
+    assert_eq!(
+        store.get((1, 0)).expect("get").as_deref(),
+        Some(&b"new"[..])
+    );
+    assert!(!store.update((1, 9), 0, 1, |_| {}).expect("absent page"));
+    assert!(store.update((1, 0), 0, (1 << 20) + 1, |_| {}).is_err());
+    // Written back: on the array, still readable, nothing dirty.
+    assert!(store.write_back(u64::MAX).expect("write back") >= 3);
+    assert_eq!(store.dirty_bytes(), 0);
+    assert_eq!(store.status()[1].puts, 1);
+    assert_eq!(
+        store.get((1, 0)).expect("get").as_deref(),
+        Some(&b"new"[..])
+    );
+}
+
+#[test]
+fn eviction_hands_the_pages_back_intact() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (paths, a) = array(dir.path());
+    // 4 MiB of DRAM, 24 pages of 1 MiB: most are evicted, their buffers reused.
+    let store = TieredStore::new(4 << 20, vec![Box::new(ArrayTier::new(a))]).expect("store");
+    for k in 0..24u64 {
+        let mut v = store.page_buf(1 << 20);
+        v.extend_from_slice(&page(1 << 20, k as u8));
+        store.put_owned((2, k), v).expect("put");
+    }
+    for k in 0..24u64 {
+        assert_eq!(
+            store.get((2, k)).expect("get"),
+            Some(page(1 << 20, k as u8)),
+            "page {k}"
+        );
+    }
+    store.flush().expect("flush");
+    drop(store);
+    let a = Array::open(&paths, &ArrayOptions::default()).expect("reopen");
+    let store = TieredStore::new(4 << 20, vec![Box::new(ArrayTier::new(a))]).expect("store");
+    for k in 0..24u64 {
+        assert_eq!(
+            store.get((2, k)).expect("get"),
+            Some(page(1 << 20, k as u8))
+        );
+    }
+}
