@@ -1550,19 +1550,34 @@ impl Core {
         Ok(())
     }
 
-    /// Sync mode's background writer: keeps the store's dirty DRAM pages below
-    /// [`WRITE_BACK_START`] by writing them to the array (not yet durable: `fsync` makes them
-    /// so), until the daemon stops.
-    pub fn write_back_loop(&self) {
+    /// The store's background work, until the daemon stops: eviction ahead of need (so a
+    /// writer seldom evicts inside its own write), and in sync mode writing dirty DRAM pages
+    /// to the array once [`WRITE_BACK_START`] bytes are dirty (not yet durable: `fsync`
+    /// makes them so, with less left to write).
+    pub fn background_loop(&self) {
+        let dram = self.store.status().first().map_or(0, |t| t.capacity_bytes);
+        let headroom = (dram / 8).min(128 << 20);
+        let mut idle = Duration::from_millis(1);
         while !self.stopping.load(Relaxed) {
-            if self.store.dirty_bytes() < WRITE_BACK_START {
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
+            let mut busy = match self.store.make_room(headroom) {
+                Ok(b) => b,
+                Err(e) => {
+                    // The pages stay in DRAM; writers evicting themselves report the error.
+                    tracing::warn!("background eviction: {e}");
+                    false
+                }
+            };
+            if self.sync_mode && self.store.dirty_bytes() >= WRITE_BACK_START {
+                match self.store.write_back(8 * PAGE) {
+                    Ok(_) => busy = true,
+                    Err(e) => tracing::warn!("background write to the fast tier: {e}"),
+                }
             }
-            if let Err(e) = self.store.write_back(8 * PAGE) {
-                // The pages stay dirty in DRAM; fsync and eviction report the error.
-                tracing::warn!("background write to the fast tier: {e}");
-                std::thread::sleep(Duration::from_millis(100));
+            if busy {
+                idle = Duration::from_millis(1);
+            } else {
+                std::thread::sleep(idle);
+                idle = (idle * 2).min(Duration::from_millis(20));
             }
         }
     }

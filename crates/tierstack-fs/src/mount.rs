@@ -428,12 +428,12 @@ impl Daemon {
         let mut spec = spec;
         spec.mountpoint = mp;
         spec.backing = backing;
-        if spec.sync {
+        {
             let core = core.clone();
             std::thread::Builder::new()
-                .name("write-back".into())
-                .spawn(move || core.write_back_loop())
-                .map_err(|e| FsError::Config(format!("cannot start the write-back thread: {e}")))?;
+                .name("store-bg".into())
+                .spawn(move || core.background_loop())
+                .map_err(|e| FsError::Config(format!("cannot start the store thread: {e}")))?;
         }
         Ok(Daemon {
             core,

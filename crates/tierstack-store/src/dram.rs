@@ -86,10 +86,6 @@ impl DramTier {
         self.inner.lock().used > self.capacity
     }
 
-    pub fn over_low(&self) -> bool {
-        self.inner.lock().used > self.low
-    }
-
     /// Inserts (or replaces) a page; returns the contents it replaced.
     pub fn insert(&self, key: PageKey, data: Vec<u8>, dirty: bool) -> Option<PageData> {
         self.insert_shared(key, Arc::new(data), dirty)

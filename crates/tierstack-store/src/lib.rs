@@ -273,7 +273,7 @@ impl TieredStore {
             return Ok(());
         }
         let _g = self.evicting.lock();
-        let Some(first) = self.lower.first() else {
+        if self.lower.is_empty() {
             // DRAM is the only tier: writers are refused rather than silently dropped.
             if self.dram.used() > self.dram.capacity() {
                 return Err(StoreError::Full(
@@ -281,12 +281,34 @@ impl TieredStore {
                 ));
             }
             return Ok(());
+        }
+        self.evict_locked(self.dram.low()).map(|_| ())
+    }
+
+    /// Evicts ahead of need, for a background thread, so that writers seldom evict
+    /// themselves: when less than `headroom` bytes of the DRAM budget are free, evicts down to
+    /// the low watermark, or lower to leave `headroom` free. Returns whether it evicted.
+    pub fn make_room(&self, headroom: u64) -> Result<bool> {
+        let cap = self.dram.capacity();
+        if self.lower.is_empty() || self.dram.used() + headroom <= cap {
+            return Ok(false);
+        }
+        let _g = self.evicting.lock();
+        self.evict_locked(self.dram.low().min(cap.saturating_sub(headroom)))
+    }
+
+    /// Evicts in clock order until DRAM holds at most `target` bytes (`evicting` held).
+    fn evict_locked(&self, target: u64) -> Result<bool> {
+        let Some(first) = self.lower.first() else {
+            return Ok(false);
         };
-        while self.dram.over_low() {
-            let batch = self.dram.pick_victims(64);
+        let mut any = false;
+        while self.dram.used() > target {
+            let batch = self.dram.pick_victims(16);
             if batch.is_empty() {
                 break;
             }
+            any = true;
             for (k, v, dirty, gen) in batch {
                 if dirty {
                     // On failure the page simply stays in DRAM: nothing acknowledged is lost.
@@ -296,7 +318,7 @@ impl TieredStore {
                 self.recycle(v);
             }
         }
-        Ok(())
+        Ok(any)
     }
 
     /// Status of every tier, fastest first.

@@ -203,3 +203,27 @@ fn eviction_hands_the_pages_back_intact() {
         );
     }
 }
+
+#[test]
+fn make_room_evicts_ahead_of_need() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (_paths, a) = array(dir.path());
+    let store = TieredStore::new(8 << 20, vec![Box::new(ArrayTier::new(a))]).expect("store");
+    for k in 0..7u64 {
+        store.put((4, k), &page(1 << 20, k as u8)).expect("put");
+    }
+    assert!(!store.make_room(1 << 20).expect("room"), "1 MiB is free");
+    assert!(store.make_room(2 << 20).expect("room"));
+    let st = store.status();
+    assert!(st[0].used_bytes <= 6 << 20, "{:?}", st[0]);
+    assert!(st[0].evictions > 0 && st[1].puts > 0);
+    for k in 0..7u64 {
+        assert_eq!(
+            store.get((4, k)).expect("get"),
+            Some(page(1 << 20, k as u8))
+        );
+    }
+    let only_dram = TieredStore::new(1 << 20, vec![]).expect("store");
+    only_dram.put((4, 0), &[1u8; 1 << 19]).expect("put");
+    assert!(!only_dram.make_room(1 << 20).expect("nothing below DRAM"));
+}
