@@ -16,6 +16,9 @@ use crate::{MemCounters, MemError, Result};
 
 /// Largest prefetch window, in bytes (at least 16 pages).
 const PREFETCH_BYTES: usize = 4 << 20;
+/// Write heat at which prefetched pages are mapped writable, and its ceiling.
+const WRITE_HEAT_ON: u32 = 16;
+const WRITE_HEAT_MAX: u32 = 64;
 /// Fault streams remembered per region.
 const STREAMS: usize = 4;
 /// Largest stride (in pages) taken for a stream.
@@ -87,6 +90,10 @@ struct RState {
 }
 
 struct RegionCore {
+    /// Recent write-protect faults (+2 each): while the region is being written, prefetched
+    /// pages are mapped writable (dirty, -1 each) instead of taking a write-protect fault
+    /// each; clean evictions cool it down too.
+    write_heat: std::sync::atomic::AtomicU32,
     /// Evictions reading this region's pages outside the lock; drop waits for them.
     inflight: AtomicU64,
     obj: u64,
@@ -350,6 +357,7 @@ fn map_region(inner: &Arc<Inner>, len: usize, align: usize, own: Option<Pager>) 
         return Err(MemError::Uffd(format!("register: {e}")));
     }
     let core = Arc::new(RegionCore {
+        write_heat: std::sync::atomic::AtomicU32::new(0),
         inflight: AtomicU64::new(0),
         obj: NEXT_OBJ.fetch_add(1, Relaxed),
         base,
@@ -848,7 +856,15 @@ impl Inner {
             return;
         };
         self.counters.bytes_in.fetch_add(self.page as u64, Relaxed);
-        let tracked = self.place(pa, &data, true);
+        // Each page mapped writable spends heat; each write-protect fault adds two. A stream
+        // that writes everything settles at two writable pages in three; one that stops
+        // writing is back to tracked (clean) pages within a few dozen pages.
+        let heat = job.core.write_heat.load(Relaxed);
+        let protect = heat < WRITE_HEAT_ON;
+        if !protect {
+            job.core.write_heat.store(heat - 1, Relaxed);
+        }
+        let tracked = self.place(pa, &data, protect);
         self.finish_loads(&job.core, &[job.idx], PageState::Stored, &[tracked]);
     }
 
@@ -903,6 +919,8 @@ impl Inner {
         match st.pages[idx] {
             PageState::Resident => {
                 st.dirty[idx] = true;
+                let h = core.write_heat.load(Relaxed);
+                core.write_heat.store((h + 2).min(WRITE_HEAT_MAX), Relaxed);
                 let _ = self
                     .uffd
                     .remove_write_protection(pa as *mut _, self.page, true);
@@ -979,24 +997,36 @@ impl Inner {
                 return;
             }
             core.inflight.fetch_add(1, AcqRel);
+            let mut cand = Vec::new();
             for &i in idxs {
                 st.queued[i] = false;
                 if st.pages[i] != PageState::Resident {
                     continue;
                 }
-                let pa = core.base + i * page;
                 if !st.dirty[i] {
                     st.pages[i] = PageState::Evicting;
                     clean.push(i);
-                } else if self.uffd.write_protect(pa as *mut _, page).is_ok() {
-                    st.pages[i] = PageState::Evicting;
-                    dirty.push(i);
                 } else {
-                    // Cannot stop writers: keep it.
-                    st.queued[i] = true;
-                    self.clock
-                        .lock()
-                        .push_back((Arc::downgrade(core), i as u32));
+                    cand.push(i);
+                }
+            }
+            // Dirty victims are write-protected one run of adjacent pages at a time: one
+            // ioctl (and one TLB shootdown) per run, not per page.
+            for (a, n) in runs(&cand) {
+                let pa = core.base + a * page;
+                if self.uffd.write_protect(pa as *mut _, n * page).is_ok() {
+                    for i in a..a + n {
+                        st.pages[i] = PageState::Evicting;
+                        dirty.push(i);
+                    }
+                } else {
+                    // Cannot stop writers: keep them.
+                    for i in a..a + n {
+                        st.queued[i] = true;
+                        self.clock
+                            .lock()
+                            .push_back((Arc::downgrade(core), i as u32));
+                    }
                 }
             }
         }
@@ -1045,6 +1075,11 @@ impl Inner {
                     }
                 }
                 return;
+            }
+            if !clean.is_empty() {
+                let h = core.write_heat.load(Relaxed);
+                core.write_heat
+                    .store(h.saturating_sub(clean.len() as u32), Relaxed);
             }
             for &i in &clean {
                 st.pages[i] = st.backed[i];
