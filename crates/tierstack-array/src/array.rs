@@ -461,8 +461,10 @@ impl Array {
         ];
         let arr = Array::from_parts(geo, uuid, drives, segs, opts, 1);
         // Invalidate whatever an earlier use of these drives left in the log area: every
-        // segment starts with a FREE marker stripe.
-        {
+        // segment starts with a FREE marker stripe. Drive files this call created hold only
+        // zeros (no valid summary), so they need none: a large array of fresh sparse files
+        // starts at once instead of writing a stripe per segment.
+        if created.len() < paths.len() {
             let mut w = arr.inner.writer.lock();
             for seg in 0..arr.inner.geo.nsegs as u32 {
                 arr.write_marker(&mut w, seg)?;
