@@ -109,6 +109,16 @@ pub struct Ns {
     pub next_obj: u64,
 }
 
+impl Ns {
+    /// The inode of `name` in directory `parent`, if there is one.
+    pub fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.nodes
+            .get(&parent)
+            .and_then(|p| p.children.get(name))
+            .copied()
+    }
+}
+
 /// Attributes handed to the FUSE layer.
 #[derive(Clone, Debug)]
 pub struct Attr {
@@ -1024,11 +1034,7 @@ impl Core {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
-        let ino = *ns
-            .nodes
-            .get(&parent)
-            .and_then(|p| p.children.get(name))
-            .ok_or(libc::ENOENT)?;
+        let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         Ok(Self::attr_of(ino, n))
     }
@@ -1274,11 +1280,7 @@ impl Core {
     pub fn unlink(&self, parent: u64, name: &[u8], dir: bool) -> R<()> {
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
-        let ino = *ns
-            .nodes
-            .get(&parent)
-            .and_then(|p| p.children.get(name))
-            .ok_or(libc::ENOENT)?;
+        let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
         let kind = ns.nodes.get(&ino).map(|n| n.kind).ok_or(libc::ENOENT)?;
         if dir {
             if kind != Kind::Dir {
@@ -1334,16 +1336,8 @@ impl Core {
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
         self.ensure_loaded(&mut ns, newparent)?;
-        let src = *ns
-            .nodes
-            .get(&parent)
-            .and_then(|p| p.children.get(name))
-            .ok_or(libc::ENOENT)?;
-        let existing = ns
-            .nodes
-            .get(&newparent)
-            .and_then(|p| p.children.get(newname))
-            .copied();
+        let src = ns.child(parent, name).ok_or(libc::ENOENT)?;
+        let existing = ns.child(newparent, newname);
         if existing == Some(src) {
             return Ok(());
         }

@@ -76,6 +76,14 @@ fn err(e: i32) -> Errno {
     Errno::from_i32(e)
 }
 
+/// Answers a request that returns nothing.
+fn empty<E: Into<i32>>(reply: ReplyEmpty, r: std::result::Result<(), E>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(err(e.into())),
+    }
+}
+
 fn tot(t: Option<TimeOrNow>) -> Option<Option<SystemTime>> {
     t.map(|t| match t {
         TimeOrNow::SpecificTime(s) => Some(s),
@@ -190,17 +198,11 @@ impl fuser::Filesystem for TierFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.core.unlink(parent.0, name.as_bytes(), false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.core.unlink(parent.0, name.as_bytes(), false))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.core.unlink(parent.0, name.as_bytes(), true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.core.unlink(parent.0, name.as_bytes(), true))
     }
 
     fn symlink(
@@ -309,10 +311,7 @@ impl fuser::Filesystem for TierFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.core.flush_handle(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.core.flush_handle(ino.0))
     }
 
     fn release(
@@ -325,10 +324,7 @@ impl fuser::Filesystem for TierFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.core.release(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.core.release(ino.0))
     }
 
     fn fsync(
@@ -339,10 +335,7 @@ impl fuser::Filesystem for TierFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.core.fsync(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.core.fsync(ino.0))
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -384,10 +377,7 @@ impl fuser::Filesystem for TierFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.core.fsync(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.core.fsync(ino.0))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tierstack_array::{descriptor, Array, ArrayOptions, CreateParams, Level};
-use tierstack_store::{Tier, TierCounters, TierStatus, TieredStore};
+use tierstack_store::TieredStore;
 
 use crate::core::Core;
 use crate::db::Db;
@@ -72,48 +72,6 @@ pub struct TierUse {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub dirty_bytes: u64,
-}
-
-/// The array as the store's lower tier, shared so that start-up can list its keys.
-pub struct SharedArrayTier {
-    array: Arc<Array>,
-    counters: TierCounters,
-}
-
-impl Tier for SharedArrayTier {
-    fn name(&self) -> &str {
-        "array"
-    }
-    fn put(&self, key: (u64, u64), data: &[u8]) -> tierstack_store::Result<()> {
-        self.array.put(key, data)?;
-        self.counters.puts.fetch_add(1, Relaxed);
-        self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
-        Ok(())
-    }
-    fn get(&self, key: (u64, u64)) -> tierstack_store::Result<Option<Vec<u8>>> {
-        let v = self.array.get(key)?;
-        match &v {
-            Some(d) => {
-                self.counters.hits.fetch_add(1, Relaxed);
-                self.counters.bytes_out.fetch_add(d.len() as u64, Relaxed);
-            }
-            None => {
-                self.counters.misses.fetch_add(1, Relaxed);
-            }
-        }
-        Ok(v)
-    }
-    fn remove(&self, key: (u64, u64)) -> tierstack_store::Result<bool> {
-        Ok(self.array.delete(key)?)
-    }
-    fn flush(&self) -> tierstack_store::Result<()> {
-        Ok(self.array.flush()?)
-    }
-    fn status(&self) -> TierStatus {
-        let st = self.array.status();
-        self.counters
-            .snapshot("array", st.capacity_bytes, st.used_bytes, 0)
-    }
 }
 
 pub fn run_dir() -> PathBuf {
@@ -350,10 +308,7 @@ impl Daemon {
         }
         let array = Arc::new(array);
         let capacity = array.status().capacity_bytes;
-        let tier = SharedArrayTier {
-            array: array.clone(),
-            counters: TierCounters::default(),
-        };
+        let tier = tierstack_store::ArrayTier::shared(array.clone());
         let store = TieredStore::new(spec.dram, vec![Box::new(tier)])?;
         // The array is a log: keep half of it free for the cleaner.
         let limit = spec.dram + capacity / 2;

@@ -1,6 +1,7 @@
 //! The `Tier` trait and the array tier.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use tierstack_array::Array;
 
@@ -63,12 +64,17 @@ pub trait Tier: Send + Sync {
 
 /// The array as a tier: each page is one value of the array under the same key.
 pub struct ArrayTier {
-    array: Array,
+    array: Arc<Array>,
     counters: TierCounters,
 }
 
 impl ArrayTier {
     pub fn new(array: Array) -> Self {
+        Self::shared(Arc::new(array))
+    }
+
+    /// A tier over an array the caller keeps using too (e.g. to list its keys at start-up).
+    pub fn shared(array: Arc<Array>) -> Self {
         ArrayTier {
             array,
             counters: TierCounters::default(),
