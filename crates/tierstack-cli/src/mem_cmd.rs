@@ -45,6 +45,7 @@ pub struct BenchMemArgs {
     /// tierstack page size (unit of faulting and I/O): a multiple of 4K up to 1M.
     #[arg(long, default_value = "64K")]
     page: String,
+    /// Print one JSON object on stdout (with --compare: tierstack, kernel_swap, ratio).
     #[arg(long)]
     json: bool,
 }

@@ -17,7 +17,8 @@ use tierstack_bench::{fmt_size, parse_size};
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// DRAM budget for the program's large allocations (all of them together, per process).
+    /// DRAM tierstack may use per process: resident pages of the large allocations, the store's
+    /// DRAM tier and the array's I/O buffers, together.
     #[arg(long)]
     pub dram: String,
     /// Page to this existing array (its descriptor) instead of file drives in --dir.
@@ -32,8 +33,9 @@ pub struct RunArgs {
     /// Allocations of at least this size are paged; smaller ones use the ordinary allocator.
     #[arg(long, default_value = "64M")]
     pub threshold: String,
-    /// Most bytes of paged allocations the store takes per process (with --dir). Default: half
-    /// the free space of DIR, at most 1T. An allocation beyond it fails (NULL / ENOMEM).
+    /// Size of the per-process array made in --dir (sparse files); paged allocations may take
+    /// half of it (the log needs room to clean), and one beyond that fails (NULL / ENOMEM).
+    /// Default: half the free space of DIR, at most 1T.
     #[arg(long)]
     pub store: Option<String>,
     /// Print one summary line at exit (peak RSS, faults, prefetch, evictions, bytes moved).
