@@ -1125,22 +1125,66 @@ impl Array {
         }
     }
 
-    fn read_loc(&self, _idx: &Index, loc: &Loc) -> Result<Vec<u8>> {
+    /// Reads the value at `loc`: with `repair`, a checksum mismatch is repaired from
+    /// redundancy (the caller holds the index lock, which keeps the segment in place);
+    /// without, it is an error (`Ok(None)`), for reads made without the lock.
+    fn read_at(&self, loc: &Loc, repair: bool) -> Result<Option<Vec<u8>>> {
         let geo = &self.inner.geo;
         let gs = geo.seg_stripes * loc.seg as u64 + loc.stripe as u64;
         let len = loc.len as usize;
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
-        let blen = blocks_of(len) as usize * BLOCK;
+        let (off, blen) = (loc.block as usize * BLOCK, blocks_of(len) as usize * BLOCK);
         let crc = loc.crc;
         let check = move |b: &[u8]| crc32c::crc32c(&b[..len]) == crc;
-        let buf = self.read_checked(gs, loc.block as usize * BLOCK, blen, &check)?;
-        Ok(buf[..len].to_vec())
+        let buf = if repair {
+            self.read_checked(gs, off, blen, &check)?
+        } else {
+            match self.read_raw(gs, off, blen, &[]) {
+                Ok(b) if check(&b) => b,
+                _ => return Ok(None),
+            }
+        };
+        Ok(Some(buf[..len].to_vec()))
+    }
+
+    /// The value at `loc` if the drives return it with a matching checksum (no repair).
+    fn read_loc_unlocked(&self, loc: &Loc) -> Option<Vec<u8>> {
+        self.read_at(loc, false).ok().flatten()
+    }
+
+    fn read_loc(&self, _idx: &Index, loc: &Loc) -> Result<Vec<u8>> {
+        Ok(self.read_at(loc, true)?.unwrap_or_default())
     }
 
     /// Reads the value of `key`, verifying its checksum (repairing from redundancy if needed).
     pub fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        // Fast path: the drives are read without holding the index lock (a writer appending
+        // to the index, and every other reader behind it, would wait for this read's I/O).
+        // The value is taken if its checksum matches and the index still points at the same
+        // version afterwards; otherwise (the segment was cleaned meanwhile, or a drive
+        // returned bad data) it is read again below under the lock, which keeps the segment
+        // in place, repairing from redundancy if needed.
+        let first = self.inner.index.read().map.get(&key).copied();
+        match first {
+            None => return Ok(None),
+            Some(loc) if !loc.pending => {
+                if let Some(v) = self.read_loc_unlocked(&loc) {
+                    let same = self
+                        .inner
+                        .index
+                        .read()
+                        .map
+                        .get(&key)
+                        .is_some_and(|l| l.version == loc.version);
+                    if same {
+                        return Ok(Some(v));
+                    }
+                }
+            }
+            Some(_) => {}
+        }
         {
             let idx = self.inner.index.read();
             match idx.map.get(&key) {

@@ -208,28 +208,13 @@ impl UringEngine {
         ops: &mut [IoOp<'_>],
         results: &mut [io::Result<()>],
     ) -> io::Result<()> {
-        use io_uring::{opcode, types};
         // Operations go in windows of at most `depth`.
         let depth = self.depth as usize;
         let mut start = 0;
         while start < ops.len() {
             let end = (start + depth).min(ops.len());
             for (i, op) in ops[start..end].iter_mut().enumerate() {
-                let entry = match op {
-                    IoOp::Read { fd, offset, buf } => {
-                        let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
-                        opcode::Read::new(types::Fd(*fd), buf.as_mut_ptr(), len)
-                            .offset(*offset)
-                            .build()
-                    }
-                    IoOp::Write { fd, offset, buf } => {
-                        let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
-                        opcode::Write::new(types::Fd(*fd), buf.as_ptr(), len)
-                            .offset(*offset)
-                            .build()
-                    }
-                }
-                .user_data((start + i) as u64);
+                let entry = sqe(op).user_data((start + i) as u64);
                 // SAFETY: the buffers referenced by the entry are borrowed mutably/immutably by
                 // `ops` for the whole call, and we wait below for every submitted completion
                 // before returning, so the kernel never touches freed or aliased memory.
@@ -273,6 +258,25 @@ impl UringEngine {
     }
 }
 
+/// The submission entry of one operation (its buffer stays borrowed by `op`).
+fn sqe(op: &mut IoOp<'_>) -> io_uring::squeue::Entry {
+    use io_uring::{opcode, types};
+    match op {
+        IoOp::Read { fd, offset, buf } => {
+            let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+            opcode::Read::new(types::Fd(*fd), buf.as_mut_ptr(), len)
+                .offset(*offset)
+                .build()
+        }
+        IoOp::Write { fd, offset, buf } => {
+            let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+            opcode::Write::new(types::Fd(*fd), buf.as_ptr(), len)
+                .offset(*offset)
+                .build()
+        }
+    }
+}
+
 fn finish_short(op: &mut IoOp<'_>, done: usize) -> io::Result<()> {
     match op {
         IoOp::Read { fd, offset, buf } => {
@@ -294,6 +298,62 @@ fn finish_short(op: &mut IoOp<'_>, done: usize) -> io::Result<()> {
     }
 }
 
+thread_local! {
+    static POLL_READS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread wait for its single reads by polling the io_uring completion queue
+/// instead of sleeping, for at most [`POLL_LIMIT`] per read. For threads whose reads are on a
+/// latency-critical path (the memory front's page-fault handlers): a sleeping thread is woken
+/// by the completion interrupt, which costs 15–20 us per 4 KiB read on a virtual machine
+/// (46 us polled against 60–67 us with `pread` here, measured with O_DIRECT on the disk).
+pub fn set_poll_reads(on: bool) {
+    POLL_READS.with(|p| p.set(on));
+}
+
+/// Longest a polling thread spins for one read before it sleeps until the completion.
+pub const POLL_LIMIT: std::time::Duration = std::time::Duration::from_micros(500);
+
+impl UringEngine {
+    /// One operation, its completion polled (see [`set_poll_reads`]).
+    fn run_polled(&self, ring: &mut io_uring::IoUring, op: &mut IoOp<'_>) -> io::Result<()> {
+        let entry = sqe(op);
+        // SAFETY: the buffer referenced by the entry is borrowed by `op` for the whole call,
+        // and the completion is awaited below before returning.
+        if unsafe { ring.submission().push(&entry) }.is_err() {
+            return Err(io::Error::other("io_uring submission queue full"));
+        }
+        ring.submit()?;
+        let start = std::time::Instant::now();
+        let res = loop {
+            if let Some(c) = ring.completion().next() {
+                break c.result();
+            }
+            if start.elapsed() > POLL_LIMIT {
+                if let Err(e) = ring.submit_and_wait(1) {
+                    // Interrupted: the read is still in flight and its buffer borrowed.
+                    if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) {
+                        return Err(e);
+                    }
+                }
+            } else {
+                std::hint::spin_loop();
+            }
+        };
+        let want = match op {
+            IoOp::Read { buf, .. } => buf.len(),
+            IoOp::Write { buf, .. } => buf.len(),
+        };
+        if res < 0 {
+            Err(io::Error::from_raw_os_error(-res))
+        } else if (res as usize) < want {
+            finish_short(op, res as usize)
+        } else {
+            Ok(())
+        }
+    }
+}
+
 impl IoEngine for UringEngine {
     fn name(&self) -> &'static str {
         "io_uring"
@@ -301,6 +361,17 @@ impl IoEngine for UringEngine {
     fn submit(&self, ops: &mut [IoOp<'_>]) -> Vec<io::Result<()>> {
         let mut results: Vec<io::Result<()>> = ops.iter().map(|_| Ok(())).collect();
         if ops.len() == 1 {
+            let polled = POLL_READS.with(|p| p.get());
+            if polled {
+                if let Ok(mut ring) = self.take_ring() {
+                    // On failure the ring is dropped, as in the batch path below, and the
+                    // operation redone synchronously.
+                    if self.run_polled(&mut ring, &mut ops[0]).is_ok() {
+                        self.rings.lock().push(ring);
+                        return results;
+                    }
+                }
+            }
             results[0] = run_sync(&mut ops[0]);
             return results;
         }

@@ -246,3 +246,78 @@ fn owner_serves_reads_and_writes_while_rebuilding() {
         assert_eq!(a.get((1, i)).unwrap().unwrap(), val(i, 400_000));
     }
 }
+
+/// Reads race overwrites and the cleaner (which moves live values and reuses the segments
+/// it freed): a read must return a value written for its key (reads do not hold the index
+/// lock during their I/O), never another key's data or a checksum error.
+#[test]
+fn reads_race_the_cleaner() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    let dir = tempfile::tempdir().unwrap();
+    let paths = drives(dir.path(), 4);
+    let mut p = params(Level::Raid5);
+    p.size = Some(24 << 20);
+    let a = std::sync::Arc::new(Array::create(&paths, &p, &ArrayOptions::default()).unwrap());
+    let len = 16 << 10;
+    // Value of key k at version r: self-describing, so a reader can check it.
+    let value = |k: u64, r: u64| {
+        let mut v = val(k * 1_000_003 + r, len);
+        v[..8].copy_from_slice(&k.to_le_bytes());
+        v[8..16].copy_from_slice(&r.to_le_bytes());
+        v
+    };
+    // Hot keys 0..32 are overwritten every round; one cold key (1000 + round) is written
+    // once per round and stays live, so every segment keeps some live data that the cleaner
+    // must move while readers read it.
+    let hot = 32u64;
+    for k in 0..hot {
+        a.put((9, k), &value(k, 0)).unwrap();
+    }
+    let cap = a.status().capacity_bytes;
+    let rounds = 3 * cap / (len as u64 * hot);
+    let cold = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let checked = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let a = a.clone();
+            let (done, checked, cold) = (&done, &checked, &cold);
+            s.spawn(move || {
+                let mut i = t;
+                while !done.load(Relaxed) {
+                    let n = cold.load(Relaxed);
+                    let k = if i % 2 == 0 || n == 0 {
+                        (i * 7919) % hot
+                    } else {
+                        1000 + (i * 7919) % n
+                    };
+                    let got = a.get((9, k)).unwrap().unwrap();
+                    let r = u64::from_le_bytes(got[8..16].try_into().unwrap());
+                    assert_eq!(got, value(k, r), "key {k}: not a value written for it");
+                    checked.fetch_add(1, Relaxed);
+                    i += 1;
+                }
+            });
+        }
+        for r in 1..=rounds {
+            for k in 0..hot {
+                a.put((9, k), &value(k, r)).unwrap();
+            }
+            a.put((9, 1000 + r - 1), &value(1000 + r - 1, 0)).unwrap();
+            cold.store(r, Relaxed);
+        }
+        done.store(true, Relaxed);
+    });
+    assert!(
+        a.status().write_amplification > 1.0,
+        "the cleaner never moved data"
+    );
+    assert!(checked.load(Relaxed) > 100);
+    a.flush().unwrap();
+    for k in 0..hot {
+        assert_eq!(a.get((9, k)).unwrap().unwrap(), value(k, rounds));
+    }
+    for r in 0..rounds {
+        assert_eq!(a.get((9, 1000 + r)).unwrap().unwrap(), value(1000 + r, 0));
+    }
+}

@@ -88,6 +88,13 @@ enum Backing {
 }
 
 impl Backing {
+    fn pager_stats(&self) -> Option<tierstack_mem::MemStats> {
+        match self {
+            Backing::Plain(_) => None,
+            Backing::Tierstack { region, .. } => Some(region.counters().snapshot()),
+        }
+    }
+
     fn words(&self) -> &[AtomicU64] {
         match self {
             Backing::Plain(v) => v,
@@ -121,14 +128,21 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
     };
     let array =
         Array::create(&paths, &params, &ArrayOptions::default()).map_err(|e| e.to_string())?;
-    // The store's own DRAM tier stays small: the region's budget is the DRAM that counts.
-    let store_dram = (t.dram / 16).max(8 << 20);
+    // The store's own DRAM tier stays small (a write buffer in front of the array): the
+    // region's budget is the DRAM that counts. The array's stripe buffers (an open stripe
+    // and four in flight, about 24 MiB here) come out of `--dram` too, as the kernel-swap
+    // engine's cgroup counts everything the process holds.
+    let store_dram = (t.dram / 64).max(4 << 20);
+    let stripe_buffers = 24u64 << 20;
     let store = tierstack_store::TieredStore::new(
         store_dram,
         vec![Box::new(tierstack_store::ArrayTier::new(array))],
     )
     .map_err(|e| e.to_string())?;
-    let budget = t.dram.saturating_sub(store_dram).max(2 * t.page as u64);
+    let budget = t
+        .dram
+        .saturating_sub(store_dram + stripe_buffers)
+        .max(4 * t.page as u64);
     let opts = tierstack_mem::RegionOptions {
         page: t.page,
         budget,
@@ -169,6 +183,38 @@ pub struct MemReport {
     pub read_mean_us: f64,
     pub write_mean_us: f64,
     pub bands: Vec<Band>,
+    /// The tierstack engine's pager during the timed phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pager: Option<PagerPhase>,
+}
+
+/// What the tierstack engine's pager did during the timed phase.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PagerPhase {
+    /// Missing faults (every access that found its page not resident and not prefetched).
+    pub faults: u64,
+    /// Faults served by a read from the store.
+    pub store_reads: u64,
+    /// Mean time of those reads.
+    pub store_read_mean_us: f64,
+    /// Mean time from taking such a fault to waking the program.
+    pub store_fault_mean_us: f64,
+    pub evictions: u64,
+    /// Evictions of clean pages (dropped without a write).
+    pub clean_drops: u64,
+}
+
+fn pager_phase(a: &tierstack_mem::MemStats, b: &tierstack_mem::MemStats) -> PagerPhase {
+    let reads = b.store_reads - a.store_reads;
+    let per = |ns: u64| ns as f64 / reads.max(1) as f64 / 1000.0;
+    PagerPhase {
+        faults: b.faults - a.faults,
+        store_reads: reads,
+        store_read_mean_us: per(b.store_read_ns - a.store_read_ns),
+        store_fault_mean_us: per(b.store_fault_ns - a.store_fault_ns),
+        evictions: b.evictions - a.evictions,
+        clean_drops: b.clean_drops - a.clean_drops,
+    }
 }
 
 fn hist() -> Histogram<u64> {
@@ -202,6 +248,7 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
     }
     let stop = AtomicBool::new(false);
     let total = AtomicU64::new(0);
+    let before = backing.pager_stats();
     let (reads, writes): (Vec<Histogram<u64>>, Vec<Histogram<u64>>) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..spec.threads.max(1))
             .map(|t| {
@@ -251,6 +298,10 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
         stop.store(true, Relaxed);
         handles.into_iter().filter_map(|h| h.join().ok()).unzip()
     });
+    let pager = match (before, backing.pager_stats()) {
+        (Some(a), Some(b)) => Some(pager_phase(&a, &b)),
+        _ => None,
+    };
     let mut rh = hist();
     let mut wh = hist();
     for h in &reads {
@@ -296,6 +347,7 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
         read_mean_us: us(rh.mean()),
         write_mean_us: us(wh.mean()),
         bands,
+        pager,
     })
 }
 
@@ -481,6 +533,12 @@ pub fn render(r: &MemReport) -> String {
         r.read_mean_us,
         r.write_mean_us
     );
+    if let Some(p) = &r.pager {
+        out += &format!(
+            "  pager: {} faults, {} read from the store (mean read {:.1} us, mean fault {:.1} us), {} evictions ({} clean)\n",
+            p.faults, p.store_reads, p.store_read_mean_us, p.store_fault_mean_us, p.evictions, p.clean_drops
+        );
+    }
     let rows: Vec<Vec<String>> = r
         .bands
         .iter()

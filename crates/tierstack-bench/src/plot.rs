@@ -390,6 +390,7 @@ mod tests {
                     writes: 700 >> (k as u64 % 6 + shift).min(63),
                 })
                 .collect(),
+            pager: None,
         }
     }
 

@@ -68,6 +68,12 @@ pub struct MemCounters {
     pub sync_evictions: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
+    /// Missing faults served by a read from the store (not zero fills, not prefetched).
+    pub store_reads: AtomicU64,
+    /// Time those reads took, in all.
+    pub store_read_ns: AtomicU64,
+    /// Time from taking such a fault to waking the program, in all.
+    pub store_fault_ns: AtomicU64,
     pub madvise_calls: AtomicU64,
     /// Highest resident bytes seen.
     pub peak_resident: AtomicU64,
@@ -89,6 +95,12 @@ pub struct MemStats {
     pub sync_evictions: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    #[serde(default)]
+    pub store_reads: u64,
+    #[serde(default)]
+    pub store_read_ns: u64,
+    #[serde(default)]
+    pub store_fault_ns: u64,
     pub madvise_calls: u64,
     pub peak_resident: u64,
     pub regions: u64,
@@ -108,6 +120,9 @@ impl MemCounters {
             sync_evictions: self.sync_evictions.load(Relaxed),
             bytes_in: self.bytes_in.load(Relaxed),
             bytes_out: self.bytes_out.load(Relaxed),
+            store_reads: self.store_reads.load(Relaxed),
+            store_read_ns: self.store_read_ns.load(Relaxed),
+            store_fault_ns: self.store_fault_ns.load(Relaxed),
             madvise_calls: self.madvise_calls.load(Relaxed),
             peak_resident: self.peak_resident.load(Relaxed),
             regions: self.regions.load(Relaxed),

@@ -132,6 +132,9 @@ struct Inner {
     kick_cv: Condvar,
     /// First error the pager hit (a page it could not write out stays resident).
     failed: Mutex<Option<String>>,
+    /// Drops scattered ranges of our own mapping in one call with one TLB flush
+    /// (`process_madvise(MADV_DONTNEED)`); per-range `madvise` where the kernel lacks it.
+    zapper: Zapper,
 }
 
 /// The paging engine of a process: every region it maps shares its budget.
@@ -179,6 +182,14 @@ impl Pager {
                 ))
             })?;
         let page = o.page as u64;
+        // Watermarks close to the budget: under uniform access the hit rate is the share of
+        // the map that is resident, so every idle byte of budget costs faults. The gap
+        // (1 % of the budget, at least two prefetch windows, at most a tenth) leaves the
+        // prefetcher room and lets the evictor work in batches.
+        let slack = (o.budget / 100)
+            .max(2 * PREFETCH_BYTES as u64)
+            .min(o.budget / 10)
+            .max(page);
         let (tx, rx) = std::sync::mpsc::channel::<PrefetchJob>();
         let rx = Arc::new(Mutex::new(rx));
         let inner = Arc::new(Inner {
@@ -187,8 +198,8 @@ impl Pager {
             page: o.page,
             zeros: vec![0u8; o.page],
             budget: o.budget,
-            high: (o.budget / 20 * 19).max(2 * page),
-            low: (o.budget / 20 * 17).max(page),
+            high: o.budget.saturating_sub(slack).max(2 * page),
+            low: o.budget.saturating_sub(2 * slack).max(page),
             store,
             regions: RwLock::new(BTreeMap::new()),
             clock: Mutex::new(VecDeque::new()),
@@ -200,6 +211,7 @@ impl Pager {
             kick: Mutex::new(false),
             kick_cv: Condvar::new(),
             failed: Mutex::new(None),
+            zapper: Zapper::new(),
         });
         let mut threads = Vec::new();
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
@@ -216,6 +228,8 @@ impl Pager {
                 format!("ts-fault-{i}"),
                 Box::new(move || {
                     // A dead fault thread would leave the program asleep in a fault forever.
+                    // A program waits in the fault for every read this thread makes.
+                    tierstack_store::poll_reads_on_this_thread(true);
                     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.serve(i == 0)))
                         .is_err()
                     {
@@ -607,7 +621,7 @@ impl Inner {
     /// Reads a page from the store; None when its region was unmapped meanwhile (its pages
     /// left the store). Any other failure stops the program: it must not see wrong data.
     fn read_page(&self, core: &RegionCore, idx: usize) -> Option<Vec<u8>> {
-        let r = self.store.get((core.obj, idx as u64));
+        let r = self.store.get_uncached((core.obj, idx as u64));
         if !matches!(r, Ok(Some(_))) && core.st.lock().dead {
             return None;
         }
@@ -632,6 +646,7 @@ impl Inner {
         let idx = (addr - core.base) / page;
         let pa = core.base + idx * page;
         self.counters.faults.fetch_add(1, Relaxed);
+        let entered = Instant::now();
         self.make_room(1);
         let mut st = core.st.lock();
         match st.pages[idx] {
@@ -668,10 +683,15 @@ impl Inner {
         st.pages[idx] = PageState::Loading;
         self.charge(page as u64);
         drop(st);
+        let t0 = Instant::now();
         let Some(data) = self.read_page(core, idx) else {
             self.resident.fetch_sub(page as u64, Relaxed);
             return;
         };
+        let c = &self.counters;
+        c.store_reads.fetch_add(1, Relaxed);
+        c.store_read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         self.counters.bytes_in.fetch_add(page as u64, Relaxed);
         let tracked = self.place(pa, &data, !write);
         let mut st = core.st.lock();
@@ -684,6 +704,9 @@ impl Inner {
         let pf = self.stream(&mut st, idx);
         drop(st);
         let _ = self.uffd.wake(pa as *mut _, page);
+        self.counters
+            .store_fault_ns
+            .fetch_add(entered.elapsed().as_nanos() as u64, Relaxed);
         self.prefetch(core, pf);
     }
 
@@ -1064,7 +1087,9 @@ impl Inner {
                 }
             }
         }
-        // Phase 3, under the lock: final states, then one MADV_DONTNEED per run.
+        // Phase 3: the pages leave the mapping in one batched call, outside the lock (they
+        // stay `Evicting` meanwhile: a fault on one waits for the wake-up below); then the
+        // final states under the lock.
         let mut gone: Vec<usize> = Vec::with_capacity(idxs.len());
         {
             let mut st = core.st.lock();
@@ -1081,49 +1106,53 @@ impl Inner {
                 core.write_heat
                     .store(h.saturating_sub(clean.len() as u32), Relaxed);
             }
+            gone.extend_from_slice(&clean);
+            for &(i, s) in &written {
+                if s.is_some() {
+                    gone.push(i);
+                } else {
+                    st.pages[i] = PageState::Resident;
+                    st.queued[i] = true;
+                    self.clock
+                        .lock()
+                        .push_back((Arc::downgrade(core), i as u32));
+                }
+            }
+        }
+        gone.sort_unstable();
+        let ranges: Vec<(usize, usize)> = runs(&gone)
+            .into_iter()
+            .map(|(a, n)| (core.base + a * page, n * page))
+            .collect();
+        self.zapper.zap(&ranges);
+        self.counters.madvise_calls.fetch_add(1, Relaxed);
+        {
+            let mut st = core.st.lock();
+            if st.dead {
+                return;
+            }
             for &i in &clean {
                 st.pages[i] = st.backed[i];
                 self.counters.clean_drops.fetch_add(1, Relaxed);
-                gone.push(i);
             }
             for &(i, s) in &written {
-                match s {
-                    Some(s) => {
-                        if s == PageState::Zero {
-                            self.counters.zero_evictions.fetch_add(1, Relaxed);
-                        }
-                        st.pages[i] = s;
-                        gone.push(i);
+                if let Some(s) = s {
+                    if s == PageState::Zero {
+                        self.counters.zero_evictions.fetch_add(1, Relaxed);
                     }
-                    None => {
-                        st.pages[i] = PageState::Resident;
-                        st.queued[i] = true;
-                        self.clock
-                            .lock()
-                            .push_back((Arc::downgrade(core), i as u32));
-                    }
+                    st.pages[i] = s;
                 }
             }
-            gone.sort_unstable();
             st.resident -= gone.len() as u64 * page as u64;
             self.resident
                 .fetch_sub(gone.len() as u64 * page as u64, Relaxed);
             self.counters
                 .evictions
                 .fetch_add(gone.len() as u64, Relaxed);
-            for (a, n) in runs(&gone) {
-                let pa = core.base + a * page;
-                // SAFETY: the run lies in our mapping and its contents were saved above (or
-                // are clean copies of what the store holds).
-                let _ = unsafe {
-                    rustix::mm::madvise(pa as *mut _, n * page, rustix::mm::Advice::LinuxDontNeed)
-                };
-                self.counters.madvise_calls.fetch_add(1, Relaxed);
-            }
         }
         // Writers blocked on the protection retry and fault the page back in.
-        for (a, n) in runs(&gone) {
-            let _ = self.uffd.wake((core.base + a * page) as *mut _, n * page);
+        for &(a, n) in &ranges {
+            let _ = self.uffd.wake(a as *mut _, n);
         }
     }
 }
@@ -1159,6 +1188,78 @@ fn copy_page(uffd: &Uffd, data: &[u8], dst: usize, protect: bool) -> std::result
         Ok(())
     } else {
         Err(if arg.copy < 0 { arg.copy } else { -1 })
+    }
+}
+
+/// Drops pages of this process's own mappings (`MADV_DONTNEED`).
+struct Zapper {
+    /// A pidfd of this process for `process_madvise`, whose vector of ranges costs one TLB
+    /// flush in all (one `madvise` per scattered page costs one flush, an IPI to every CPU
+    /// running the program, each: 15 us a page measured here); None where the kernel has no
+    /// `process_madvise(MADV_DONTNEED)` (before 5.10, or refused).
+    pidfd: Option<std::os::fd::OwnedFd>,
+    vectored: AtomicBool,
+}
+
+impl Zapper {
+    fn new() -> Zapper {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+        let pidfd = (fd >= 0).then(|| {
+            use std::os::fd::FromRawFd;
+            // SAFETY: `fd` is a descriptor we just opened and own.
+            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
+        });
+        Zapper {
+            vectored: AtomicBool::new(pidfd.is_some()),
+            pidfd,
+        }
+    }
+
+    /// Drops `(address, length)` ranges of our mappings; their contents must be saved.
+    fn zap(&self, ranges: &[(usize, usize)]) {
+        const IOV_MAX: usize = 1024;
+        if let (Some(fd), true) = (&self.pidfd, self.vectored.load(Relaxed)) {
+            use std::os::fd::AsRawFd;
+            let mut ok = true;
+            for chunk in ranges.chunks(IOV_MAX) {
+                let iov: Vec<libc::iovec> = chunk
+                    .iter()
+                    .map(|&(a, n)| libc::iovec {
+                        iov_base: a as *mut _,
+                        iov_len: n,
+                    })
+                    .collect();
+                let want: usize = chunk.iter().map(|&(_, n)| n).sum();
+                // SAFETY: process_madvise reads `iov.len()` iovecs describing ranges of our
+                // own mappings, whose contents the caller saved; it changes no memory of ours
+                // other than dropping those pages.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_process_madvise,
+                        fd.as_raw_fd(),
+                        iov.as_ptr(),
+                        iov.len(),
+                        libc::MADV_DONTNEED,
+                        0,
+                    )
+                };
+                if r < 0 || r as usize != want {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                return;
+            }
+            // Not supported here (or partly done): per-range madvise is idempotent.
+            self.vectored.store(false, Relaxed);
+        }
+        for &(a, n) in ranges {
+            // SAFETY: the range lies in one of our mappings and its contents were saved.
+            let _ =
+                unsafe { rustix::mm::madvise(a as *mut _, n, rustix::mm::Advice::LinuxDontNeed) };
+        }
     }
 }
 

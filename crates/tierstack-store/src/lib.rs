@@ -213,6 +213,24 @@ impl TieredStore {
         Ok(None)
     }
 
+    /// [`TieredStore::get`] for a caller that keeps the page itself (the memory front maps it
+    /// into the program): a page read from a lower tier is not also cached in the DRAM tier,
+    /// and the read never waits for an eviction of the DRAM tier.
+    pub fn get_uncached(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
+        Self::check(key, 0)?;
+        if let Some(v) = self.dram.get(key) {
+            let mut out = self.page_buf(v.len());
+            out.extend_from_slice(&v);
+            return Ok(Some(out));
+        }
+        for t in &self.lower {
+            if let Some(v) = t.get(key)? {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    }
+
     /// Removes a page from every tier. Returns whether any tier had it.
     pub fn remove(&self, key: PageKey) -> Result<bool> {
         Self::check(key, 0)?;
@@ -327,4 +345,11 @@ impl TieredStore {
         v.extend(self.lower.iter().map(|t| t.status()));
         v
     }
+}
+
+/// Makes this thread's reads from the array tier poll for their completion instead of
+/// sleeping (see [`tierstack_array::io::set_poll_reads`]): for threads on a latency-critical
+/// path, such as the memory front's fault handlers.
+pub fn poll_reads_on_this_thread(on: bool) {
+    tierstack_array::io::set_poll_reads(on);
 }
