@@ -57,13 +57,15 @@ pub struct WorkerSpec {
     pub tierstack: Option<TierstackSpec>,
 }
 
-/// The tierstack engine: a RAID 5 of four file drives in `dir`, the tiered store over it and
-/// a userfaultfd region whose DRAM budget is `dram`.
+/// The tierstack engine: an array of four file drives in `dir` (RAID `level`), the tiered
+/// store over it and a userfaultfd region whose DRAM budget is `dram`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TierstackSpec {
     pub dir: PathBuf,
     pub dram: u64,
     pub page: usize,
+    /// RAID level number (0, 1, 5, 6 or 10).
+    pub level: u32,
 }
 
 /// Drive files of the tierstack engine, removed on drop.
@@ -108,7 +110,7 @@ impl Backing {
 }
 
 fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
-    use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
+    use tierstack_array::{Array, ArrayOptions, CreateParams};
     std::fs::create_dir_all(&t.dir)
         .map_err(|e| format!("cannot create {}: {e}", t.dir.display()))?;
     let paths: Vec<PathBuf> = (0..4)
@@ -118,10 +120,12 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
         })
         .collect();
     let drives = TempDrives(paths.clone());
-    // Three data drives of four: room for the whole map twice over (the log needs slack).
+    // At least three data drives of four: room for the whole map twice over (the log needs
+    // slack).
     let per_drive = (map * 2 / 3).max(64 << 20) + (64 << 20);
     let params = CreateParams {
-        level: Level::Raid5,
+        level: tierstack_array::Level::from_number(t.level)
+            .ok_or_else(|| format!("unknown RAID level {}", t.level))?,
         chunk: 64 << 10,
         groups: None,
         size: Some(per_drive),
@@ -446,6 +450,7 @@ pub fn run_engine(
     dram: u64,
     dir: &Path,
     page: usize,
+    level: tierstack_array::Level,
 ) -> Result<MemReport, String> {
     let mut spec = spec.clone();
     let _setup = match engine {
@@ -462,6 +467,7 @@ pub fn run_engine(
                 dir: dir.to_path_buf(),
                 dram,
                 page,
+                level: level.number(),
             });
             None
         }

@@ -45,6 +45,11 @@ pub struct BenchMemArgs {
     /// tierstack page size (unit of faulting and I/O): a multiple of 4K up to 1M.
     #[arg(long, default_value = "64K")]
     page: String,
+    /// RAID level of the tierstack engine's four file drives. 0 by default, like kernel swap
+    /// (a swap file has no redundancy; seed 000 swaps to an mdadm RAID 0); 5 is what
+    /// `tierstack run --dir` makes.
+    #[arg(long, default_value = "0")]
+    level: String,
     /// Print one JSON object on stdout (with --compare: tierstack, kernel_swap, ratio).
     #[arg(long)]
     json: bool,
@@ -98,7 +103,20 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         plot::check_target(p).map_err(anyhow::Error::msg)?;
         plot::check_font().map_err(anyhow::Error::msg)?;
     }
-    let note = format!("tierstack page {}", fmt_size(page as u64));
+    let level: tierstack_array::Level = a
+        .level
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--level: {e}"))?;
+    if matches!(
+        level,
+        tierstack_array::Level::Raid50 | tierstack_array::Level::Raid60
+    ) {
+        bail!(
+            "--level {} needs more than four drives: use 0, 1, 5, 6 or 10",
+            a.level
+        );
+    }
+    let note = format!("tierstack page {}, RAID {}", fmt_size(page as u64), level);
     let draw = |reports: &[mem::MemReport]| -> Result<()> {
         if let Some(p) = &a.plot {
             let ran_tierstack = reports.iter().any(|r| r.engine == "tierstack");
@@ -122,9 +140,9 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     let exe = std::env::current_exe()?;
     if a.compare {
         // Back to back, same workload, same folder for the swap file and the drives.
-        let t = mem::run_engine(&exe, "tierstack", &spec, dram, &a.dir, page)
+        let t = mem::run_engine(&exe, "tierstack", &spec, dram, &a.dir, page, level)
             .map_err(anyhow::Error::msg)?;
-        let k = mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page)
+        let k = mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page, level)
             .map_err(anyhow::Error::msg)?;
         let ratio = if k.accesses_per_s > 0.0 {
             t.accesses_per_s / k.accesses_per_s
@@ -142,8 +160,8 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         }
         return draw(&[t, k]);
     }
-    let r =
-        mem::run_engine(&exe, &a.engine, &spec, dram, &a.dir, page).map_err(anyhow::Error::msg)?;
+    let r = mem::run_engine(&exe, &a.engine, &spec, dram, &a.dir, page, level)
+        .map_err(anyhow::Error::msg)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

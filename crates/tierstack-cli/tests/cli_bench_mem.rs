@@ -101,6 +101,8 @@ fn bad_options_get_one_line() {
         (vec!["--plot", "/no/such/folder/x.png"], "does not exist"),
         (vec!["--from-json", "x.json"], "--plot"),
         (vec!["--no-such-flag"], "unexpected argument"),
+        (vec!["--level", "7"], "unknown RAID level"),
+        (vec!["--level", "60"], "more than four drives"),
     ] {
         let mut a = vec!["bench", "mem", "--seconds", "0.2"];
         if !args.contains(&"--engine") {
@@ -144,12 +146,22 @@ fn tierstack_engine_runs_in_a_userfaultfd_region_and_cleans_up() {
         "1",
         "--dir",
         dir,
+        "--level",
+        "5",
         "--json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(j["engine"], "tierstack");
     assert!(j["accesses"].as_u64().unwrap_or(0) > 1000, "{j}");
+    // The pager's own account of the timed phase: every fault it served from the store was
+    // timed.
+    let p = &j["pager"];
+    assert!(p["faults"].as_u64().unwrap_or(0) > 0, "{j}");
+    assert!(p["store_reads"].as_u64().unwrap_or(0) <= p["faults"].as_u64().unwrap_or(0));
+    if p["store_reads"].as_u64().unwrap_or(0) > 0 {
+        assert!(p["store_read_mean_us"].as_f64().unwrap_or(0.0) > 0.0, "{j}");
+    }
     assert_eq!(
         std::fs::read_dir(tmp.path()).expect("dir").count(),
         0,

@@ -27,7 +27,7 @@
 
 mod pager;
 
-pub use pager::{Pager, PagerOptions, Region, RegionOptions};
+pub use pager::{default_fault_threads, Pager, PagerOptions, Region, RegionOptions};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -35,6 +35,8 @@ pub struct PagerOptions {
     pub page: usize,
     /// Resident bytes of all regions together.
     pub budget: u64,
+    /// Fault-handling threads; kept one per CPU when there are at least as many CPUs (see
+    /// [`default_fault_threads`]).
     pub fault_threads: usize,
     /// Bytes of regions the store can hold; `map` refuses more. None: no limit.
     pub commit_limit: Option<u64>,
@@ -223,16 +225,32 @@ impl Pager {
             threads.push(h);
             Ok(())
         };
-        for i in 0..o.fault_threads.max(1) {
+        // One fault thread per CPU where there are enough CPUs, each kept on its CPU: a
+        // program thread waiting in a fault then finds a fault thread on its own CPU, which
+        // keeps that CPU out of the idle state (on a virtual machine, waking a halted CPU
+        // costs tens of microseconds per fault) and can be woken there without an
+        // inter-processor interrupt. Measured here: 2 program threads 22.8-23.8k accesses/s
+        // unpinned, 27.0-27.3k pinned.
+        let cpus = allowed_cpus();
+        let nthreads = o.fault_threads.max(1);
+        let pin: Vec<usize> = if nthreads <= cpus.len() {
+            cpus[..nthreads].to_vec()
+        } else {
+            Vec::new()
+        };
+        for i in 0..nthreads {
             let s = inner.clone();
+            let cpu = pin.get(i).copied();
             spawn(
                 format!("ts-fault-{i}"),
                 Box::new(move || {
                     // A dead fault thread would leave the program asleep in a fault forever.
                     // A program waits in the fault for every read this thread makes.
                     tierstack_store::poll_reads_on_this_thread(true);
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.serve(i == 0)))
-                        .is_err()
+                    if let Some(cpu) = cpu {
+                        pin_to_cpu(cpu);
+                    }
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.serve())).is_err()
                     {
                         fatal("a fault-handling thread panicked");
                     }
@@ -537,19 +555,20 @@ impl Inner {
         (addr < c.base + c.len).then(|| c.clone())
     }
 
-    /// Fault thread loop. With `spin`, the thread polls the descriptor without sleeping for
-    /// up to 2 ms after each fault (a sleeping thread costs a cross-CPU wake-up, 60–90 us
-    /// here, per fault); then it sleeps in poll like the others.
-    fn serve(&self, spin: bool) {
+    /// Fault thread loop. For 2 ms after each fault the thread polls the descriptor without
+    /// sleeping, yielding its CPU to any other runnable thread between polls (a sleeping
+    /// thread costs a cross-CPU wake-up per fault, 60-90 us here; yielding keeps a program
+    /// thread that shares the CPU from waiting on the spin); then it sleeps in poll.
+    fn serve(&self) {
         let mut last_fault = Instant::now();
         while !self.stop.load(Relaxed) {
-            if spin && last_fault.elapsed() < Duration::from_millis(2) {
+            if last_fault.elapsed() < Duration::from_millis(2) {
                 match self.uffd.read_event() {
                     Ok(Some(ev)) => {
                         self.handle(ev);
                         last_fault = Instant::now();
                     }
-                    _ => std::hint::spin_loop(),
+                    _ => std::thread::yield_now(),
                 }
                 continue;
             }
@@ -1189,6 +1208,35 @@ fn copy_page(uffd: &Uffd, data: &[u8], dst: usize, protect: bool) -> std::result
         Ok(())
     } else {
         Err(if arg.copy < 0 { arg.copy } else { -1 })
+    }
+}
+
+/// Fault threads for a process: one per CPU it may run on, from 2 to 8.
+pub fn default_fault_threads() -> usize {
+    allowed_cpus().len().clamp(2, 8)
+}
+
+/// The CPUs this process may run on, in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills the zero-initialised set it is given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Keeps the calling thread on `cpu` (best effort).
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: sched_setaffinity reads the set it is given; it affects only this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 

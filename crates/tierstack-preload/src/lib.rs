@@ -208,7 +208,7 @@ fn start() -> Result<Engine, String> {
         &PagerOptions {
             page,
             budget,
-            fault_threads: 2,
+            fault_threads: tierstack_mem::default_fault_threads(),
             // The log needs room to clean: regions may take half the array.
             commit_limit: Some(capacity / 2),
         },
