@@ -35,6 +35,10 @@ pub struct BenchMemArgs {
     /// Run tierstack and kernel-swap back to back and print the ratio of accesses/s.
     #[arg(long)]
     compare: bool,
+    /// With --compare: run both engines this many times, alternately, and report each
+    /// engine's median run.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    repeat: u32,
     /// Draw the read and write latency histograms of every engine that ran into this PNG.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -139,11 +143,32 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     };
     let exe = std::env::current_exe()?;
     if a.compare {
-        // Back to back, same workload, same folder for the swap file and the drives.
-        let t = mem::run_engine(&exe, "tierstack", &spec, dram, &a.dir, page, level)
-            .map_err(anyhow::Error::msg)?;
-        let k = mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page, level)
-            .map_err(anyhow::Error::msg)?;
+        // Back to back, same workload, same folder for the swap file and the drives; with
+        // --repeat, alternately, and each engine's median run is reported (this machine's
+        // disk swings run to run).
+        let repeat = a.repeat as usize;
+        let mut ts = Vec::new();
+        let mut ks = Vec::new();
+        for i in 0..repeat {
+            if repeat > 1 && !a.json {
+                eprintln!("round {} of {repeat}", i + 1);
+            }
+            ts.push(
+                mem::run_engine(&exe, "tierstack", &spec, dram, &a.dir, page, level)
+                    .map_err(anyhow::Error::msg)?,
+            );
+            ks.push(
+                mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page, level)
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
+        let rounds: Vec<serde_json::Value> = ts
+            .iter()
+            .zip(&ks)
+            .map(|(t, k)| serde_json::json!([t.accesses_per_s, k.accesses_per_s]))
+            .collect();
+        let t = median_run(ts);
+        let k = median_run(ks);
         let ratio = if k.accesses_per_s > 0.0 {
             t.accesses_per_s / k.accesses_per_s
         } else {
@@ -152,10 +177,14 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"tierstack": t, "kernel_swap": k, "ratio": ratio})
+                serde_json::json!({"tierstack": t, "kernel_swap": k, "ratio": ratio,
+                    "repeat": repeat, "rounds_accesses_per_s": rounds})
             );
         } else {
             print!("{}{}", mem::render(&t), mem::render(&k));
+            if repeat > 1 {
+                println!("(median of {repeat} rounds each)");
+            }
             println!("ratio (tierstack / kernel-swap accesses/s): {ratio:.2}");
         }
         return draw(&[t, k]);
@@ -168,6 +197,13 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         print!("{}", mem::render(&r));
     }
     draw(&[r])
+}
+
+/// The run with the median accesses/s (the lower middle one of an even count).
+fn median_run(mut runs: Vec<mem::MemReport>) -> mem::MemReport {
+    runs.sort_by(|a, b| a.accesses_per_s.total_cmp(&b.accesses_per_s));
+    let mid = (runs.len() - 1) / 2;
+    runs.swap_remove(mid)
 }
 
 /// `--plot FILE --from-json JSON`: redraws a plot from saved `--json` output.

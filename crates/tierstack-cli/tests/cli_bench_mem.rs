@@ -102,6 +102,7 @@ fn bad_options_get_one_line() {
         (vec!["--from-json", "x.json"], "--plot"),
         (vec!["--no-such-flag"], "unexpected argument"),
         (vec!["--level", "7"], "unknown RAID level"),
+        (vec!["--repeat", "0"], "--repeat"),
         (vec!["--level", "60"], "more than four drives"),
     ] {
         let mut a = vec!["bench", "mem", "--seconds", "0.2"];
@@ -238,4 +239,68 @@ fn plot_draws_a_png_of_the_histograms() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("not bench mem JSON"), "{err}");
+}
+
+#[test]
+fn compare_with_repeat_reports_each_engines_median() {
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_err()
+    {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().to_str().expect("utf8");
+    let o = ts(&[
+        "bench",
+        "mem",
+        "--compare",
+        "--repeat",
+        "3",
+        "--map",
+        "64M",
+        "--dram",
+        "32M",
+        "--seconds",
+        "0.5",
+        "--dir",
+        dir,
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success()
+        && (err.contains("needs root")
+            || err.contains("swapon failed")
+            || err.contains("no memory cgroup")
+            || err.contains("made no progress"))
+    {
+        eprintln!("SKIP compare_with_repeat_reports_each_engines_median: {err}");
+        return;
+    }
+    assert!(o.status.success(), "{err}");
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(j["repeat"], 3);
+    let rounds = j["rounds_accesses_per_s"].as_array().expect("rounds");
+    assert_eq!(rounds.len(), 3);
+    // The reported run of each engine is the median of its three rounds.
+    for (col, name) in [(0, "tierstack"), (1, "kernel_swap")] {
+        let mut v: Vec<f64> = rounds
+            .iter()
+            .map(|r| r[col].as_f64().unwrap_or(-1.0))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        assert_eq!(
+            j[name]["accesses_per_s"].as_f64(),
+            Some(v[1]),
+            "{name}: {j}"
+        );
+    }
+    let t = j["tierstack"]["accesses_per_s"].as_f64().unwrap_or(0.0);
+    let k = j["kernel_swap"]["accesses_per_s"].as_f64().unwrap_or(1.0);
+    let r = j["ratio"].as_f64().unwrap_or(0.0);
+    assert!((r - t / k).abs() < 1e-9, "{j}");
+    assert_eq!(std::fs::read_dir(tmp.path()).expect("dir").count(), 0);
 }
