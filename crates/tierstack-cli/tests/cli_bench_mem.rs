@@ -44,6 +44,22 @@ fn dram_engine_reports_pmbench_figures() {
     assert!(j["p50_us"].as_f64().unwrap_or(-1.0) <= j["p99_us"].as_f64().unwrap_or(-1.0));
 }
 
+/// Whether a kernel-swap run failed for environment limits, not tierstack's: no root, no swap
+/// or cgroup support, or a swap file that other processes on the machine filled while the
+/// worker ran (swap is global). Says so for `test`.
+fn swap_unavailable(o: &std::process::Output, test: &str) -> bool {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let limit = !o.status.success()
+        && (err.contains("needs root")
+            || err.contains("swapon failed")
+            || err.contains("no memory cgroup")
+            || err.contains("made no progress"));
+    if limit {
+        eprintln!("SKIP {test}: {err}");
+    }
+    limit
+}
+
 #[test]
 fn kernel_swap_engine_swaps_and_cleans_up() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -64,15 +80,7 @@ fn kernel_swap_engine_swaps_and_cleans_up() {
         "--json",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    // Environment limits, not tierstack's: no root, no swap or cgroup support, or a swap file
-    // that other processes on the machine filled while the worker ran (swap is global).
-    if !o.status.success()
-        && (err.contains("needs root")
-            || err.contains("swapon failed")
-            || err.contains("no memory cgroup")
-            || err.contains("made no progress"))
-    {
-        eprintln!("SKIP kernel_swap_engine_swaps_and_cleans_up: {err}");
+    if swap_unavailable(&o, "kernel_swap_engine_swaps_and_cleans_up") {
         return;
     }
     assert!(o.status.success(), "{err}");
@@ -271,13 +279,7 @@ fn compare_with_repeat_reports_each_engines_median() {
         "--json",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    if !o.status.success()
-        && (err.contains("needs root")
-            || err.contains("swapon failed")
-            || err.contains("no memory cgroup")
-            || err.contains("made no progress"))
-    {
-        eprintln!("SKIP compare_with_repeat_reports_each_engines_median: {err}");
+    if swap_unavailable(&o, "compare_with_repeat_reports_each_engines_median") {
         return;
     }
     assert!(o.status.success(), "{err}");
