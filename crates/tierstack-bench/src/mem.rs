@@ -126,7 +126,9 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
     let params = CreateParams {
         level: tierstack_array::Level::from_number(t.level)
             .ok_or_else(|| format!("unknown RAID level {}", t.level))?,
-        chunk: 64 << 10,
+        // A chunk at least as large as a page: a page is then read with one request to one
+        // drive (linear, 256 KiB pages: 15 % more accesses/s than with 64 KiB chunks here).
+        chunk: t.page.clamp(64 << 10, 1 << 20).next_power_of_two(),
         groups: None,
         size: Some(per_drive),
     };
