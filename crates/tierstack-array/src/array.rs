@@ -1125,9 +1125,9 @@ impl Array {
         }
     }
 
-    /// Reads the value at `loc`: with `repair`, a checksum mismatch is repaired from
-    /// redundancy (the caller holds the index lock, which keeps the segment in place);
-    /// without, it is an error (`Ok(None)`), for reads made without the lock.
+    /// Reads the value at `loc`. With `repair` (the caller holds the index lock, which keeps
+    /// the segment in place) a checksum mismatch is repaired from redundancy; without (a read
+    /// made without the lock) a mismatch or a failed read gives `Ok(None)`.
     fn read_at(&self, loc: &Loc, repair: bool) -> Result<Option<Vec<u8>>> {
         let geo = &self.inner.geo;
         let gs = geo.seg_stripes * loc.seg as u64 + loc.stripe as u64;
@@ -1149,11 +1149,6 @@ impl Array {
         Ok(Some(buf[..len].to_vec()))
     }
 
-    /// The value at `loc` if the drives return it with a matching checksum (no repair).
-    fn read_loc_unlocked(&self, loc: &Loc) -> Option<Vec<u8>> {
-        self.read_at(loc, false).ok().flatten()
-    }
-
     fn read_loc(&self, _idx: &Index, loc: &Loc) -> Result<Vec<u8>> {
         Ok(self.read_at(loc, true)?.unwrap_or_default())
     }
@@ -1170,7 +1165,7 @@ impl Array {
         match first {
             None => return Ok(None),
             Some(loc) if !loc.pending => {
-                if let Some(v) = self.read_loc_unlocked(&loc) {
+                if let Ok(Some(v)) = self.read_at(&loc, false) {
                     let same = self
                         .inner
                         .index
@@ -1221,6 +1216,13 @@ impl Array {
             }
             self.finish_oldest(&mut w)?;
         }
+    }
+
+    /// DRAM the array holds for stripe images at most: the open stripe and the stripes being
+    /// written, every drive's share with its redundancy.
+    pub fn buffer_bytes(&self) -> u64 {
+        let geo = &self.inner.geo;
+        ((MAX_INFLIGHT + 1) * geo.ndrives * geo.stripe_drive_bytes()) as u64
     }
 
     /// Whether `key` has a value.

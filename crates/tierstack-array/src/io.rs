@@ -238,18 +238,7 @@ impl UringEngine {
                 for (idx, res) in cqes {
                     seen += 1;
                     let idx = idx as usize;
-                    let want = match &ops[idx] {
-                        IoOp::Read { buf, .. } => buf.len(),
-                        IoOp::Write { buf, .. } => buf.len(),
-                    };
-                    results[idx] = if res < 0 {
-                        Err(io::Error::from_raw_os_error(-res))
-                    } else if (res as usize) < want {
-                        // Short transfer: finish synchronously from where the kernel stopped.
-                        finish_short(&mut ops[idx], res as usize)
-                    } else {
-                        Ok(())
-                    };
+                    results[idx] = complete(&mut ops[idx], res);
                 }
             }
             start = end;
@@ -274,6 +263,22 @@ fn sqe(op: &mut IoOp<'_>) -> io_uring::squeue::Entry {
                 .offset(*offset)
                 .build()
         }
+    }
+}
+
+/// The outcome of `op` from its completion result: an error, done, or a short transfer that
+/// is finished synchronously from where the kernel stopped.
+fn complete(op: &mut IoOp<'_>, res: i32) -> io::Result<()> {
+    let want = match op {
+        IoOp::Read { buf, .. } => buf.len(),
+        IoOp::Write { buf, .. } => buf.len(),
+    };
+    if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else if (res as usize) < want {
+        finish_short(op, res as usize)
+    } else {
+        Ok(())
     }
 }
 
@@ -340,17 +345,7 @@ impl UringEngine {
                 std::hint::spin_loop();
             }
         };
-        let want = match op {
-            IoOp::Read { buf, .. } => buf.len(),
-            IoOp::Write { buf, .. } => buf.len(),
-        };
-        if res < 0 {
-            Err(io::Error::from_raw_os_error(-res))
-        } else if (res as usize) < want {
-            finish_short(op, res as usize)
-        } else {
-            Ok(())
-        }
+        complete(op, res)
     }
 }
 

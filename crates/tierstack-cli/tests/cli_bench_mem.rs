@@ -44,6 +44,19 @@ fn dram_engine_reports_pmbench_figures() {
     assert!(j["p50_us"].as_f64().unwrap_or(-1.0) <= j["p99_us"].as_f64().unwrap_or(-1.0));
 }
 
+/// Whether /dev/userfaultfd can be used here (says SKIP when not).
+fn uffd_usable() -> bool {
+    let ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok();
+    if !ok {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    }
+    ok
+}
+
 /// Whether a kernel-swap run failed for environment limits, not tierstack's: no root, no swap
 /// or cgroup support, or a swap file that other processes on the machine filled while the
 /// worker ran (swap is global). Says so for `test`.
@@ -131,13 +144,7 @@ fn bad_options_get_one_line() {
 
 #[test]
 fn tierstack_engine_runs_in_a_userfaultfd_region_and_cleans_up() {
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .is_err()
-    {
-        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    if !uffd_usable() {
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");
@@ -251,13 +258,7 @@ fn plot_draws_a_png_of_the_histograms() {
 
 #[test]
 fn compare_with_repeat_reports_each_engines_median() {
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .is_err()
-    {
-        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    if !uffd_usable() {
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");

@@ -71,6 +71,16 @@ fn setup() -> Option<(
     Some((guard, dir, st))
 }
 
+/// `words` atomic words at `base`, shared by a test's threads.
+///
+/// # Safety
+/// `base` must be the start of a mapping of at least `words * 8` bytes that outlives every use
+/// of the slice.
+unsafe fn atomics(base: usize, words: usize) -> &'static [std::sync::atomic::AtomicU64] {
+    // SAFETY: guaranteed by the caller; AtomicU64 makes concurrent access well-defined.
+    unsafe { std::slice::from_raw_parts(base as *const std::sync::atomic::AtomicU64, words) }
+}
+
 #[test]
 fn region_four_times_its_budget_keeps_every_byte() {
     let Some((_serial, _dir, st)) = setup() else {
@@ -151,10 +161,8 @@ fn threads_write_and_read_while_pages_move() {
         for t in 0..4usize {
             s.spawn(move || {
                 // SAFETY: each thread writes only the words i ≡ t (mod 4) of a mapping that
-                // outlives the scope; AtomicU64 views make the concurrent access well-defined.
-                let mem = unsafe {
-                    std::slice::from_raw_parts(base as *const std::sync::atomic::AtomicU64, words)
-                };
+                // outlives the scope.
+                let mem = unsafe { atomics(base, words) };
                 for round in 0..2u64 {
                     for i in (t..words).step_by(4 * 97) {
                         mem[i].store(i as u64 * 3 + round, std::sync::atomic::Ordering::Relaxed);
@@ -314,11 +322,8 @@ fn many_threads_adding_to_the_same_pages_lose_nothing() {
     std::thread::scope(|s| {
         for t in 0..threads {
             s.spawn(move || {
-                // SAFETY: the mapping outlives the scope; AtomicU64 makes the shared access
-                // well-defined.
-                let mem = unsafe {
-                    std::slice::from_raw_parts(base as *const std::sync::atomic::AtomicU64, words)
-                };
+                // SAFETY: the mapping outlives the scope.
+                let mem = unsafe { atomics(base, words) };
                 for _ in 0..rounds {
                     // Each thread walks the region from its own starting point, one word per
                     // 512 (so every page is hit by every thread in every round).
@@ -511,14 +516,8 @@ fn random_writers_on_small_pages_lose_nothing() {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
-                    // SAFETY: the mapping outlives the scope; AtomicU64 makes the shared
-                    // access well-defined.
-                    let mem = unsafe {
-                        std::slice::from_raw_parts(
-                            base as *const std::sync::atomic::AtomicU64,
-                            pages * 512,
-                        )
-                    };
+                    // SAFETY: the mapping outlives the scope.
+                    let mem = unsafe { atomics(base, pages * 512) };
                     let mut n = vec![0u64; pages];
                     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
                     for _ in 0..per_thread {
