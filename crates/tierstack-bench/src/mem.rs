@@ -153,7 +153,7 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
     let opts = tierstack_mem::RegionOptions {
         page: t.page,
         budget,
-        fault_threads: 2,
+        fault_threads: tierstack_mem::default_fault_threads(),
     };
     let region = tierstack_mem::Region::new(std::sync::Arc::new(store), map as usize, &opts)
         .map_err(|e| e.to_string())?;
@@ -263,6 +263,9 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
                 let stop = &stop;
                 let total = &total;
                 s.spawn(move || {
+                    // Lets the tierstack engine serve this thread's faults on its own CPU
+                    // (nothing for the other engines).
+                    tierstack_mem::register_current_thread();
                     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed + t as u64);
                     let zipf = rand_distr::Zipf::new(pages as u64, 0.99).ok();
                     let mut rh = hist();

@@ -25,8 +25,10 @@
 //! Lock order: region state, then the clock. The evictor never holds the clock while it takes
 //! a region lock. No lock is held across a store read or write.
 
+mod cpu;
 mod pager;
 
+pub use cpu::register_current_thread;
 pub use pager::{default_fault_threads, Pager, PagerOptions, Region, RegionOptions};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

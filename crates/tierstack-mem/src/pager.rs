@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::AsFd;
 use std::sync::atomic::{
     AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+    Ordering::Release,
 };
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -113,6 +114,28 @@ struct PrefetchJob {
 /// Threads that read prefetched pages in parallel (the store's reads are synchronous).
 const PREFETCH_THREADS: usize = 8;
 
+/// A fault as read from the userfaultfd (the crate's event holds a raw pointer).
+#[derive(Clone, Copy)]
+struct Fault {
+    kind: FaultKind,
+    addr: usize,
+    write: bool,
+}
+
+/// Faults handed to one fault thread: those of program threads on its CPU.
+#[derive(Default)]
+struct Mailbox {
+    queue: Mutex<VecDeque<(Fault, Instant)>>,
+    len: std::sync::atomic::AtomicUsize,
+    /// The owner polls (rather than sleeps): only then is mail handed to it.
+    spinning: AtomicBool,
+}
+
+/// Mail another fault thread has not taken for this long is served by whoever sees it (the
+/// owner's CPU may be busy with another thread); a fault served across CPUs costs ~10 us
+/// more here, so waiting longer than that for the owner does not pay.
+const STEAL_AFTER: Duration = Duration::from_micros(15);
+
 struct Inner {
     prefetch_tx: Mutex<Option<std::sync::mpsc::Sender<PrefetchJob>>>,
     uffd: Uffd,
@@ -137,6 +160,10 @@ struct Inner {
     /// Drops scattered ranges of our own mapping in one call with one TLB flush
     /// (`process_madvise(MADV_DONTNEED)`); per-range `madvise` where the kernel lacks it.
     zapper: Zapper,
+    /// One per fault thread.
+    mail: Vec<Mailbox>,
+    /// The fault thread pinned to each CPU.
+    thread_on_cpu: Vec<Option<usize>>,
 }
 
 /// The paging engine of a process: every region it maps shares its budget.
@@ -176,7 +203,9 @@ impl Pager {
             .close_on_exec(true)
             .non_blocking(true)
             .user_mode_only(false)
-            .require_features(userfaultfd::FeatureFlags::PAGEFAULT_FLAG_WP)
+            .require_features(
+                userfaultfd::FeatureFlags::PAGEFAULT_FLAG_WP | userfaultfd::FeatureFlags::THREAD_ID,
+            )
             .create()
             .map_err(|e| {
                 MemError::Uffd(format!(
@@ -193,6 +222,23 @@ impl Pager {
             .max(4 * PREFETCH_BYTES as u64)
             .min(o.budget / 10)
             .max(page);
+        // One fault thread per CPU where there are enough CPUs, each kept on its CPU: a
+        // program thread waiting in a fault then finds a fault thread on its own CPU, which
+        // keeps that CPU out of the idle state (on a virtual machine, waking a halted CPU
+        // costs tens of microseconds per fault). Faults of program threads that registered
+        // (`register_current_thread`) are handed to the fault thread of their CPU, which
+        // wakes them without an inter-processor interrupt.
+        let cpus = allowed_cpus();
+        let nthreads = o.fault_threads.max(1);
+        let pin: Vec<usize> = if nthreads <= cpus.len() {
+            cpus[..nthreads].to_vec()
+        } else {
+            Vec::new()
+        };
+        let mut thread_on_cpu = vec![None; pin.iter().max().map_or(0, |m| m + 1)];
+        for (i, &c) in pin.iter().enumerate() {
+            thread_on_cpu[c] = Some(i);
+        }
         let (tx, rx) = std::sync::mpsc::channel::<PrefetchJob>();
         let rx = Arc::new(Mutex::new(rx));
         let inner = Arc::new(Inner {
@@ -215,6 +261,8 @@ impl Pager {
             kick_cv: Condvar::new(),
             failed: Mutex::new(None),
             zapper: Zapper::new(),
+            mail: (0..nthreads).map(|_| Mailbox::default()).collect(),
+            thread_on_cpu,
         });
         let mut threads = Vec::new();
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
@@ -224,19 +272,6 @@ impl Pager {
                 .map_err(|e| MemError::Uffd(format!("cannot start a pager thread: {e}")))?;
             threads.push(h);
             Ok(())
-        };
-        // One fault thread per CPU where there are enough CPUs, each kept on its CPU: a
-        // program thread waiting in a fault then finds a fault thread on its own CPU, which
-        // keeps that CPU out of the idle state (on a virtual machine, waking a halted CPU
-        // costs tens of microseconds per fault) and can be woken there without an
-        // inter-processor interrupt. Measured here (bench mem, uniform, 4 KiB pages, three
-        // alternating rounds): 2 program threads 22.2k accesses/s unpinned, 23.8k pinned.
-        let cpus = allowed_cpus();
-        let nthreads = o.fault_threads.max(1);
-        let pin: Vec<usize> = if nthreads <= cpus.len() {
-            cpus[..nthreads].to_vec()
-        } else {
-            Vec::new()
         };
         for i in 0..nthreads {
             let s = inner.clone();
@@ -250,7 +285,8 @@ impl Pager {
                     if let Some(cpu) = cpu {
                         pin_to_cpu(cpu);
                     }
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.serve())).is_err()
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.serve(i)))
+                        .is_err()
                     {
                         fatal("a fault-handling thread panicked");
                     }
@@ -555,41 +591,50 @@ impl Inner {
         (addr < c.base + c.len).then(|| c.clone())
     }
 
-    /// Fault thread loop. For 2 ms after each fault the thread polls the descriptor without
+    /// Fault thread loop (thread `me`). For 2 ms after each fault the thread polls without
     /// sleeping, yielding its CPU to any other runnable thread between polls (a sleeping
     /// thread costs a cross-CPU wake-up per fault, 60-90 us here; yielding keeps a program
-    /// thread that shares the CPU from waiting on the spin); then it sleeps in poll.
-    fn serve(&self) {
+    /// thread that shares the CPU from waiting on the spin); then it sleeps in poll. Each
+    /// fault read goes to the fault thread of the faulting thread's CPU when that is known
+    /// and the thread polls; mail left untaken for [`STEAL_AFTER`] is served by any thread.
+    fn serve(&self, me: usize) {
         let mut last_fault = Instant::now();
+        self.mail[me].spinning.store(true, Release);
         while !self.stop.load(Relaxed) {
-            if last_fault.elapsed() < Duration::from_millis(2) {
-                match self.uffd.read_event() {
-                    Ok(Some(ev)) => {
-                        self.handle(ev);
-                        last_fault = Instant::now();
-                    }
-                    _ => std::thread::yield_now(),
-                }
+            if self.take_mail(me, None) {
+                last_fault = Instant::now();
                 continue;
             }
-            let ready = {
-                let fd = self.uffd.as_fd();
-                let mut pfd = [rustix::event::PollFd::new(
-                    &fd,
-                    rustix::event::PollFlags::IN,
-                )];
+            if last_fault.elapsed() < Duration::from_millis(2) {
+                if !self.pending(Some(&rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                })) {
+                    std::thread::yield_now();
+                    continue;
+                }
+            } else {
+                // Going to sleep: no more mail for this thread; whatever came meanwhile is
+                // served before (so nothing waits on a sleeping owner).
+                self.mail[me].spinning.store(false, Release);
+                if self.take_mail(me, Some(Duration::ZERO)) {
+                    self.mail[me].spinning.store(true, Release);
+                    last_fault = Instant::now();
+                    continue;
+                }
                 let ts = rustix::event::Timespec {
                     tv_sec: 0,
                     tv_nsec: 100_000_000,
                 };
-                rustix::event::poll(&mut pfd, Some(&ts)).unwrap_or(0)
-            };
-            if ready == 0 {
-                continue;
+                let ready = self.pending(Some(&ts));
+                self.mail[me].spinning.store(true, Release);
+                if !ready {
+                    continue;
+                }
             }
             match self.uffd.read_event() {
                 Ok(Some(ev)) => {
-                    self.handle(ev);
+                    self.route(me, ev);
                     last_fault = Instant::now();
                 }
                 Ok(None) => {}
@@ -598,12 +643,83 @@ impl Inner {
         }
     }
 
-    fn handle(&self, ev: Event) {
+    /// Serves the mail of thread `me`, and that of other threads older than `steal` (when
+    /// given; else [`STEAL_AFTER`]). Returns whether it served any.
+    fn take_mail(&self, me: usize, steal: Option<Duration>) -> bool {
+        let mut served = false;
+        for (j, m) in self.mail.iter().enumerate() {
+            if m.len.load(Acquire) == 0 {
+                continue;
+            }
+            let limit = if j == me {
+                Duration::ZERO
+            } else {
+                steal.unwrap_or(STEAL_AFTER)
+            };
+            loop {
+                let next = {
+                    let mut q = m.queue.lock();
+                    match q.front() {
+                        Some((_, at)) if at.elapsed() >= limit => {
+                            m.len.fetch_sub(1, AcqRel);
+                            q.pop_front().map(|(f, _)| f)
+                        }
+                        _ => None,
+                    }
+                };
+                let Some(f) = next else { break };
+                self.fault(f);
+                served = true;
+            }
+        }
+        served
+    }
+
+    /// Whether a fault waits on the descriptor, waiting up to `timeout`. A zero timeout
+    /// checks without taking the descriptor's wait-queue lock (a `read` takes it, and the
+    /// faulting thread needs it to queue its fault).
+    fn pending(&self, timeout: Option<&rustix::event::Timespec>) -> bool {
+        let fd = self.uffd.as_fd();
+        let mut pfd = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        rustix::event::poll(&mut pfd, timeout).unwrap_or(0) > 0
+    }
+
+    /// Serves a fault read by thread `me`, or hands it to the fault thread on the faulting
+    /// thread's CPU.
+    fn route(&self, me: usize, ev: Event) {
         // Fork, remap, remove and unmap events are not requested; only page faults come.
-        let Event::Pagefault { kind, addr, rw, .. } = ev else {
+        let Event::Pagefault {
+            kind,
+            addr,
+            rw,
+            thread_id,
+        } = ev
+        else {
             return;
         };
-        let addr = addr as usize;
+        let f = Fault {
+            kind,
+            addr: addr as usize,
+            write: rw == userfaultfd::ReadWrite::Write,
+        };
+        let owner = crate::cpu::cpu_of(thread_id.as_raw() as u32)
+            .and_then(|c| self.thread_on_cpu.get(c).copied().flatten());
+        if let Some(j) = owner {
+            let m = &self.mail[j];
+            if j != me && m.spinning.load(Acquire) {
+                m.queue.lock().push_back((f, Instant::now()));
+                m.len.fetch_add(1, AcqRel);
+                return;
+            }
+        }
+        self.fault(f);
+    }
+
+    fn fault(&self, f: Fault) {
+        let Fault { kind, addr, write } = f;
         let Some(core) = self.region_of(addr) else {
             // Unmapped meanwhile: nothing to serve; never leave a thread asleep.
             let pa = addr & !4095;
@@ -611,7 +727,7 @@ impl Inner {
             return;
         };
         match kind {
-            FaultKind::Missing => self.on_missing(&core, addr, rw == userfaultfd::ReadWrite::Write),
+            FaultKind::Missing => self.on_missing(&core, addr, write),
             FaultKind::WriteProtected => self.on_wp(&core, addr),
             // Not registered for minor faults.
             FaultKind::Minor => {}
