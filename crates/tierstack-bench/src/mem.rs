@@ -209,6 +209,12 @@ pub struct PagerPhase {
     pub evictions: u64,
     /// Evictions of clean pages (dropped without a write).
     pub clean_drops: u64,
+    /// Faults handed to the fault thread on the faulting thread's CPU, and those of them
+    /// another fault thread served because the owner had not taken them in time.
+    #[serde(default)]
+    pub handed_over: u64,
+    #[serde(default)]
+    pub stolen: u64,
 }
 
 fn pager_phase(a: &tierstack_mem::MemStats, b: &tierstack_mem::MemStats) -> PagerPhase {
@@ -221,6 +227,8 @@ fn pager_phase(a: &tierstack_mem::MemStats, b: &tierstack_mem::MemStats) -> Page
         store_fault_mean_us: per(b.store_fault_ns - a.store_fault_ns),
         evictions: b.evictions - a.evictions,
         clean_drops: b.clean_drops - a.clean_drops,
+        handed_over: b.handed_over - a.handed_over,
+        stolen: b.stolen - a.stolen,
     }
 }
 
@@ -547,8 +555,8 @@ pub fn render(r: &MemReport) -> String {
     );
     if let Some(p) = &r.pager {
         out += &format!(
-            "  pager: {} faults, {} read from the store (mean read {:.1} us, mean fault {:.1} us), {} evictions ({} clean)\n",
-            p.faults, p.store_reads, p.store_read_mean_us, p.store_fault_mean_us, p.evictions, p.clean_drops
+            "  pager: {} faults, {} read from the store (mean read {:.1} us, mean fault {:.1} us), {} evictions ({} clean), {} handed to the faulting thread's CPU ({} stolen)\n",
+            p.faults, p.store_reads, p.store_read_mean_us, p.store_fault_mean_us, p.evictions, p.clean_drops, p.handed_over, p.stolen
         );
     }
     let rows: Vec<Vec<String>> = r

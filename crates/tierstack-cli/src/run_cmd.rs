@@ -282,7 +282,7 @@ fn stats_line(dir: &Path, peak_rss: u64, code: i32) -> String {
     }
     let g = |k: &str| sum.get(k).copied().unwrap_or(0);
     format!(
-        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1}",
+        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} handed_over={} stolen={}",
         fmt_size(peak_rss),
         fmt_size(budget),
         fmt_size(g("peak_resident")),
@@ -300,5 +300,7 @@ fn stats_line(dir: &Path, peak_rss: u64, code: i32) -> String {
         g("store_reads"),
         g("store_read_ns") as f64 / g("store_reads").max(1) as f64 / 1000.0,
         g("store_fault_ns") as f64 / g("store_reads").max(1) as f64 / 1000.0,
+        g("handed_over"),
+        g("stolen"),
     )
 }

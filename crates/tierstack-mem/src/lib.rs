@@ -77,6 +77,12 @@ pub struct MemCounters {
     /// Time from taking such a fault to waking the program, in all.
     pub store_fault_ns: AtomicU64,
     pub madvise_calls: AtomicU64,
+    /// Faults handed by the fault thread that read them to the one on the faulting thread's
+    /// CPU.
+    pub handed_over: AtomicU64,
+    /// Handed faults that another fault thread served after 15 us because
+    /// their owner had not taken them.
+    pub stolen: AtomicU64,
     /// Highest resident bytes seen.
     pub peak_resident: AtomicU64,
     /// Regions mapped so far.
@@ -104,6 +110,10 @@ pub struct MemStats {
     #[serde(default)]
     pub store_fault_ns: u64,
     pub madvise_calls: u64,
+    #[serde(default)]
+    pub handed_over: u64,
+    #[serde(default)]
+    pub stolen: u64,
     pub peak_resident: u64,
     pub regions: u64,
 }
@@ -126,6 +136,8 @@ impl MemCounters {
             store_read_ns: self.store_read_ns.load(Relaxed),
             store_fault_ns: self.store_fault_ns.load(Relaxed),
             madvise_calls: self.madvise_calls.load(Relaxed),
+            handed_over: self.handed_over.load(Relaxed),
+            stolen: self.stolen.load(Relaxed),
             peak_resident: self.peak_resident.load(Relaxed),
             regions: self.regions.load(Relaxed),
         }

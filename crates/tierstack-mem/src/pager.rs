@@ -668,6 +668,9 @@ impl Inner {
                     }
                 };
                 let Some(f) = next else { break };
+                if j != me {
+                    self.counters.stolen.fetch_add(1, Relaxed);
+                }
                 self.fault(f);
                 served = true;
             }
@@ -712,6 +715,7 @@ impl Inner {
             if j != me && m.spinning.load(Acquire) {
                 m.queue.lock().push_back((f, Instant::now()));
                 m.len.fetch_add(1, AcqRel);
+                self.counters.handed_over.fetch_add(1, Relaxed);
                 return;
             }
         }

@@ -492,30 +492,23 @@ fn strided_and_backward_streams_prefetch() {
 /// other resident pages of their block (one write-protection over a block with holes and
 /// pages being loaded) while four threads keep writing. Each thread adds to its own word of
 /// each page it picks, so every page's final contents are known; none may be lost.
-#[test]
-fn random_writers_on_small_pages_lose_nothing() {
-    let Some((_serial, _dir, st)) = setup() else {
-        return;
-    };
-    let pager = tierstack_mem::Pager::new(
-        st,
-        &tierstack_mem::PagerOptions {
-            page: 4096,
-            budget: 2 << 20,
-            fault_threads: 2,
-            commit_limit: None,
-        },
-    )
-    .expect("pager");
-    let r = pager.map(12 << 20, 4096).expect("region");
+/// `threads` threads (registered with the pager's CPU table when `register`) each read a
+/// random word and add 1 to its own word of a random 4 KiB page, `per_thread` times, then the
+/// region is checked against their counts. Returns whether every thread registered.
+fn random_adders(
+    pager: &tierstack_mem::Pager,
+    r: &Region,
+    threads: usize,
+    per_thread: usize,
+    register: bool,
+) -> bool {
     let pages = r.len() / 4096;
     let base = r.as_ptr() as usize;
-    let threads = 4usize;
-    let per_thread = 20_000usize;
-    let counts: Vec<Vec<u64>> = std::thread::scope(|s| {
+    let results: Vec<(bool, Vec<u64>)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
+                    let registered = register && tierstack_mem::register_current_thread();
                     // SAFETY: the mapping outlives the scope.
                     let mem = unsafe { atomics(base, pages * 512) };
                     let mut n = vec![0u64; pages];
@@ -528,12 +521,12 @@ fn random_writers_on_small_pages_lose_nothing() {
                         // Reads of other pages in between: clean victims too.
                         let q = ((x >> 20) % pages as u64) as usize;
                         std::hint::black_box(
-                            mem[q * 512 + 100].load(std::sync::atomic::Ordering::Relaxed),
+                            mem[q * 512 + 300].load(std::sync::atomic::Ordering::Relaxed),
                         );
                         mem[p * 512 + t].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         n[p] += 1;
                     }
-                    n
+                    (registered, n)
                 })
             })
             .collect();
@@ -542,11 +535,57 @@ fn random_writers_on_small_pages_lose_nothing() {
     // SAFETY: as above; all writers have finished.
     let mem = unsafe { std::slice::from_raw_parts(base as *const u64, pages * 512) };
     for p in 0..pages {
-        for (t, c) in counts.iter().enumerate() {
+        for (t, (_, c)) in results.iter().enumerate() {
             assert_eq!(mem[p * 512 + t], c[p], "page {p} word {t}");
         }
     }
     assert!(pager.error().is_none(), "{:?}", pager.error());
+    results.iter().all(|(reg, _)| *reg)
+}
+
+fn small_page_pager(st: Arc<TieredStore>, fault_threads: usize) -> tierstack_mem::Pager {
+    tierstack_mem::Pager::new(
+        st,
+        &tierstack_mem::PagerOptions {
+            page: 4096,
+            budget: 2 << 20,
+            fault_threads,
+            commit_limit: None,
+        },
+    )
+    .expect("pager")
+}
+
+#[test]
+fn random_writers_on_small_pages_lose_nothing() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let pager = small_page_pager(st, 2);
+    let r = pager.map(12 << 20, 4096).expect("region");
+    random_adders(&pager, &r, 4, 20_000, false);
     let c = pager.counters().snapshot();
     assert!(c.evictions > 1000 && c.clean_drops > 0, "{c:?}");
+    assert_eq!(c.handed_over, 0, "unregistered threads: {c:?}");
+}
+
+#[test]
+fn faults_of_registered_threads_go_to_their_cpus_fault_thread_and_stay_exact() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let pager = small_page_pager(st, tierstack_mem::default_fault_threads());
+    let r = pager.map(8 << 20, 4096).expect("region");
+    let registered = random_adders(&pager, &r, 4, 15_000, true);
+    let c = pager.counters().snapshot();
+    assert!(c.evictions > 1000, "{c:?}");
+    assert!(c.stolen <= c.handed_over, "{c:?}");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus >= 2 && registered {
+        // Four program threads on at least two CPUs: some faults are read by the fault
+        // thread of another CPU than the faulting thread's and handed over.
+        assert!(c.handed_over > 0, "{c:?}");
+    } else {
+        eprintln!("SKIP (partly): one CPU or no rseq area: no faults to hand over");
+    }
 }

@@ -22,6 +22,10 @@
 //!   there faults with SIGSEGV, never reads wrong data) and its own allocations go to glibc.
 //! - `mremap` is declared with its fifth argument (`new_address`), which is only read with
 //!   `MREMAP_FIXED` (the x86-64 calling convention makes the variadic call compatible).
+//! - Threads made with `pthread_create` (interposed: the new thread registers itself, then
+//!   runs the program's start routine) and the thread that makes the first region tell the
+//!   pager where the kernel publishes their current CPU, so each of their faults is served by
+//!   the fault thread on their own CPU ([`tierstack_mem::register_current_thread`]).
 //! - With `TIERSTACK_STATS_DIR` the process writes its counters to `DIR/<pid>.json` at exit;
 //!   `tierstack run --stats` prints them.
 
@@ -313,6 +317,7 @@ fn slot_containing(p: usize) -> Option<(usize, usize, usize)> {
 
 fn new_region(size: usize, align: usize) -> Got {
     let _b = Busy::enter();
+    tierstack_mem::register_current_thread();
     let Some(e) = engine() else {
         return Got::Fallback;
     };
@@ -528,14 +533,22 @@ pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     __libc_pvalloc(size)
 }
 
+/// The next definition of `name` after this library's (glibc's), looked up once into `cache`;
+/// 0 when there is none.
+fn next_symbol(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+    let mut f = cache.load(Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+        cache.store(f, Relaxed);
+    }
+    f
+}
+
 unsafe fn real_usable_size(p: *mut c_void) -> usize {
     type F = unsafe extern "C" fn(*mut c_void) -> size_t;
     static REAL: AtomicUsize = AtomicUsize::new(0);
-    let mut f = REAL.load(Relaxed);
-    if f == 0 {
-        f = libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) as usize;
-        REAL.store(f, Relaxed);
-    }
+    let f = next_symbol(&REAL, c"malloc_usable_size");
     if f == 0 {
         return 0;
     }
@@ -674,4 +687,54 @@ pub unsafe extern "C" fn mremap(
         return q;
     }
     libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void
+}
+
+type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
+type PthreadCreate = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    StartRoutine,
+    *mut c_void,
+) -> c_int;
+
+/// The program's start routine and argument, handed to [`registered_start`].
+struct Start {
+    routine: StartRoutine,
+    arg: *mut c_void,
+}
+
+extern "C" fn registered_start(p: *mut c_void) -> *mut c_void {
+    // SAFETY: `p` is the `Start` boxed by `pthread_create` below, handed over to this thread.
+    let start = unsafe { Box::from_raw(p as *mut Start) };
+    tierstack_mem::register_current_thread();
+    (start.routine)(start.arg)
+}
+
+/// # Safety
+/// C `pthread_create`. With paging configured the new thread first registers its CPU word
+/// with the pager, then runs `routine(arg)`; otherwise glibc's function is called directly.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    routine: StartRoutine,
+    arg: *mut c_void,
+) -> c_int {
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    let f = next_symbol(&REAL, c"pthread_create");
+    if f == 0 {
+        return libc::EAGAIN;
+    }
+    // SAFETY: `f` is glibc's pthread_create, found by dlsym.
+    let real: PthreadCreate = std::mem::transmute::<usize, PthreadCreate>(f);
+    if THRESHOLD.load(Relaxed) == 0 {
+        return real(thread, attr, routine, arg);
+    }
+    let start = Box::into_raw(Box::new(Start { routine, arg }));
+    let rc = real(thread, attr, registered_start, start as *mut c_void);
+    if rc != 0 {
+        // SAFETY: the thread was not created; the box is still ours.
+        drop(Box::from_raw(start));
+    }
+    rc
 }
