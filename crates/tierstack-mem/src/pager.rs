@@ -129,6 +129,8 @@ struct Mailbox {
     len: std::sync::atomic::AtomicUsize,
     /// The owner polls (rather than sleeps): only then is mail handed to it.
     spinning: AtomicBool,
+    /// The owner waits for a store read: mail would wait for it, so none is handed to it.
+    busy: AtomicBool,
 }
 
 /// Mail another fault thread has not taken for this long is served by whoever sees it (the
@@ -671,7 +673,7 @@ impl Inner {
                 if j != me {
                     self.counters.stolen.fetch_add(1, Relaxed);
                 }
-                self.fault(f);
+                self.fault(me, f);
                 served = true;
             }
         }
@@ -712,17 +714,17 @@ impl Inner {
             .and_then(|c| self.thread_on_cpu.get(c).copied().flatten());
         if let Some(j) = owner {
             let m = &self.mail[j];
-            if j != me && m.spinning.load(Acquire) {
+            if j != me && m.spinning.load(Acquire) && !m.busy.load(Acquire) {
                 m.queue.lock().push_back((f, Instant::now()));
                 m.len.fetch_add(1, AcqRel);
                 self.counters.handed_over.fetch_add(1, Relaxed);
                 return;
             }
         }
-        self.fault(f);
+        self.fault(me, f);
     }
 
-    fn fault(&self, f: Fault) {
+    fn fault(&self, me: usize, f: Fault) {
         let Fault { kind, addr, write } = f;
         let Some(core) = self.region_of(addr) else {
             // Unmapped meanwhile: nothing to serve; never leave a thread asleep.
@@ -731,7 +733,7 @@ impl Inner {
             return;
         };
         match kind {
-            FaultKind::Missing => self.on_missing(&core, addr, write),
+            FaultKind::Missing => self.on_missing(&core, addr, write, &self.mail[me].busy),
             FaultKind::WriteProtected => self.on_wp(&core, addr),
             // Not registered for minor faults.
             FaultKind::Minor => {}
@@ -781,7 +783,8 @@ impl Inner {
         }
     }
 
-    fn on_missing(&self, core: &Arc<RegionCore>, addr: usize, write: bool) {
+    /// Serves a missing fault; `busy` is raised while the store read is waited for.
+    fn on_missing(&self, core: &Arc<RegionCore>, addr: usize, write: bool, busy: &AtomicBool) {
         let page = self.page;
         let idx = (addr - core.base) / page;
         let pa = core.base + idx * page;
@@ -824,7 +827,10 @@ impl Inner {
         self.charge(page as u64);
         drop(st);
         let t0 = Instant::now();
-        let Some(data) = self.read_page(core, idx) else {
+        busy.store(true, Release);
+        let data = self.read_page(core, idx);
+        busy.store(false, Release);
+        let Some(data) = data else {
             self.resident.fetch_sub(page as u64, Relaxed);
             return;
         };
