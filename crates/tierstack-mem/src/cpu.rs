@@ -121,10 +121,16 @@ pub fn register_current_thread() -> bool {
             // struct rseq { u32 cpu_id_start; u32 cpu_id; ... }
             let word = tp.wrapping_add_signed(off) + 4;
             // The computed word must hold the CPU we run on: checks the layout assumptions
-            // before anyone relies on them.
-            // SAFETY: sched_getcpu has no preconditions.
-            let now = unsafe { libc::sched_getcpu() };
-            if now < 0 || word % 4 != 0 || cpu_at(word) != now as u32 {
+            // before anyone relies on them (a few tries: the thread may move in between).
+            if word % 4 != 0 {
+                return false;
+            }
+            let matches = (0..4).any(|_| {
+                // SAFETY: sched_getcpu has no preconditions.
+                let now = unsafe { libc::sched_getcpu() };
+                now >= 0 && cpu_at(word) == now as u32
+            });
+            if !matches {
                 return false;
             }
             let tid = gettid();
