@@ -643,6 +643,9 @@ impl Inner {
                 Err(_) => std::thread::sleep(Duration::from_millis(1)),
             }
         }
+        // Never leave a handed fault behind: its thread would sleep in it for good.
+        self.mail[me].spinning.store(false, Release);
+        self.take_mail(me, Some(Duration::ZERO));
     }
 
     /// Serves the mail of thread `me`, and that of other threads older than `steal` (when
@@ -715,8 +718,12 @@ impl Inner {
         if let Some(j) = owner {
             let m = &self.mail[j];
             if j != me && m.spinning.load(Acquire) && !m.busy.load(Acquire) {
-                m.queue.lock().push_back((f, Instant::now()));
-                m.len.fetch_add(1, AcqRel);
+                {
+                    // The count moves with the queue, under its lock.
+                    let mut q = m.queue.lock();
+                    q.push_back((f, Instant::now()));
+                    m.len.fetch_add(1, AcqRel);
+                }
                 self.counters.handed_over.fetch_add(1, Relaxed);
                 return;
             }
