@@ -85,7 +85,10 @@ fn cpu_at(word: usize) -> u32 {
     // SAFETY: `word` is the rseq `cpu_id` field of a registered thread (4-byte aligned, in
     // its thread control block). A thread leaves the table (thread-local destructor) before
     // glibc frees its control block, and the pager reads the word only while handling a
-    // fault of that thread, which is asleep in the fault. The kernel writes the word, hence
+    // fault of that thread, which is asleep in the fault. (A thread could leave the fault
+    // through a signal handler and exit within the microsecond between the pager reading the
+    // fault and this load; glibc keeps the stacks of exited threads cached, so the load would
+    // then read a stale CPU number, used only as a hint.) The kernel writes the word, hence
     // the atomic load.
     unsafe { (*(word as *const AtomicU32)).load(Acquire) }
 }
