@@ -66,6 +66,11 @@ pub struct TierstackSpec {
     pub page: usize,
     /// RAID level number (0, 1, 5, 6 or 10).
     pub level: u32,
+    /// The `tierstack-dram` engine: the store holds every page in DRAM (no drives), so a run
+    /// measures the fault path alone. That DRAM is outside `dram`, which stays the region's
+    /// budget.
+    #[serde(default)]
+    pub in_memory: bool,
 }
 
 /// Drive files of the tierstack engine, removed on drop.
@@ -111,6 +116,21 @@ impl Backing {
 
 fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
     use tierstack_array::{Array, ArrayOptions, CreateParams};
+    if t.in_memory {
+        let store = tierstack_store::TieredStore::new(map + (64 << 20), Vec::new())
+            .map_err(|e| e.to_string())?;
+        let opts = tierstack_mem::RegionOptions {
+            page: t.page,
+            budget: t.dram.max(4 * t.page as u64),
+            fault_threads: tierstack_mem::default_fault_threads(),
+        };
+        let region = tierstack_mem::Region::new(std::sync::Arc::new(store), map as usize, &opts)
+            .map_err(|e| e.to_string())?;
+        return Ok(Backing::Tierstack {
+            region,
+            _drives: TempDrives(Vec::new()),
+        });
+    }
     std::fs::create_dir_all(&t.dir)
         .map_err(|e| format!("cannot create {}: {e}", t.dir.display()))?;
     let paths: Vec<PathBuf> = (0..4)
@@ -476,18 +496,19 @@ pub fn run_engine(
             spec.cgroup_procs = Some(procs);
             Some(setup)
         }
-        "tierstack" => {
+        "tierstack" | "tierstack-dram" => {
             spec.tierstack = Some(TierstackSpec {
                 dir: dir.to_path_buf(),
                 dram,
                 page,
                 level: level.number(),
+                in_memory: engine == "tierstack-dram",
             });
             None
         }
         o => {
             return Err(format!(
-                "unknown engine '{o}': use tierstack, kernel-swap or dram"
+                "unknown engine '{o}': use tierstack, tierstack-dram, kernel-swap or dram"
             ))
         }
     };

@@ -26,7 +26,9 @@ pub struct BenchMemArgs {
     pattern: String,
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
-    /// tierstack (userfaultfd region over an array in --dir), kernel-swap, or dram.
+    /// tierstack (userfaultfd region over an array in --dir), tierstack-dram (the same region
+    /// over a store that keeps every page in DRAM: the fault path without the disk; that DRAM
+    /// is outside --dram), kernel-swap, or dram.
     #[arg(long, default_value = "kernel-swap")]
     engine: String,
     /// Folder for the swap file and tierstack's drives (the drive under test).

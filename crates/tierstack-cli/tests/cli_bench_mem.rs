@@ -142,33 +142,37 @@ fn bad_options_get_one_line() {
     }
 }
 
-#[test]
-fn tierstack_engine_runs_in_a_userfaultfd_region_and_cleans_up() {
+/// Runs `bench mem --engine ENGINE ARGS --seconds 1 --dir TMP --json` (None where
+/// userfaultfd is not usable), checks it succeeded, named its engine and left no file in TMP.
+fn tierstack_run_json(engine: &str, args: &[&str]) -> Option<serde_json::Value> {
     if !uffd_usable() {
-        return;
+        return None;
     }
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().to_str().expect("utf8");
-    let o = ts(&[
-        "bench",
-        "mem",
-        "--engine",
-        "tierstack",
-        "--map",
-        "96M",
-        "--dram",
-        "32M",
-        "--seconds",
-        "1",
-        "--dir",
-        dir,
-        "--level",
-        "5",
-        "--json",
-    ]);
+    let mut all = vec!["bench", "mem", "--engine", engine];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--seconds", "1", "--dir", dir, "--json"]);
+    let o = ts(&all);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
-    assert_eq!(j["engine"], "tierstack");
+    assert_eq!(j["engine"], engine);
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).expect("dir").count(),
+        0,
+        "drive files left behind"
+    );
+    Some(j)
+}
+
+#[test]
+fn tierstack_engine_runs_in_a_userfaultfd_region_and_cleans_up() {
+    let Some(j) = tierstack_run_json(
+        "tierstack",
+        &["--map", "96M", "--dram", "32M", "--level", "5"],
+    ) else {
+        return;
+    };
     assert!(j["accesses"].as_u64().unwrap_or(0) > 1000, "{j}");
     // The pager's own account of the timed phase: every fault it served from the store was
     // timed.
@@ -178,11 +182,22 @@ fn tierstack_engine_runs_in_a_userfaultfd_region_and_cleans_up() {
     if p["store_reads"].as_u64().unwrap_or(0) > 0 {
         assert!(p["store_read_mean_us"].as_f64().unwrap_or(0.0) > 0.0, "{j}");
     }
-    assert_eq!(
-        std::fs::read_dir(tmp.path()).expect("dir").count(),
-        0,
-        "drive files left behind"
-    );
+}
+
+#[test]
+fn tierstack_dram_engine_pages_without_drives() {
+    let Some(j) = tierstack_run_json(
+        "tierstack-dram",
+        &["--map", "64M", "--dram", "16M", "--page", "4K"],
+    ) else {
+        return;
+    };
+    // A map four times the budget: most accesses fault, and every fault that finds its page
+    // evicted reads it back from the (in-memory) store; no drive file is made.
+    let p = &j["pager"];
+    assert!(p["faults"].as_u64().unwrap_or(0) > 1000, "{j}");
+    assert!(p["store_reads"].as_u64().unwrap_or(0) > 0, "{j}");
+    assert!(p["evictions"].as_u64().unwrap_or(0) > 0, "{j}");
 }
 
 #[test]
