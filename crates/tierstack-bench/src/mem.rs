@@ -224,7 +224,8 @@ pub struct PagerPhase {
     pub store_reads: u64,
     /// Mean time of those reads.
     pub store_read_mean_us: f64,
-    /// Mean time from taking such a fault to waking the program.
+    /// Mean time from taking such a fault to the call that wakes the program (the wake-up
+    /// itself not included: the program usually runs at once on the fault thread's CPU).
     pub store_fault_mean_us: f64,
     pub evictions: u64,
     /// Evictions of clean pages (dropped without a write).

@@ -74,7 +74,7 @@ pub struct MemCounters {
     pub store_reads: AtomicU64,
     /// Time those reads took, in all.
     pub store_read_ns: AtomicU64,
-    /// Time from taking such a fault to waking the program, in all.
+    /// Time from taking such a fault to the call that wakes the program, in all.
     pub store_fault_ns: AtomicU64,
     pub madvise_calls: AtomicU64,
     /// Faults handed by the fault thread that read them to the one on the faulting thread's

@@ -856,10 +856,12 @@ impl Inner {
         self.mark_resident(core, &mut st, idx, PageState::Stored, !tracked);
         let pf = self.stream(&mut st, idx);
         drop(st);
-        let _ = self.uffd.wake(pa as *mut _, page);
+        // Timed up to the wake-up call: the woken thread, on this CPU, usually runs at once,
+        // so the call itself returns only when the program faults again.
         self.counters
             .store_fault_ns
             .fetch_add(entered.elapsed().as_nanos() as u64, Relaxed);
+        let _ = self.uffd.wake(pa as *mut _, page);
         self.prefetch(core, pf);
     }
 
