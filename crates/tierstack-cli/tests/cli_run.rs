@@ -42,6 +42,32 @@ fn compile(compiler: &str, src: &str, out: &Path, extra: &[&str]) -> PathBuf {
     exe
 }
 
+/// A compiled test program and an empty drive folder; the guard serialises the test.
+struct Built {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    _tmp: tempfile::TempDir,
+    exe: PathBuf,
+    dir: PathBuf,
+}
+
+/// Takes the test lock, checks userfaultfd (None: skip) and compiles `src`.
+fn build(compiler: &str, src: &str, extra: &[&str]) -> Option<Built> {
+    let guard = serial();
+    if !usable() {
+        return None;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let exe = compile(compiler, src, tmp.path(), extra);
+    let dir = tmp.path().join("drives");
+    std::fs::create_dir(&dir).expect("mkdir");
+    Some(Built {
+        _serial: guard,
+        _tmp: tmp,
+        exe,
+        dir,
+    })
+}
+
 struct Run {
     code: i32,
     stdout: String,
@@ -123,28 +149,77 @@ fn must_show(prog: &[&str], dir: &Path) {
 
 #[test]
 fn c_program_posix_memalign_two_threads_calloc_realloc_free() {
-    let _s = serial();
-    if !usable() {
+    let Some(Built {
+        _serial,
+        _tmp,
+        exe,
+        dir,
+    }) = build("gcc", "memalign_threads.c", &["-pthread"])
+    else {
         return;
-    }
-    let t = tempfile::tempdir().expect("tmp");
-    let exe = compile("gcc", "memalign_threads.c", t.path(), &["-pthread"]);
-    let dir = t.path().join("drives");
-    std::fs::create_dir(&dir).expect("mkdir");
+    };
     must_show(&[exe.to_str().expect("utf8")], &dir);
 }
 
 #[test]
 fn cxx_vector_grows_past_one_gib() {
-    let _s = serial();
-    if !usable() {
+    let Some(Built {
+        _serial,
+        _tmp,
+        exe,
+        dir,
+    }) = build("g++", "vector_grow.cpp", &[])
+    else {
         return;
-    }
-    let t = tempfile::tempdir().expect("tmp");
-    let exe = compile("g++", "vector_grow.cpp", t.path(), &[]);
-    let dir = t.path().join("drives");
-    std::fs::create_dir(&dir).expect("mkdir");
+    };
     must_show(&[exe.to_str().expect("utf8")], &dir);
+}
+
+#[test]
+fn twelve_threads_add_to_random_pages_and_every_increment_stays() {
+    let Some(Built {
+        _serial,
+        _tmp,
+        exe,
+        dir,
+    }) = build("gcc", "many_threads_random.c", &["-pthread"])
+    else {
+        return;
+    };
+    // 4 KiB pages and a budget of a quarter of the block: nearly every access faults, from
+    // threads the shim registered through pthread_create (their faults are handed to the
+    // fault thread on their CPU).
+    let r = run(
+        &[
+            "--dram",
+            "64M",
+            "--page",
+            "4K",
+            "--threshold",
+            "16M",
+            "--stats",
+            "--",
+            exe.to_str().expect("utf8"),
+        ],
+        &dir,
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.starts_with("ok"), "{}", r.stdout);
+    assert!(stat(&r.stderr, "evictions") > 10_000, "{}", r.stderr);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus >= 2 && glibc_rseq() {
+        assert!(stat(&r.stderr, "handed_over") > 0, "{}", r.stderr);
+    }
+}
+
+/// Whether glibc registers an rseq area per thread (2.35 and later), which the pager needs to
+/// know a faulting thread's CPU.
+fn glibc_rseq() -> bool {
+    // SAFETY: dlsym with a NUL-terminated name; `__rseq_size` is an `unsigned int` in glibc.
+    unsafe {
+        let p = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr());
+        !p.is_null() && *(p as *const u32) > 0
+    }
 }
 
 fn python_with_numpy() -> Option<String> {
@@ -183,14 +258,15 @@ fn numpy_makes_and_sums_a_1_6_gb_array() {
 
 #[test]
 fn full_store_fails_allocations_and_fork_never_sees_wrong_data() {
-    let _s = serial();
-    if !usable() {
+    let Some(Built {
+        _serial,
+        _tmp,
+        exe,
+        dir,
+    }) = build("gcc", "enomem_fork.c", &[])
+    else {
         return;
-    }
-    let t = tempfile::tempdir().expect("tmp");
-    let exe = compile("gcc", "enomem_fork.c", t.path(), &[]);
-    let dir = t.path().join("drives");
-    std::fs::create_dir(&dir).expect("mkdir");
+    };
     let r = run(
         &[
             "--dram",
