@@ -81,9 +81,14 @@ fn gettid() -> u32 {
     unsafe { libc::gettid() as u32 }
 }
 
+/// First slot of `tid`'s probe window.
+fn home(tid: u32) -> usize {
+    (tid as usize).wrapping_mul(0x9e37_79b9) % SLOTS
+}
+
 fn cpu_at(word: usize) -> u32 {
-    // SAFETY: `word` is the rseq `cpu_id` field of a registered thread (4-byte aligned, in
-    // its thread control block). A thread leaves the table (thread-local destructor) before
+    // SAFETY: `word` is the rseq `cpu_id` field of the calling thread (while it registers)
+    // or of a registered thread (4-byte aligned, in its thread control block). A thread leaves the table (thread-local destructor) before
     // glibc frees its control block, and the pager reads the word only while handling a
     // fault of that thread, which is asleep in the fault. (A thread could leave the fault
     // through a signal handler and exit within the microsecond between the pager reading the
@@ -137,7 +142,7 @@ pub fn register_current_thread() -> bool {
                 return false;
             }
             let tid = gettid();
-            let h = (tid as usize).wrapping_mul(0x9e37_79b9) % SLOTS;
+            let h = home(tid);
             for k in 0..PROBE {
                 let i = (h + k) % SLOTS;
                 if TABLE[i]
@@ -160,7 +165,7 @@ pub(crate) fn cpu_of(tid: u32) -> Option<usize> {
     if tid == 0 {
         return None;
     }
-    let h = (tid as usize).wrapping_mul(0x9e37_79b9) % SLOTS;
+    let h = home(tid);
     for k in 0..PROBE {
         let s = &TABLE[(h + k) % SLOTS];
         if s.tid.load(Acquire) == tid {

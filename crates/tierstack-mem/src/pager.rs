@@ -603,15 +603,12 @@ impl Inner {
         let mut last_fault = Instant::now();
         self.mail[me].spinning.store(true, Release);
         while !self.stop.load(Relaxed) {
-            if self.take_mail(me, None) {
+            if self.take_mail(me, STEAL_AFTER) {
                 last_fault = Instant::now();
                 continue;
             }
             if last_fault.elapsed() < Duration::from_millis(2) {
-                if !self.pending(Some(&rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                })) {
+                if !self.pending(0) {
                     std::thread::yield_now();
                     continue;
                 }
@@ -619,16 +616,12 @@ impl Inner {
                 // Going to sleep: no more mail for this thread; whatever came meanwhile is
                 // served before (so nothing waits on a sleeping owner).
                 self.mail[me].spinning.store(false, Release);
-                if self.take_mail(me, Some(Duration::ZERO)) {
+                if self.take_mail(me, Duration::ZERO) {
                     self.mail[me].spinning.store(true, Release);
                     last_fault = Instant::now();
                     continue;
                 }
-                let ts = rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 100_000_000,
-                };
-                let ready = self.pending(Some(&ts));
+                let ready = self.pending(100_000_000);
                 self.mail[me].spinning.store(true, Release);
                 if !ready {
                     continue;
@@ -645,22 +638,18 @@ impl Inner {
         }
         // Never leave a handed fault behind: its thread would sleep in it for good.
         self.mail[me].spinning.store(false, Release);
-        self.take_mail(me, Some(Duration::ZERO));
+        self.take_mail(me, Duration::ZERO);
     }
 
-    /// Serves the mail of thread `me`, and that of other threads older than `steal` (when
-    /// given; else [`STEAL_AFTER`]). Returns whether it served any.
-    fn take_mail(&self, me: usize, steal: Option<Duration>) -> bool {
+    /// Serves the mail of thread `me`, and that of other threads waiting for at least
+    /// `steal_after`. Returns whether it served any.
+    fn take_mail(&self, me: usize, steal_after: Duration) -> bool {
         let mut served = false;
         for (j, m) in self.mail.iter().enumerate() {
             if m.len.load(Acquire) == 0 {
                 continue;
             }
-            let limit = if j == me {
-                Duration::ZERO
-            } else {
-                steal.unwrap_or(STEAL_AFTER)
-            };
+            let limit = if j == me { Duration::ZERO } else { steal_after };
             loop {
                 let next = {
                     let mut q = m.queue.lock();
@@ -683,16 +672,20 @@ impl Inner {
         served
     }
 
-    /// Whether a fault waits on the descriptor, waiting up to `timeout`. A zero timeout
-    /// checks without taking the descriptor's wait-queue lock (a `read` takes it, and the
-    /// faulting thread needs it to queue its fault).
-    fn pending(&self, timeout: Option<&rustix::event::Timespec>) -> bool {
+    /// Whether a fault waits on the descriptor, waiting up to `timeout_ns` (below 1 s). A
+    /// zero timeout checks without taking the descriptor's wait-queue lock (a `read` takes
+    /// it, and the faulting thread needs it to queue its fault).
+    fn pending(&self, timeout_ns: i64) -> bool {
         let fd = self.uffd.as_fd();
         let mut pfd = [rustix::event::PollFd::new(
             &fd,
             rustix::event::PollFlags::IN,
         )];
-        rustix::event::poll(&mut pfd, timeout).unwrap_or(0) > 0
+        let ts = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: timeout_ns,
+        };
+        rustix::event::poll(&mut pfd, Some(&ts)).unwrap_or(0) > 0
     }
 
     /// Serves a fault read by thread `me`, or hands it to the fault thread on the faulting

@@ -705,9 +705,10 @@ struct Start {
 
 extern "C" fn registered_start(p: *mut c_void) -> *mut c_void {
     // SAFETY: `p` is the `Start` boxed by `pthread_create` below, handed over to this thread.
-    let start = unsafe { Box::from_raw(p as *mut Start) };
+    let Start { routine, arg } = *unsafe { Box::from_raw(p as *mut Start) };
     tierstack_mem::register_current_thread();
-    (start.routine)(start.arg)
+    // The box is freed already: a thread that ends with pthread_exit leaks nothing.
+    routine(arg)
 }
 
 /// # Safety
