@@ -77,20 +77,6 @@ fn preload_lib() -> Result<PathBuf> {
     )
 }
 
-fn uffd_usable() -> bool {
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .is_ok()
-    {
-        return true;
-    }
-    std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd")
-        .map(|s| s.trim() == "1")
-        .unwrap_or(false)
-}
-
 fn free_space(dir: &Path) -> Option<u64> {
     let st = rustix::fs::statvfs(dir).ok()?;
     Some(st.f_bavail * st.f_frsize)
@@ -137,8 +123,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     let Some(program) = a.cmd.first() else {
         bail!("no command given: use `tierstack run --dram 4G -- ./program ARGS`");
     };
-    if !uffd_usable() {
-        bail!("userfaultfd is not usable by this user: run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1` or access to /dev/userfaultfd");
+    if let Err(e) = tierstack_mem::uffd::available() {
+        bail!("userfaultfd is not usable by this user ({e}): run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1` or access to /dev/userfaultfd");
     }
     let lib = preload_lib()?;
     let mut cmd = std::process::Command::new(program);

@@ -27,6 +27,7 @@
 
 mod cpu;
 mod pager;
+pub mod uffd;
 
 pub use cpu::register_current_thread;
 pub use pager::{default_fault_threads, Pager, PagerOptions, Region, RegionOptions};

@@ -9,9 +9,9 @@ use std::sync::atomic::{
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use crate::uffd::{Event, FaultKind, Uffd};
 use parking_lot::{Condvar, Mutex, RwLock};
 use tierstack_store::{TieredStore, MAX_PAGE};
-use userfaultfd::{Event, FaultKind, RegisterMode, Uffd, UffdBuilder};
 
 use crate::{MemCounters, MemError, Result};
 
@@ -114,7 +114,7 @@ struct PrefetchJob {
 /// Threads that read prefetched pages in parallel (the store's reads are synchronous).
 const PREFETCH_THREADS: usize = 8;
 
-/// A fault as read from the userfaultfd (the crate's event holds a raw pointer).
+/// A page fault to serve (read from the userfaultfd, or handed over by another thread).
 #[derive(Clone, Copy)]
 struct Fault {
     kind: FaultKind,
@@ -201,19 +201,11 @@ impl Pager {
                 o.budget, o.page
             )));
         }
-        let uffd = UffdBuilder::new()
-            .close_on_exec(true)
-            .non_blocking(true)
-            .user_mode_only(false)
-            .require_features(
-                userfaultfd::FeatureFlags::PAGEFAULT_FLAG_WP | userfaultfd::FeatureFlags::THREAD_ID,
-            )
-            .create()
-            .map_err(|e| {
-                MemError::Uffd(format!(
-                    "cannot create ({e}): run as root or allow /dev/userfaultfd"
-                ))
-            })?;
+        let uffd = Uffd::open(crate::uffd::PAGER_FEATURES).map_err(|e| {
+            MemError::Uffd(format!(
+                "cannot create ({e}): run as root or allow /dev/userfaultfd"
+            ))
+        })?;
         let page = o.page as u64;
         // Watermarks close to the budget: under uniform access the hit rate is the share of
         // the map that is resident, so every idle byte of budget costs faults. The gap
@@ -417,11 +409,10 @@ fn map_region(inner: &Arc<Inner>, len: usize, align: usize, own: Option<Pager>) 
         let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxDontFork);
         let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxNoHugepage);
     }
-    if let Err(e) = inner.uffd.register_with_mode(
-        base as *mut _,
-        len,
-        RegisterMode::MISSING | RegisterMode::WRITE_PROTECT,
-    ) {
+    if let Err(e) = inner
+        .uffd
+        .register(base, len, crate::uffd::MODE_MISSING | crate::uffd::MODE_WP)
+    {
         // SAFETY: unmapping the mapping created above, which nobody else uses yet.
         let _ = unsafe { rustix::mm::munmap(base as *mut _, len) };
         uncommit();
@@ -553,7 +544,7 @@ impl Drop for Region {
         while c.inflight.load(Acquire) > 0 {
             std::thread::yield_now();
         }
-        let _ = inner.uffd.unregister(c.base as *mut _, c.len);
+        let _ = inner.uffd.unregister(c.base, c.len);
         // SAFETY: the mapping was created by `map_region`; it is no longer registered and the
         // Region (the only owner of the pointer) is being dropped.
         let _ = unsafe { rustix::mm::munmap(c.base as *mut _, c.len) };
@@ -695,19 +686,15 @@ impl Inner {
         let Event::Pagefault {
             kind,
             addr,
-            rw,
-            thread_id,
+            write,
+            tid,
         } = ev
         else {
             return;
         };
-        let f = Fault {
-            kind,
-            addr: addr as usize,
-            write: rw == userfaultfd::ReadWrite::Write,
-        };
-        let owner = crate::cpu::cpu_of(thread_id.as_raw() as u32)
-            .and_then(|c| self.thread_on_cpu.get(c).copied().flatten());
+        let f = Fault { kind, addr, write };
+        let owner =
+            crate::cpu::cpu_of(tid).and_then(|c| self.thread_on_cpu.get(c).copied().flatten());
         if let Some(j) = owner {
             let m = &self.mail[j];
             if j != me && m.spinning.load(Acquire) && !m.busy.load(Acquire) {
@@ -729,7 +716,7 @@ impl Inner {
         let Some(core) = self.region_of(addr) else {
             // Unmapped meanwhile: nothing to serve; never leave a thread asleep.
             let pa = addr & !4095;
-            let _ = self.uffd.wake(pa as *mut _, 4096);
+            let _ = self.uffd.wake(pa, 4096);
             return;
         };
         match kind {
@@ -795,7 +782,7 @@ impl Inner {
         match st.pages[idx] {
             PageState::Resident => {
                 drop(st);
-                let _ = self.uffd.wake(pa as *mut _, page);
+                let _ = self.uffd.wake(pa, page);
                 return;
             }
             // Whoever is loading it wakes the waiters; a program that caught up with a
@@ -817,7 +804,7 @@ impl Inner {
                 self.mark_resident(core, &mut st, idx, PageState::Zero, !tracked);
                 let pf = self.stream(&mut st, idx);
                 drop(st);
-                let _ = self.uffd.wake(pa as *mut _, page);
+                let _ = self.uffd.wake(pa, page);
                 self.prefetch(core, pf);
                 return;
             }
@@ -854,7 +841,7 @@ impl Inner {
         self.counters
             .store_fault_ns
             .fetch_add(entered.elapsed().as_nanos() as u64, Relaxed);
-        let _ = self.uffd.wake(pa as *mut _, page);
+        let _ = self.uffd.wake(pa, page);
         self.prefetch(core, pf);
     }
 
@@ -863,13 +850,13 @@ impl Inner {
     /// page). Returns whether the page is write-protected (tracked clean).
     fn place(&self, pa: usize, data: &[u8], protect: bool) -> bool {
         let page = self.page;
-        match copy_page(&self.uffd, data, pa, protect) {
+        match self.uffd.copy(data, pa, protect) {
             Ok(()) => protect,
             Err(_) => {
                 // Part of the range exists already (or the region is being unmapped): copy
                 // 4 KiB at a time, ignoring what exists, and count the page dirty.
                 for off in (0..page).step_by(4096) {
-                    let _ = copy_page(&self.uffd, &data[off..off + 4096], pa + off, false);
+                    let _ = self.uffd.copy(&data[off..off + 4096], pa + off, false);
                 }
                 false
             }
@@ -1067,7 +1054,7 @@ impl Inner {
             .prefetched
             .fetch_add(idxs.len() as u64, Relaxed);
         for &j in idxs {
-            let _ = self.uffd.wake((core.base + j * page) as *mut _, page);
+            let _ = self.uffd.wake(core.base + j * page, page);
         }
     }
 
@@ -1092,15 +1079,13 @@ impl Inner {
                 st.dirty[idx] = true;
                 let h = core.write_heat.load(Relaxed);
                 core.write_heat.store((h + 2).min(WRITE_HEAT_MAX), Relaxed);
-                let _ = self
-                    .uffd
-                    .remove_write_protection(pa as *mut _, self.page, true);
+                let _ = self.uffd.remove_write_protection(pa, self.page, true);
             }
             // The eviction wakes the writer once the page is gone; it then faults it back.
             PageState::Evicting | PageState::Loading => {}
             _ => {
                 drop(st);
-                let _ = self.uffd.wake(pa as *mut _, self.page);
+                let _ = self.uffd.wake(pa, self.page);
             }
         }
     }
@@ -1185,7 +1170,7 @@ impl Inner {
             // ioctl (and one TLB shootdown) per run, not per page.
             for (a, n) in runs(&cand) {
                 let pa = core.base + a * page;
-                if self.uffd.write_protect(pa as *mut _, n * page).is_ok() {
+                if self.uffd.write_protect(pa, n * page).is_ok() {
                     for i in a..a + n {
                         st.pages[i] = PageState::Evicting;
                         dirty.push(i);
@@ -1300,42 +1285,8 @@ impl Inner {
         }
         // Writers blocked on the protection retry and fault the page back in.
         for &(a, n) in &ranges {
-            let _ = self.uffd.wake(a as *mut _, n);
+            let _ = self.uffd.wake(a, n);
         }
-    }
-}
-
-/// `UFFDIO_COPY` without waking, with `UFFDIO_COPY_MODE_WP` when `protect`: the page
-/// appears already write-protected, so no write can slip in between the copy and the
-/// protection (the userfaultfd crate does not expose the WP mode).
-fn copy_page(uffd: &Uffd, data: &[u8], dst: usize, protect: bool) -> std::result::Result<(), i64> {
-    #[repr(C)]
-    struct UffdioCopy {
-        dst: u64,
-        src: u64,
-        len: u64,
-        mode: u64,
-        copy: i64,
-    }
-    const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
-    const MODE_DONTWAKE: u64 = 1 << 0;
-    const MODE_WP: u64 = 1 << 1;
-    let mut arg = UffdioCopy {
-        dst: dst as u64,
-        src: data.as_ptr() as u64,
-        len: data.len() as u64,
-        mode: MODE_DONTWAKE | if protect { MODE_WP } else { 0 },
-        copy: 0,
-    };
-    use std::os::fd::AsRawFd;
-    // SAFETY: UFFDIO_COPY reads `len` bytes from `src` (a live slice) and fills `dst`, a
-    // missing range of a mapping registered with this userfaultfd; `arg` is a valid
-    // `struct uffdio_copy` that the kernel updates in place.
-    let r = unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_COPY, &mut arg as *mut UffdioCopy) };
-    if r == 0 && arg.copy == data.len() as i64 {
-        Ok(())
-    } else {
-        Err(if arg.copy < 0 { arg.copy } else { -1 })
     }
 }
 
