@@ -695,6 +695,32 @@ fn cgroup_kind() -> Result<CgKind> {
     ))
 }
 
+/// Whether `--throttle` can work here (root, a blkio or io cgroup, losetup and mkfs.ext4);
+/// the error names what is missing.
+pub fn throttle_available() -> Result<()> {
+    if !rustix::process::geteuid().is_root() {
+        return Err(CheckpointError::Setup(
+            "a throttled backing file system needs root (a loop device, a mount and a cgroup)"
+                .into(),
+        ));
+    }
+    cgroup_kind()?;
+    for t in ["losetup", "mkfs.ext4"] {
+        let found = Command::new(t)
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            return Err(CheckpointError::Setup(format!(
+                "{t} is not installed (apt-get install util-linux e2fsprogs)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Throttle {
     fn setup(work: &Path, mp: &Path, image_size: u64, bytes_per_s: u64) -> Result<Throttle> {
         let kind = cgroup_kind()?;
@@ -912,6 +938,9 @@ pub struct Config {
     pub dram: Option<String>,
     pub direct_only: bool,
     pub repeat: usize,
+    /// Tells the user what happens (the demo): the `tierstack status` output once the writers
+    /// are done and the drain runs, and the check of BACKING after `umount`.
+    pub narrate: Option<fn(&str)>,
 }
 
 /// One repetition.
@@ -1244,6 +1273,19 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                         procs_file.as_deref(),
                         cancel,
                     )?;
+                    if let Some(say) = cfg.narrate {
+                        let st = run_cmd(
+                            Command::new(&cfg.exe).arg("status").arg(&mnt),
+                            "tierstack status",
+                            Some(cancel),
+                            Duration::from_secs(60),
+                        )?;
+                        say(&format!(
+                            "writers done after {:.2} s; `tierstack status` while the drain runs:\n{}",
+                            phase.output_s,
+                            st.trim_end()
+                        ));
+                    }
                     if let Some(m) = &env.mount {
                         m.drain_wait(cancel, drain_timeout)?;
                     }
@@ -1256,9 +1298,13 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
             let drain_s = drained_ns.saturating_sub(phase.end_ns) as f64 / 1e9;
             // The drain started between the last sample with nothing drained and the first
             // with something drained (or, without samples, when the writers started).
+            // `status` counts a file as drained when its copy is complete: when the first
+            // sample with anything drained already has everything, the drain's start was not
+            // seen, and the writers' start is the bound taken (the rate is then a lower bound).
             let first = samples.iter().position(|x| x.drained > 0);
             let drain_start = match first {
                 Some(0) | None => phase.start_ns,
+                Some(i) if samples[i].drained >= total => phase.start_ns,
                 Some(i) => (samples[i - 1].t_ns + samples[i].t_ns) / 2,
             }
             .max(phase.start_ns);
@@ -1267,6 +1313,11 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                 .iter()
                 .map(|x| x.rate / 1e6)
                 .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+            // `umount` first (it drains whatever is left), then BACKING alone must hold
+            // every byte.
+            if let Some(mut m) = env.mount.take() {
+                m.close()?;
+            }
             let (n, b) = dir_bytes(&sub);
             if n == cfg.procs && b == total {
                 verify_drained(&sub, &phase.hashes)?;
@@ -1275,13 +1326,16 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                 return Err(CheckpointError::Command {
                     what: "the drain".into(),
                     msg: format!(
-                        "status says nothing is dirty but BACKING holds {n} of {} files and {b} of {total} bytes",
+                        "status said nothing was dirty and umount returned, but BACKING holds {n} of {} files and {b} of {total} bytes",
                         cfg.procs
                     ),
                 });
             }
-            if let Some(mut m) = env.mount.take() {
-                m.close()?;
+            if let Some(say) = cfg.narrate {
+                say(&format!(
+                    "after `tierstack umount`: BACKING holds all {n} files, {} bytes, each file's xxh3 equal to what its writer wrote",
+                    b
+                ));
             }
             let _ = fs::remove_dir_all(&fast);
             let _ = fs::remove_dir(&mnt);

@@ -44,9 +44,12 @@ enum Cmd {
     /// Internal: the mount daemon (takes its spec as JSON).
     #[command(hide = true)]
     MountDaemon { spec: String },
-    /// Run the end-to-end demo on file drives in a temporary folder.
+    /// A tour of the product on file drives in a temporary folder: `run`, `mount`, `array`.
     Demo {
-        /// Folder for the demo's drives (default: a new temporary folder, removed afterwards).
+        /// Run one part only.
+        #[arg(long, value_enum)]
+        only: Option<demo::Part>,
+        /// Where to make the demo's temporary folder (default: $TMPDIR or /tmp).
         #[arg(long)]
         dir: Option<PathBuf>,
         /// Size of each of the demo's five drives.
@@ -120,7 +123,7 @@ fn main() -> ExitCode {
         Cmd::Umount(a) => mount_cmd::umount(a),
         Cmd::Stage(a) => stage_cmd::stage(a),
         Cmd::MountDaemon { spec } => mount_cmd::daemon(&spec),
-        Cmd::Demo { dir, size } => demo::run(dir, &size),
+        Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

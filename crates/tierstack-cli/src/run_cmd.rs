@@ -197,7 +197,21 @@ pub fn run(a: RunArgs) -> Result<()> {
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
-    let pid = child.id() as libc::pid_t;
+    let (code, max_rss) = wait_child(child.id())?;
+    if a.stats {
+        eprintln!("{}", stats_line(&run_dir.0, max_rss, code));
+    }
+    drop(run_dir);
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
+/// Waits for our child `pid` (not waited for yet): its exit code (128 + signal when killed)
+/// and the peak RSS in bytes of it and its waited-for descendants (from `wait4`).
+pub fn wait_child(pid: u32) -> Result<(i32, u64)> {
+    let pid = pid as libc::pid_t;
     let mut status: libc::c_int = 0;
     // SAFETY: zeroed rusage is a valid value for wait4 to fill.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -207,11 +221,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         if r == pid {
             break;
         }
-        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            bail!(
-                "waiting for the program: {}",
-                std::io::Error::last_os_error()
-            );
+        let e = std::io::Error::last_os_error();
+        if r < 0 && e.raw_os_error() != Some(libc::EINTR) {
+            bail!("waiting for the program: {e}");
         }
     }
     let code = if libc::WIFEXITED(status) {
@@ -221,17 +233,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     } else {
         1
     };
-    if a.stats {
-        eprintln!(
-            "{}",
-            stats_line(&run_dir.0, ru.ru_maxrss as u64 * 1024, code)
-        );
-    }
-    drop(run_dir);
-    if code != 0 {
-        std::process::exit(code);
-    }
-    Ok(())
+    Ok((code, ru.ru_maxrss.max(0) as u64 * 1024))
 }
 
 /// One line: the program's peak RSS and the sums of its processes' counters.

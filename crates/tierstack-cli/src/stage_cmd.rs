@@ -81,7 +81,7 @@ pub struct BenchCheckpointArgs {
 }
 
 /// A flag set by Ctrl-C (SIGINT) and SIGTERM; a second Ctrl-C ends the process at once.
-fn cancel_flag() -> Result<Arc<AtomicBool>> {
+pub fn cancel_flag() -> Result<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let flag = Arc::new(AtomicBool::new(false));
     for sig in [SIGINT, SIGTERM] {
@@ -191,6 +191,7 @@ pub fn bench_checkpoint(a: BenchCheckpointArgs) -> Result<()> {
         dram: a.dram,
         direct_only: a.direct_only,
         repeat: a.repeat,
+        narrate: None,
     };
     let cancel = cancel_flag()?;
     let r = checkpoint::run(&cfg, &cancel)?;

@@ -1,35 +1,31 @@
-//! `tierstack demo`: the main job on embedded defaults. Builds a RAID 5 of five file drives in
-//! a temporary folder and walks through what the array does, then runs `bench array`.
+//! The demo's array part: a RAID 5 of five file drives in the demo's folder, objects stored
+//! and read back, a drive failed and read degraded, replaced and rebuilt, bytes flipped and
+//! repaired by scrub, `array show`, then `bench array`'s table.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use rand::RngCore;
 use tierstack_array::descriptor::Descriptor;
 use tierstack_array::objects::ObjectStore;
 use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
-use tierstack_bench::{fmt_size, parse_size};
+use tierstack_bench::fmt_size;
 
-fn step(s: &str) {
-    println!("\n== {s}");
-}
+use super::{step, Outcome};
 
-pub fn run(dir: Option<PathBuf>, size: &str) -> Result<()> {
-    let size = parse_size(size).map_err(anyhow::Error::msg)?;
-    let tmp;
-    let dir = match dir {
-        Some(d) => {
-            std::fs::create_dir_all(&d)
-                .with_context(|| format!("cannot create {}", d.display()))?;
-            d
-        }
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix("tierstack-demo-")
-                .tempdir()?;
-            tmp.path().to_path_buf()
-        }
-    };
+pub fn part(dir: &Path, size: u64) -> Result<Outcome> {
+    let dir = dir.join("array");
+    std::fs::create_dir_all(&dir)?;
+    super::commands(&[
+        format!("tierstack array create /tmp/a.array --level 5 --chunk 64K --size {}M /tmp/d0 /tmp/d1 /tmp/d2 /tmp/d3 /tmp/d4", size >> 20),
+        "tierstack array put /tmp/a.array large ./file     # durable when it returns".into(),
+        "tierstack array fail /tmp/a.array --drive 2".into(),
+        "tierstack array get /tmp/a.array large ./copy     # read degraded".into(),
+        "tierstack array replace /tmp/a.array --drive 2 /tmp/d2-new".into(),
+        "tierstack array scrub /tmp/a.array --repair".into(),
+        "tierstack array show /tmp/a.array".into(),
+        format!("tierstack bench array --level 5 --drives 5 --dir /tmp/bench --size {}M", size >> 20),
+    ]);
     let drives: Vec<PathBuf> = (0..5).map(|i| dir.join(format!("drive{i}.img"))).collect();
     let desc = dir.join("demo.array");
     let opts = ArrayOptions::default();
@@ -129,8 +125,7 @@ pub fn run(dir: Option<PathBuf>, size: &str) -> Result<()> {
     let r = tierstack_bench::array::run(&o, &|m| eprintln!("   ... {m}"))?;
     print!("{}", tierstack_bench::array::render(&r));
     let _ = std::fs::remove_dir_all(dir.join("bench"));
-    println!("\ndemo complete");
-    Ok(())
+    Ok(Outcome::Done)
 }
 
 /// Overwrites 256 KiB of a drive at `at` (data and parity chunks) with garbage.
