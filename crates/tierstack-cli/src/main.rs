@@ -109,6 +109,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if !matches!(cli.cmd, Cmd::MountDaemon { .. }) {
+        // Like Unix tools, end quietly when the reader of our output goes away
+        // (`tierstack status | head -1`) instead of panicking on EPIPE. The mount daemon
+        // keeps the runtime's default (ignored: a closed control connection is an error).
+        // SAFETY: setting a signal's disposition to its default before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let res = match cli.cmd {
         Cmd::Array(c) => array_cmd::run(c),
         Cmd::Bench(BenchCmd::Array(a)) => array_cmd::bench(a),

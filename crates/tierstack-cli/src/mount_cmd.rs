@@ -71,14 +71,70 @@ pub struct StatusArgs {
 #[derive(Args)]
 pub struct DrainArgs {
     pub mountpoint: PathBuf,
-    /// Wait until everything is in the backing directory.
+    /// Wait until everything is in the backing directory (stops with an error naming a
+    /// record the backing refuses).
     #[arg(long)]
     pub wait: bool,
+    /// Try the quarantined records (`status` lists them under `stuck`) again, e.g. after
+    /// fixing the backing directory's permissions.
+    #[arg(long)]
+    pub retry: bool,
+    /// With --wait: give up after this long (e.g. 90s, 10m, 2h) with a non-zero exit.
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
 }
 
 #[derive(Args)]
 pub struct UmountArgs {
     pub mountpoint: PathBuf,
+    /// Give up waiting for the drain after this long (e.g. 90s, 10m, 2h): exit non-zero with
+    /// the mount kept and nothing lost.
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// Unmount without waiting for the drain or despite quarantined records: whatever is not
+    /// in the backing directory yet stays in the fast tier (--dir/--array), and mounting the
+    /// same backing with it again resumes the drain.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Parses a duration: a number of seconds, or a number with s, m or h.
+fn parse_duration(flag: &str, s: &str) -> Result<Duration> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('s') => (&t[..t.len() - 1], 1.0),
+        Some('m') => (&t[..t.len() - 1], 60.0),
+        Some('h') => (&t[..t.len() - 1], 3600.0),
+        _ => (t, 1.0),
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v * mult < 1e9 => {
+            Ok(Duration::from_secs_f64(v * mult))
+        }
+        _ => bail!("--{flag} {s} is not a duration: give e.g. 90s, 10m or 2h"),
+    }
+}
+
+/// One line naming the quarantined records and what to do.
+fn stuck_message(mp: &Path, s: &MountStatus) -> String {
+    let first = &s.stuck[0];
+    let mut path = first.path.clone();
+    if path.len() > 120 {
+        let cut = (0..=path.len() - 100)
+            .rev()
+            .find(|i| path.is_char_boundary(*i))
+            .unwrap_or(0);
+        path = format!("...{}", &path[cut..]);
+    }
+    format!(
+        "{} record(s) refused by the backing directory (first: {} {}: {}); their data is kept in the fast tier: fix the backing and run `tierstack drain {} --retry`, or `tierstack umount {} --force` to keep them for the next mount",
+        s.stuck.len(),
+        first.op,
+        path,
+        first.error,
+        mp.display(),
+        mp.display()
+    )
 }
 
 fn size_arg(name: &str, s: &str, min: u64) -> Result<u64> {
@@ -347,6 +403,9 @@ fn print_status(s: &MountStatus) {
     if let Some(e) = &s.last_error {
         println!("last error  {e} ({} retries)", s.drain_retries);
     }
+    if !s.stuck.is_empty() {
+        println!("stuck       {}", stuck_message(&s.mountpoint, s));
+    }
 }
 
 pub fn status(a: StatusArgs) -> Result<()> {
@@ -361,17 +420,23 @@ pub fn status(a: StatusArgs) -> Result<()> {
 }
 
 fn request_drain(mp: &Path) -> Result<()> {
+    request_drain_with(mp, false)
+}
+
+fn request_drain_with(mp: &Path, retry: bool) -> Result<()> {
     fsmount::request(
         mp,
-        &serde_json::json!({"cmd": "drain"}),
+        &serde_json::json!({"cmd": "drain", "retry": retry}),
         Duration::from_secs(30),
     )
     .map_err(|_| not_mounted(mp))?;
     Ok(())
 }
 
-/// Waits until nothing is left to drain, with a progress bar.
-fn wait_drained(mp: &Path) -> Result<()> {
+/// Waits until nothing is left to drain, with a progress bar. Stops with an error when only
+/// quarantined records are left or `timeout` passed.
+fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
+    let t0 = Instant::now();
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -389,6 +454,26 @@ fn wait_drained(mp: &Path) -> Result<()> {
             bar.set_position(most);
             bar.finish_with_message("done");
             return Ok(());
+        }
+        if s.settled && !s.stuck.is_empty() {
+            bar.abandon_with_message("stuck");
+            bail!("{}", stuck_message(mp, &s));
+        }
+        if let Some(t) = timeout.filter(|t| t0.elapsed() > *t) {
+            bar.abandon_with_message("timed out");
+            bail!(
+                "timed out after {:.0} s with {} in {} files and {} journal ops still to drain{}; the mount stays and nothing is lost: wait longer (`tierstack drain {} --wait`) or `tierstack umount {} --force` to keep the rest in the fast tier for the next mount",
+                t.as_secs_f64(),
+                fmt_size(s.dirty_bytes),
+                s.dirty_files,
+                s.pending_ops,
+                s.last_error
+                    .as_ref()
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default(),
+                mp.display(),
+                mp.display()
+            );
         }
         most = most.max(s.dirty_bytes);
         bar.set_length(most);
@@ -411,9 +496,14 @@ fn wait_drained(mp: &Path) -> Result<()> {
 
 pub fn drain(a: DrainArgs) -> Result<()> {
     let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(|e| anyhow!("{e}"))?;
-    request_drain(&mp)?;
+    let timeout = a
+        .timeout
+        .as_deref()
+        .map(|t| parse_duration("timeout", t))
+        .transpose()?;
+    request_drain_with(&mp, a.retry)?;
     if a.wait {
-        wait_drained(&mp)?;
+        wait_drained(&mp, timeout)?;
     }
     Ok(())
 }
@@ -439,11 +529,18 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             return Err(not_mounted(&mp));
         }
     };
+    let timeout = a
+        .timeout
+        .as_deref()
+        .map(|t| parse_duration("timeout", t))
+        .transpose()?;
     request_drain(&mp)?;
-    wait_drained(&mp)?;
+    if !a.force {
+        wait_drained(&mp, timeout)?;
+    }
     let ans = fsmount::request(
         &mp,
-        &serde_json::json!({"cmd": "shutdown"}),
+        &serde_json::json!({"cmd": "shutdown", "force": a.force}),
         Duration::from_secs(60),
     )
     .map_err(|_| not_mounted(&mp))?;
@@ -467,11 +564,19 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     }
     // A clean exit: the daemon's log has nothing left to tell.
     let _ = std::fs::remove_file(fsmount::socket_path(&mp).with_extension("log"));
-    println!(
-        "unmounted {} (everything drained to {})",
-        mp.display(),
-        st.backing.display()
-    );
+    if a.force {
+        println!(
+            "unmounted {} (--force: what was not drained stays in the fast tier; mount {} again with the same --dir/--array to drain it)",
+            mp.display(),
+            st.backing.display()
+        );
+    } else {
+        println!(
+            "unmounted {} (everything drained to {})",
+            mp.display(),
+            st.backing.display()
+        );
+    }
     Ok(())
 }
 

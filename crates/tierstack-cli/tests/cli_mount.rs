@@ -726,3 +726,276 @@ fn bad_input_is_refused_with_nothing_left_behind() {
     );
     fx.umount();
 }
+
+/// Issue 13: 40 levels of 200-byte names (paths far beyond PATH_MAX), a 255-byte name, a
+/// FIFO and a socket are created through the mount, a 256-byte name is refused with
+/// ENAMETOOLONG, and `umount` drains all of it exactly within 2 minutes.
+#[test]
+fn deep_tree_long_names_and_special_files_drain_exactly() {
+    if !can_run() {
+        return;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let name = "d".repeat(200);
+    // Walk down with relative paths from a directory handle, as a program deep in a tree does.
+    let mut rel = PathBuf::new();
+    for _ in 0..40 {
+        rel.push(&name);
+    }
+    let deep = fx.m("").join(&rel);
+    assert!(deep.as_os_str().len() > 8000);
+    let mut dir = fs::File::open(fx.m("")).expect("open mount");
+    for _ in 0..40 {
+        let c = std::ffi::CString::new(name.as_bytes()).expect("cstr");
+        // SAFETY: mkdirat/openat on a live directory descriptor with a valid C string.
+        unsafe {
+            use std::os::fd::{AsRawFd, FromRawFd};
+            assert_eq!(
+                libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755),
+                0,
+                "mkdirat"
+            );
+            let fd = libc::openat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            );
+            assert!(fd >= 0, "openat");
+            dir = fs::File::from_raw_fd(fd);
+        }
+    }
+    {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let c = std::ffi::CString::new("bottom").expect("cstr");
+        // SAFETY: openat on a live directory descriptor with a valid C string.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT,
+                0o644,
+            )
+        };
+        assert!(fd >= 0, "create the bottom file");
+        // SAFETY: fd was just opened and is owned here.
+        let mut f = unsafe { fs::File::from_raw_fd(fd) };
+        f.write_all(b"the bottom of a deep tree").expect("write");
+    }
+    let long = "f".repeat(255);
+    fs::write(fx.m(&long), b"long name").expect("255-byte name");
+    let too_long = "g".repeat(256);
+    let e = fs::write(fx.m(&too_long), b"x").expect_err("256-byte name must fail");
+    assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG), "{e}");
+    let fifo = std::ffi::CString::new(fx.m("fifo").as_os_str().as_bytes()).expect("cstr");
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0, "mkfifo");
+    let md = fs::symlink_metadata(fx.m("fifo")).expect("stat fifo");
+    assert_eq!(md.mode() & libc::S_IFMT, libc::S_IFIFO);
+    assert_eq!(md.mode() & 0o7777, 0o640);
+    let sock = std::os::unix::net::UnixListener::bind(fx.m("sock")).expect("bind a socket");
+    drop(sock);
+    assert_eq!(
+        fs::symlink_metadata(fx.m("sock"))
+            .expect("stat sock")
+            .mode()
+            & libc::S_IFMT,
+        libc::S_IFSOCK
+    );
+    // A FIFO in the mount is a FIFO: a writer and a reader meet through it.
+    let p = fx.m("fifo");
+    let reader = std::thread::spawn(move || fs::read(p).expect("read fifo"));
+    fs::write(fx.m("fifo"), b"through the pipe").expect("write fifo");
+    assert_eq!(reader.join().expect("reader"), b"through the pipe");
+    let t = Instant::now();
+    fx.umount();
+    assert!(t.elapsed() < Duration::from_secs(120), "{:?}", t.elapsed());
+    let mut bdir = fs::File::open(&fx.backing).expect("open backing");
+    for _ in 0..40 {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let c = std::ffi::CString::new(name.as_bytes()).expect("cstr");
+        // SAFETY: openat on a live directory descriptor with a valid C string.
+        let fd = unsafe {
+            libc::openat(
+                bdir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            )
+        };
+        assert!(fd >= 0, "the deep directory is in BACKING");
+        // SAFETY: fd was just opened and is owned here.
+        bdir = unsafe { fs::File::from_raw_fd(fd) };
+    }
+    {
+        use std::io::Read;
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let c = std::ffi::CString::new("bottom").expect("cstr");
+        // SAFETY: openat on a live directory descriptor with a valid C string.
+        let fd = unsafe { libc::openat(bdir.as_raw_fd(), c.as_ptr(), libc::O_RDONLY) };
+        assert!(fd >= 0, "the bottom file is in BACKING");
+        // SAFETY: fd was just opened and is owned here.
+        let mut f = unsafe { fs::File::from_raw_fd(fd) };
+        let mut s = String::new();
+        f.read_to_string(&mut s).expect("read");
+        assert_eq!(s, "the bottom of a deep tree");
+    }
+    assert_eq!(
+        fs::read(fx.b(&long)).expect("long name in BACKING"),
+        b"long name"
+    );
+    let md = fs::symlink_metadata(fx.b("fifo")).expect("fifo in BACKING");
+    assert_eq!(md.mode() & libc::S_IFMT, libc::S_IFIFO);
+    assert_eq!(md.mode() & 0o7777, 0o640);
+    let md = fs::symlink_metadata(fx.b("sock")).expect("socket in BACKING");
+    assert_eq!(md.mode() & libc::S_IFMT, libc::S_IFSOCK);
+}
+
+/// Issue 13: a record BACKING refuses for good is quarantined, the rest drains, `status`
+/// lists it under `stuck`, `umount` stops with an error naming it instead of hanging,
+/// `umount --force` keeps it for the next mount, and that mount drains it once BACKING is
+/// fixed.
+#[test]
+fn a_refused_record_is_quarantined_and_never_hangs_the_drain() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let mp = fx.mnt.to_str().expect("utf8").to_string();
+    // The mount has listed BACKING's root; then a file takes the name of a directory that
+    // the mount is about to make: BACKING will refuse the mkdir (EEXIST, not a directory).
+    fs::read_dir(fx.m("")).expect("list").for_each(drop);
+    fs::write(fx.b("x"), b"in the way").expect("blocker");
+    fs::create_dir(fx.m("x")).expect("mkdir in the mount");
+    fs::write(fx.m("x/file"), b"kept in the fast tier").expect("write");
+    fs::write(fx.m("fine"), b"drains").expect("write");
+    let t = Instant::now();
+    let st = loop {
+        let st = fx.status();
+        if st["settled"].as_bool() == Some(true)
+            && st["stuck"].as_array().is_some_and(|a| a.len() >= 2)
+        {
+            break st;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "never settled: {st}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stuck = st["stuck"].as_array().expect("stuck");
+    assert_eq!(stuck[0]["path"], "x", "{st}");
+    assert_eq!(stuck[0]["op"], "Mkdir", "{st}");
+    assert!(
+        stuck[0]["error"].as_str().unwrap_or("").contains("exists"),
+        "{st}"
+    );
+    assert!(stuck[0]["since"].as_i64().unwrap_or(0) > 0, "{st}");
+    assert_eq!(fs::read(fx.b("fine")).expect("the rest drained"), b"drains");
+    let text = ok(&["status", &mp]);
+    assert!(text.contains("stuck") && text.contains("--retry"), "{text}");
+    let t = Instant::now();
+    let o = run(&["umount", &mp, "--timeout", "30s"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("refused by the backing") && err.contains("Mkdir x"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(20));
+    assert!(
+        is_mounted(&fx.mnt),
+        "the mount must stay after a refused umount"
+    );
+    ok(&["umount", &mp, "--force"]);
+    assert!(!is_mounted(&fx.mnt));
+    fx.pid = None;
+    // Fixed BACKING, same fast tier: the next mount retries and drains it.
+    fs::remove_file(fx.b("x")).expect("remove blocker");
+    fx.mount(&[]);
+    assert_eq!(
+        fs::read(fx.m("x/file")).expect("read back"),
+        b"kept in the fast tier"
+    );
+    fx.umount();
+    assert_eq!(
+        fs::read(fx.b("x/file")).expect("drained"),
+        b"kept in the fast tier"
+    );
+}
+
+/// Issue 13: `umount --timeout` returns when the time is up, non-zero, with the mount kept and
+/// nothing lost; a later `umount` drains everything.
+#[test]
+fn umount_timeout_returns_and_keeps_everything() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&["--drain-rate", "2"]);
+    let mp = fx.mnt.to_str().expect("utf8").to_string();
+    let data = random(12 << 20, 13);
+    fs::write(fx.m("slow.bin"), &data).expect("write");
+    let t = Instant::now();
+    let o = run(&["umount", &mp, "--timeout", "2s"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "umount --timeout must fail while data waits"
+    );
+    assert!(err.contains("timed out after"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    assert!(is_mounted(&fx.mnt));
+    let o = run(&["umount", &mp, "--timeout", "banana"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a duration"));
+    fx.umount();
+    assert_eq!(
+        hash(&fs::read(fx.b("slow.bin")).expect("drained")),
+        hash(&data)
+    );
+}
+
+/// Issue 13: a mount point detached from outside makes the daemon drain what it holds and
+/// exit; `status | head -1` ends quietly.
+#[test]
+fn detached_from_outside_the_daemon_drains_and_exits() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let mp = fx.mnt.to_str().expect("utf8").to_string();
+    let piped = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{BIN} status {mp} | head -1"))
+        .output()
+        .expect("sh");
+    assert!(piped.status.success());
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+    fs::write(fx.m("a.txt"), b"before the detach").expect("write");
+    let pid = fx.pid.expect("pid");
+    assert!(Command::new("umount")
+        .arg("-l")
+        .arg(&fx.mnt)
+        .status()
+        .expect("umount -l")
+        .success());
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists()
+        && !fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the daemon lingers after its mount was detached"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fx.pid = None;
+    assert_eq!(
+        fs::read(fx.b("a.txt")).expect("drained"),
+        b"before the detach"
+    );
+}

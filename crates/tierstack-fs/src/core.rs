@@ -6,9 +6,7 @@
 //! for space.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsStr;
 use std::fs::File;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -20,6 +18,7 @@ use rusqlite::Transaction;
 use tierstack_array::Array;
 use tierstack_store::{PageData, StoreError, TieredStore, MAX_OBJECT_ID};
 
+use crate::backing::Backing;
 use crate::db::{self, Db, InodeRow, OpKind};
 use crate::error::{FsError, Result};
 
@@ -38,6 +37,10 @@ pub enum Kind {
     File = 1,
     Dir = 2,
     Symlink = 3,
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
 }
 
 impl Kind {
@@ -45,8 +48,68 @@ impl Kind {
         match v {
             2 => Kind::Dir,
             3 => Kind::Symlink,
+            4 => Kind::Fifo,
+            5 => Kind::Socket,
+            6 => Kind::CharDev,
+            7 => Kind::BlockDev,
             _ => Kind::File,
         }
+    }
+
+    /// The kind of a `st_mode`'s type bits (None: not one the mount keeps).
+    pub fn of_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev,
+            libc::S_IFBLK => Kind::BlockDev,
+            _ => return None,
+        })
+    }
+
+    /// The type bits of `st_mode`.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::File => libc::S_IFREG,
+            Kind::Dir => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
+            Kind::Fifo => libc::S_IFIFO,
+            Kind::Socket => libc::S_IFSOCK,
+            Kind::CharDev => libc::S_IFCHR,
+            Kind::BlockDev => libc::S_IFBLK,
+        }
+    }
+
+    /// FIFOs, sockets and device nodes (made with `mknod`; `Node::target` holds the device
+    /// number as 8 little-endian bytes).
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev
+        )
+    }
+}
+
+/// The device number kept in a special node's `target`.
+pub fn rdev_of(target: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = target.len().min(8);
+    b[..n].copy_from_slice(&target[..n]);
+    u64::from_le_bytes(b)
+}
+
+/// The longest name in a directory, as on ext4.
+pub const NAME_MAX: usize = 255;
+
+/// ENAMETOOLONG for a name longer than [`NAME_MAX`].
+pub fn check_name(name: &[u8]) -> R<()> {
+    if name.len() > NAME_MAX {
+        Err(libc::ENAMETOOLONG)
+    } else {
+        Ok(())
     }
 }
 
@@ -132,6 +195,8 @@ pub struct Attr {
     pub mtime: i64,
     pub ctime: i64,
     pub nlink: u32,
+    /// Device number of a device node.
+    pub rdev: u64,
 }
 
 pub fn now_ns() -> i64 {
@@ -172,6 +237,8 @@ enum WriteErr {
 /// What the FUSE layer and the drainer share.
 pub struct Core {
     pub backing: PathBuf,
+    /// BACKING held open: every access to it goes through directory handles.
+    pub bk: Backing,
     pub sync_mode: bool,
     pub store: TieredStore,
     pub array: Arc<Array>,
@@ -201,6 +268,13 @@ pub struct Core {
     sync_lock: Mutex<()>,
     /// The daemon is stopping: background threads end.
     pub stopping: AtomicBool,
+    /// Inodes with a quarantined journal row (their dirty data stays in the fast tier).
+    pub stuck_inos: Mutex<std::collections::HashSet<u64>>,
+    /// `tierstack drain --retry` asked for the quarantined rows to be tried again.
+    pub retry: AtomicBool,
+    /// `tierstack umount --force`: stop without waiting for the drain (the journal keeps
+    /// what is left for the next mount).
+    pub force_stop: AtomicBool,
 }
 
 /// In sync mode, dirty DRAM pages are written to the array in the background once this many
@@ -218,8 +292,10 @@ impl Core {
         db: Db,
         limit: u64,
     ) -> Result<Core> {
+        let bk = Backing::open(&backing).map_err(crate::error::io_err(&backing))?;
         let core = Core {
             backing,
+            bk,
             sync_mode,
             store,
             array,
@@ -240,7 +316,12 @@ impl Core {
             sync_covered: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
             stopping: AtomicBool::new(false),
+            stuck_inos: Mutex::new(Default::default()),
+            retry: AtomicBool::new(false),
+            force_stop: AtomicBool::new(false),
         };
+        // A new mount tries the rows an earlier one quarantined again.
+        core.db.lock().release_stuck()?;
         core.load()?;
         Ok(core)
     }
@@ -416,12 +497,9 @@ impl Core {
         self.wake_cv.notify_all();
     }
 
+    /// The path of `rel` under BACKING, for messages (BACKING is accessed by handle).
     pub fn bjoin(&self, rel: &[u8]) -> PathBuf {
-        if rel.is_empty() {
-            self.backing.clone()
-        } else {
-            self.backing.join(OsStr::from_bytes(rel))
-        }
+        self.bk.show(rel)
     }
 
     // ------------------------------------------------------------------ namespace helpers
@@ -474,6 +552,11 @@ impl Core {
                 Kind::Dir => 2,
                 _ => n.links.len() as u32,
             },
+            rdev: if n.kind.is_special() {
+                rdev_of(&n.target)
+            } else {
+                0
+            },
         }
     }
 
@@ -492,37 +575,36 @@ impl Core {
         let mut new: Vec<(u64, Vec<u8>, Node)> = Vec::new();
         if let Some(bp) = &bpath {
             let dpath = self.bjoin(bp);
-            let rd = match std::fs::read_dir(&dpath) {
-                Ok(rd) => Some(rd),
+            let d = match self.bk.dir(bp) {
+                Ok(d) => Some(d),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(eio(format!("{}: {e}", dpath.display()))),
             };
-            for ent in rd.into_iter().flatten() {
-                let ent = ent.map_err(|e| eio(format!("{}: {e}", dpath.display())))?;
-                let name = ent.file_name().as_bytes().to_vec();
-                if name.starts_with(TMP_PREFIX) {
+            let names = match &d {
+                Some(d) => {
+                    Backing::list(d).map_err(|e| eio(format!("{}: {e}", dpath.display())))?
+                }
+                None => Vec::new(),
+            };
+            for name in names {
+                let Some(d) = &d else { break };
+                if name.starts_with(TMP_PREFIX) || name.len() > NAME_MAX {
                     continue;
                 }
-                let Ok(md) = std::fs::symlink_metadata(ent.path()) else {
+                let Ok(md) = Backing::stat(d, &name) else {
                     continue;
                 };
-                let ft = md.file_type();
-                let kind = if ft.is_dir() {
-                    Kind::Dir
-                } else if ft.is_file() {
-                    Kind::File
-                } else if ft.is_symlink() {
-                    Kind::Symlink
-                } else {
+                let Some(kind) = Kind::of_mode(md.st_mode) else {
                     continue;
                 };
                 let target = if kind == Kind::Symlink {
-                    std::fs::read_link(ent.path())
-                        .map(|t| t.as_os_str().as_bytes().to_vec())
-                        .unwrap_or_default()
+                    Backing::readlink(d, &name).unwrap_or_default()
+                } else if kind.is_special() {
+                    md.st_rdev.to_le_bytes().to_vec()
                 } else {
                     Vec::new()
                 };
+                let md_len = md.st_size as u64;
                 let ino = ns.next_ino;
                 ns.next_ino += 1;
                 let obj = if kind == Kind::File {
@@ -534,26 +616,26 @@ impl Core {
                 let rel = join_rel(bp, &name);
                 let data = (kind == Kind::File).then(|| {
                     Arc::new(Mutex::new(FileData {
-                        size: md.len(),
+                        size: md_len,
                         has_base: true,
-                        base_len: md.len(),
+                        base_len: md_len,
                         bpath: Some(rel.clone()),
-                        min_size: md.len(),
+                        min_size: md_len,
                         ..Default::default()
                     }))
                 });
                 let node = Node {
                     kind,
-                    mode: md.mode() & 0o7777,
-                    uid: md.uid(),
-                    gid: md.gid(),
-                    atime: md.atime() * 1_000_000_000 + md.atime_nsec(),
-                    mtime: md.mtime() * 1_000_000_000 + md.mtime_nsec(),
-                    ctime: md.ctime() * 1_000_000_000 + md.ctime_nsec(),
-                    size: if kind == Kind::Symlink {
-                        target.len() as u64
-                    } else {
-                        md.len()
+                    mode: md.st_mode & 0o7777,
+                    uid: md.st_uid,
+                    gid: md.st_gid,
+                    atime: md.st_atime * 1_000_000_000 + md.st_atime_nsec as i64,
+                    mtime: md.st_mtime * 1_000_000_000 + md.st_mtime_nsec as i64,
+                    ctime: md.st_ctime * 1_000_000_000 + md.st_ctime_nsec as i64,
+                    size: match kind {
+                        Kind::Symlink => target.len() as u64,
+                        k if k.is_special() => 0,
+                        _ => md_len,
                     },
                     target,
                     links: vec![(dir, name.clone())],
@@ -656,7 +738,10 @@ impl Core {
         }
         let Some(bp) = &f.bpath else { return Ok(None) };
         let path = self.bjoin(bp);
-        let file = File::open(&path).map_err(crate::error::io_err(&path))?;
+        let file = self
+            .bk
+            .open_file(bp, rustix::fs::OFlags::RDONLY, 0)
+            .map_err(crate::error::io_err(&path))?;
         let a = Arc::new(file);
         f.base_fd = Some(a.clone());
         Ok(Some(a))
@@ -1032,6 +1117,7 @@ impl Core {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
+        check_name(name)?;
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
         let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
@@ -1082,6 +1168,7 @@ impl Core {
         target: Vec<u8>,
         op: OpKind,
     ) -> R<(u64, Attr)> {
+        check_name(name)?;
         self.ensure_loaded(ns, parent)?;
         if ns
             .nodes
@@ -1090,9 +1177,7 @@ impl Core {
         {
             return Err(libc::EEXIST);
         }
-        if name.len() > 255 {
-            return Err(libc::ENAMETOOLONG);
-        }
+        check_name(name)?;
         let path = Self::child_path(ns, parent, name)?;
         let ino = ns.next_ino;
         let obj = if kind == Kind::File { ns.next_obj } else { 0 };
@@ -1114,7 +1199,7 @@ impl Core {
             size: match kind {
                 Kind::Dir => 4096,
                 Kind::Symlink => target.len() as u64,
-                Kind::File => 0,
+                _ => 0,
             },
             target: target.clone(),
             links: vec![(parent, name.to_vec())],
@@ -1215,7 +1300,41 @@ impl Core {
         .map(|r| r.1)
     }
 
+    /// Makes a FIFO, socket or device node (`mode` holds the type bits).
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> R<Attr> {
+        let kind = Kind::of_mode(mode)
+            .filter(|k| k.is_special())
+            .ok_or(libc::EINVAL)?;
+        let rdev = if matches!(kind, Kind::CharDev | Kind::BlockDev) {
+            rdev
+        } else {
+            0
+        };
+        let mut ns = self.ns.lock();
+        self.new_node(
+            &mut ns,
+            parent,
+            name,
+            kind,
+            mode,
+            uid,
+            gid,
+            rdev.to_le_bytes().to_vec(),
+            OpKind::Mknod,
+        )
+        .map(|r| r.1)
+    }
+
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> R<Attr> {
+        check_name(newname)?;
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, newparent)?;
         {
@@ -1278,6 +1397,7 @@ impl Core {
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8], dir: bool) -> R<()> {
+        check_name(name)?;
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
         let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
@@ -1333,6 +1453,8 @@ impl Core {
         if flags & libc::RENAME_EXCHANGE != 0 {
             return Err(libc::EINVAL);
         }
+        check_name(name)?;
+        check_name(newname)?;
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
         self.ensure_loaded(&mut ns, newparent)?;
@@ -1605,14 +1727,31 @@ impl Core {
         (files, bytes)
     }
 
-    /// Queues a data op for every dirty file that has none.
+    /// Dirty files whose drain is not quarantined.
+    pub fn unsettled_dirty_files(&self) -> u64 {
+        let stuck = self.stuck_inos.lock().clone();
+        let ns = self.ns.lock();
+        ns.nodes
+            .iter()
+            .filter(|(i, n)| {
+                !stuck.contains(i)
+                    && !n.links.is_empty()
+                    && n.data.as_ref().is_some_and(|d| d.lock().dirty)
+            })
+            .count() as u64
+    }
+
+    /// Queues a data op for every dirty file that has none (not those whose drain is
+    /// quarantined: they wait for `drain --retry` or the next mount).
     pub fn queue_all_dirty(&self) -> Result<()> {
+        let stuck = self.stuck_inos.lock().clone();
         let ns = self.ns.lock();
         let inos: Vec<u64> = ns
             .nodes
             .iter()
-            .filter(|(_, n)| {
-                !n.links.is_empty()
+            .filter(|(i, n)| {
+                !stuck.contains(i)
+                    && !n.links.is_empty()
                     && n.data
                         .as_ref()
                         .is_some_and(|d| d.try_lock().is_some_and(|f| f.dirty && !f.data_pending))
@@ -1637,7 +1776,7 @@ pub fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
         atime: n.atime,
         mtime: n.mtime,
         ctime: n.ctime,
-        target: (n.kind == Kind::Symlink).then(|| n.target.clone()),
+        target: (n.kind == Kind::Symlink || n.kind.is_special()).then(|| n.target.clone()),
         obj: n.obj,
         has_base: f.is_some_and(|f| f.has_base),
         base_len: f.map_or(0, |f| f.base_len),

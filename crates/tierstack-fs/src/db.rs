@@ -22,6 +22,9 @@ pub enum OpKind {
     Rmdir = 7,
     SetAttr = 8,
     Data = 9,
+    /// A FIFO, socket or device node: `p2` holds its device number (8 bytes, little
+    /// endian); its type, mode and owner come from the inode.
+    Mknod = 10,
 }
 
 impl OpKind {
@@ -36,6 +39,7 @@ impl OpKind {
             7 => OpKind::Rmdir,
             8 => OpKind::SetAttr,
             9 => OpKind::Data,
+            10 => OpKind::Mknod,
             _ => return None,
         })
     }
@@ -45,7 +49,7 @@ impl OpKind {
     pub fn is_barrier(self) -> bool {
         !matches!(
             self,
-            OpKind::Mkdir | OpKind::Create | OpKind::Symlink | OpKind::Data
+            OpKind::Mkdir | OpKind::Create | OpKind::Symlink | OpKind::Mknod | OpKind::Data
         )
     }
 }
@@ -59,6 +63,14 @@ pub struct JOp {
     pub ino: u64,
     pub p1: Vec<u8>,
     pub p2: Vec<u8>,
+}
+
+/// A journal row that BACKING refused for good, with its error and when (Unix seconds).
+#[derive(Debug, Clone)]
+pub struct Stuck {
+    pub op: JOp,
+    pub error: String,
+    pub since: i64,
 }
 
 /// One inode row.
@@ -100,7 +112,9 @@ impl Db {
              CREATE TABLE IF NOT EXISTS dentries(parent INTEGER, name BLOB, ino INTEGER,
                 PRIMARY KEY(parent, name));
              CREATE TABLE IF NOT EXISTS journal(seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                kind INTEGER, ino INTEGER, p1 BLOB, p2 BLOB);",
+                kind INTEGER, ino INTEGER, p1 BLOB, p2 BLOB);
+             CREATE TABLE IF NOT EXISTS stuck(seq INTEGER PRIMARY KEY, kind INTEGER,
+                ino INTEGER, p1 BLOB, p2 BLOB, error TEXT, since INTEGER);",
         )?;
         Ok(Db { conn })
     }
@@ -190,6 +204,79 @@ impl Db {
             }
         }
         Ok(out)
+    }
+
+    /// Moves journal row `op` to the quarantine with the error BACKING gave.
+    pub fn quarantine(&mut self, op: &JOp, error: &str) -> Result<()> {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT OR REPLACE INTO stuck(seq, kind, ino, p1, p2, error, since)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                op.seq,
+                op.kind as i64,
+                op.ino as i64,
+                op.p1,
+                op.p2,
+                error,
+                since
+            ],
+        )?;
+        tx.execute("DELETE FROM journal WHERE seq=?1", [op.seq])?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The quarantined rows, oldest first.
+    pub fn stuck(&self) -> Result<Vec<Stuck>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT seq, kind, ino, p1, p2, error, since FROM stuck ORDER BY seq",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)? as u64,
+                r.get::<_, Option<Vec<u8>>>(3)?.unwrap_or_default(),
+                r.get::<_, Option<Vec<u8>>>(4)?.unwrap_or_default(),
+                r.get::<_, Option<String>>(5)?.unwrap_or_default(),
+                r.get::<_, i64>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (seq, kind, ino, p1, p2, error, since) = r?;
+            if let Some(kind) = OpKind::from_i64(kind) {
+                out.push(Stuck {
+                    op: JOp {
+                        seq,
+                        kind,
+                        ino,
+                        p1,
+                        p2,
+                    },
+                    error,
+                    since,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves every quarantined row back into the journal (at its old place in the order).
+    pub fn release_stuck(&mut self) -> Result<usize> {
+        let tx = self.conn.transaction()?;
+        let n = tx.execute(
+            "INSERT OR IGNORE INTO journal(seq, kind, ino, p1, p2)
+             SELECT seq, kind, ino, p1, p2 FROM stuck",
+            [],
+        )?;
+        tx.execute("DELETE FROM stuck", [])?;
+        tx.commit()?;
+        Ok(n)
     }
 
     pub fn del_op(&self, seq: i64) -> Result<()> {

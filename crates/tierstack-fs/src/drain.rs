@@ -10,24 +10,66 @@
 //!   a half-written file. Only then is the journal row deleted and the file's pages marked
 //!   clean; clean pages are dropped from the store only under space pressure, so the store
 //!   never holds the only copy of anything it drops.
-//! * A failing BACKING (read-only, full, gone) makes the op retry with exponential backoff
-//!   (100 ms .. 5 s); nothing is skipped or lost.
+//! * Every access to BACKING goes through directory handles ([`crate::backing`]), so any
+//!   depth the mount accepts drains, whatever the length of the full path.
+//! * An error that may heal (full, read-only, I/O error) makes the op retry with exponential
+//!   backoff (100 ms .. 5 s). An error BACKING will keep giving (permission, name, type) is
+//!   retried [`PERMANENT_TRIES`] times, then the row is moved to the quarantine (`stuck`
+//!   table) with its data kept in the fast tier: the drain goes on with the rest, `status`
+//!   lists it, and it is retried on `drain --retry` or the next mount. Nothing is skipped
+//!   silently or lost, and nothing is retried for ever in silence.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use rustix::fs::OFlags;
 
-use crate::core::{Core, Kind, PAGE, TMP_PREFIX};
+use crate::backing::{Attrs, Backing};
+use crate::core::{rdev_of, Core, Kind, PAGE, TMP_PREFIX};
 use crate::db::{self, JOp, OpKind};
+
+/// Tries of an op that failed with an error that will not heal before it is quarantined.
+pub const PERMANENT_TRIES: u32 = 3;
+
+/// Whether BACKING may stop giving this error by itself (space freed, file system remounted
+/// read-write, a transient I/O or network error): such errors are retried without end.
+pub fn may_heal(e: &io::Error) -> bool {
+    match e.raw_os_error() {
+        Some(c) => [
+            libc::ENOSPC,
+            libc::EDQUOT,
+            libc::EIO,
+            libc::EROFS,
+            libc::EAGAIN,
+            libc::EINTR,
+            libc::ENOMEM,
+            libc::ETIMEDOUT,
+            libc::ESTALE,
+            libc::EBUSY,
+            libc::ENOLCK,
+            libc::ENFILE,
+            libc::EMFILE,
+            libc::ENOTCONN,
+            libc::ECONNRESET,
+            libc::ECONNREFUSED,
+            libc::ENETDOWN,
+            libc::ENETUNREACH,
+            libc::EHOSTUNREACH,
+        ]
+        .contains(&c),
+        // Not an errno: the fast tier or the journal failed, not BACKING's answer.
+        None => true,
+    }
+}
 
 /// A token bucket over bytes written to BACKING.
 pub struct RateLimit {
@@ -90,16 +132,15 @@ fn ignore(e: &io::Error, kinds: &[i32]) -> bool {
     e.raw_os_error().is_some_and(|c| kinds.contains(&c))
 }
 
-fn fsync_dir(p: &Path) -> io::Result<()> {
-    File::open(p)?.sync_all()
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
 }
 
-fn systime(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
-    }
+/// The name of the drainer's temporary file for inode `ino` (suffix: a further link).
+fn tmp_name(ino: u64, suffix: &str) -> Vec<u8> {
+    let mut n = TMP_PREFIX.to_vec();
+    n.extend_from_slice(format!("{ino}{suffix}").as_bytes());
+    n
 }
 
 impl Drainer {
@@ -178,12 +219,94 @@ impl Drainer {
         self.retries.fetch_add(1, Relaxed);
     }
 
+    /// Moves `op` to the quarantine: BACKING refused it for good.
+    fn quarantine(&self, op: &JOp, e: &io::Error) {
+        let msg = e.to_string();
+        tracing::warn!(
+            "drain: {:?} {} refused by BACKING ({msg}): quarantined, the rest goes on",
+            op.kind,
+            String::from_utf8_lossy(&op.p1)
+        );
+        let mut attempt = 0;
+        while let Err(e) = self.core.db.lock().quarantine(op, &msg) {
+            self.note_error("quarantining a journal row", &e);
+            if self.stop.load(Relaxed) {
+                return;
+            }
+            std::thread::sleep(backoff(attempt));
+            attempt += 1;
+        }
+        self.core.stuck_inos.lock().insert(op.ino);
+        *self.core.last_error.lock() = Some(format!(
+            "{:?} {}: {msg} (quarantined)",
+            op.kind,
+            String::from_utf8_lossy(&op.p1)
+        ));
+    }
+
+    /// Applies `op` with `f` until it succeeds (its row is then deleted), BACKING refuses it
+    /// for good (quarantined) or the drainer stops (the row stays for the next mount).
+    fn apply_with_retry(&self, op: &JOp, f: impl Fn(&JOp) -> io::Result<()>) {
+        let mut attempt = 0;
+        let mut refused = 0;
+        loop {
+            match f(op) {
+                Ok(()) => {
+                    self.finish_row(op.seq);
+                    return;
+                }
+                Err(e) => {
+                    if !may_heal(&e) {
+                        refused += 1;
+                        if refused >= PERMANENT_TRIES {
+                            self.quarantine(op, &e);
+                            return;
+                        }
+                    }
+                    self.note_error(
+                        &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
+                        &e,
+                    );
+                    if self.stop.load(Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(backoff(attempt));
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Moves the quarantined rows back into the journal once nothing is in flight; the
+    /// dispatcher then reads the journal from its start.
+    fn release_stuck(&self) -> bool {
+        {
+            let mut fl = self.inflight.lock();
+            while fl.total > 0 {
+                self.inflight_cv.wait(&mut fl);
+            }
+        }
+        match self.core.db.lock().release_stuck() {
+            Ok(_) => {
+                self.core.stuck_inos.lock().clear();
+                true
+            }
+            Err(e) => {
+                self.note_error("releasing quarantined rows", &e);
+                false
+            }
+        }
+    }
+
     fn dispatch(self: Arc<Self>, tx: mpsc::Sender<JOp>) {
         let mut last = 0i64;
         loop {
             self.sample();
             if self.stop.load(Relaxed) {
                 break;
+            }
+            if self.core.retry.swap(false, Relaxed) && self.release_stuck() {
+                last = 0;
             }
             if self.core.pressure.load(Relaxed) || self.core.force.swap(false, Relaxed) {
                 if let Err(e) = self.core.queue_all_dirty() {
@@ -226,21 +349,10 @@ impl Drainer {
                         self.inflight_cv.wait(&mut fl);
                     }
                 }
-                let mut attempt = 0;
-                loop {
-                    match self.apply_meta(&op) {
-                        Ok(()) => break,
-                        Err(e) => {
-                            self.note_error(
-                                &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
-                                &e,
-                            );
-                            std::thread::sleep(backoff(attempt));
-                            attempt += 1;
-                        }
-                    }
+                self.apply_with_retry(&op, |op| self.apply_meta(op));
+                if self.stop.load(Relaxed) {
+                    return;
                 }
-                self.finish_row(op.seq);
             }
         }
     }
@@ -263,21 +375,7 @@ impl Drainer {
                     Err(_) => return,
                 }
             };
-            let mut attempt = 0;
-            loop {
-                match self.drain_file(&op) {
-                    Ok(()) => break,
-                    Err(e) => {
-                        self.note_error(
-                            &format!("writing {}", String::from_utf8_lossy(&op.p1)),
-                            &e,
-                        );
-                        std::thread::sleep(backoff(attempt));
-                        attempt += 1;
-                    }
-                }
-            }
-            self.finish_row(op.seq);
+            self.apply_with_retry(&op, |op| self.drain_file(op));
             let mut fl = self.inflight.lock();
             fl.total -= 1;
             if let Some(c) = fl.per_ino.get_mut(&op.ino) {
@@ -290,94 +388,101 @@ impl Drainer {
         }
     }
 
-    /// Sets mode, owner and times of `path` from the inode, if it still exists.
-    fn apply_attrs(&self, ino: u64, path: &Path, file: Option<&File>) -> io::Result<()> {
-        let (kind, mode, uid, gid, atime, mtime) = {
-            let ns = self.core.ns.lock();
-            let Some(n) = ns.nodes.get(&ino) else {
-                return Ok(());
-            };
-            (n.kind, n.mode, n.uid, n.gid, n.atime, n.mtime)
-        };
-        use std::os::unix::fs::PermissionsExt;
-        if kind == Kind::Symlink {
-            std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+    /// The inode's kind and the owner, mode and times BACKING must show (None: deleted).
+    fn attrs_of(&self, ino: u64) -> Option<(Kind, Attrs, Vec<u8>)> {
+        let ns = self.core.ns.lock();
+        let n = ns.nodes.get(&ino)?;
+        Some((
+            n.kind,
+            Attrs {
+                mode: n.mode,
+                uid: n.uid,
+                gid: n.gid,
+                atime: n.atime,
+                mtime: n.mtime,
+            },
+            n.target.clone(),
+        ))
+    }
+
+    /// Sets mode, owner and times of `name` in `d` from the inode, if it still exists.
+    fn apply_attrs(&self, ino: u64, d: &OwnedFd, name: &[u8]) -> io::Result<()> {
+        let Some((kind, a, _)) = self.attrs_of(ino) else {
             return Ok(());
-        }
-        let times = std::fs::FileTimes::new()
-            .set_accessed(systime(atime))
-            .set_modified(systime(mtime));
-        match file {
-            Some(f) => {
-                std::os::unix::fs::fchown(f, Some(uid), Some(gid))?;
-                f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-                f.set_times(times)?;
-            }
-            None => {
-                std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-                File::open(path)?.set_times(times)?;
-            }
-        }
-        Ok(())
+        };
+        Backing::set_attrs_at(d, name, &a, kind == Kind::Symlink)
+    }
+
+    /// Sets mode, owner and times of an open file from the inode, if it still exists.
+    fn apply_attrs_fd(&self, ino: u64, f: &File) -> io::Result<()> {
+        let Some((_, a, _)) = self.attrs_of(ino) else {
+            return Ok(());
+        };
+        Backing::set_attrs_fd(f, &a)
     }
 
     /// Applies one namespace row to BACKING (idempotent: a replay after a crash finds its
     /// effect already there and succeeds).
     fn apply_meta(&self, op: &JOp) -> io::Result<()> {
-        let c = &self.core;
-        let p1 = c.bjoin(&op.p1);
+        let bk = &self.core.bk;
         match op.kind {
             OpKind::Mkdir => {
-                if let Err(e) = std::fs::create_dir(&p1) {
-                    if e.kind() != io::ErrorKind::AlreadyExists {
-                        return Err(e);
-                    }
-                }
-                self.apply_attrs(op.ino, &p1, None)?;
+                let (d, name) = bk.parent(&op.p1)?;
+                Backing::mkdir(&d, name, 0o700)?;
+                self.apply_attrs(op.ino, &d, name)?;
                 self.set_bpath(op.ino, Some(&op.p1));
             }
             OpKind::Create => {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .mode(0o600)
-                    .open(&p1)?;
-                self.apply_attrs(op.ino, &p1, Some(&f))?;
+                let (d, name) = bk.parent(&op.p1)?;
+                let f = Backing::open_in(&d, name, OFlags::WRONLY | OFlags::CREATE, 0o600)?;
+                self.apply_attrs_fd(op.ino, &f)?;
                 self.set_bpath(op.ino, Some(&op.p1));
             }
             OpKind::Symlink => {
-                if let Err(e) = std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&op.p2), &p1)
-                {
-                    if e.kind() != io::ErrorKind::AlreadyExists {
-                        return Err(e);
-                    }
-                }
-                self.apply_attrs(op.ino, &p1, None)?;
+                let (d, name) = bk.parent(&op.p1)?;
+                Backing::symlink(&d, name, &op.p2)?;
+                self.apply_attrs(op.ino, &d, name)?;
+                self.set_bpath(op.ino, Some(&op.p1));
+            }
+            OpKind::Mknod => {
+                // Deleted since: its unlink row follows and finds nothing to remove.
+                let Some((kind, a, target)) = self.attrs_of(op.ino) else {
+                    return Ok(());
+                };
+                let (d, name) = bk.parent(&op.p1)?;
+                let rdev = if op.p2.is_empty() {
+                    rdev_of(&target)
+                } else {
+                    rdev_of(&op.p2)
+                };
+                Backing::mknod(&d, name, kind.mode_bits() | (a.mode & 0o7777), rdev)?;
+                Backing::set_attrs_at(&d, name, &a, false)?;
                 self.set_bpath(op.ino, Some(&op.p1));
             }
             OpKind::Link => {
-                let p2 = c.bjoin(&op.p2);
-                if let Err(e) = std::fs::hard_link(&p1, &p2) {
+                let (od, oname) = bk.parent(&op.p1)?;
+                let (nd, nname) = bk.parent(&op.p2)?;
+                if let Err(e) = Backing::link(&od, oname, &nd, nname) {
                     if e.kind() != io::ErrorKind::AlreadyExists {
                         return Err(e);
                     }
                 }
             }
             OpKind::Rename => {
-                let p2 = c.bjoin(&op.p2);
-                if let Err(e) = std::fs::rename(&p1, &p2) {
+                let (od, oname) = bk.parent(&op.p1)?;
+                let (nd, nname) = bk.parent(&op.p2)?;
+                if let Err(e) = Backing::rename(&od, oname, &nd, nname) {
                     // Replayed after a crash: the rename is done already.
-                    if !(e.kind() == io::ErrorKind::NotFound && p2.symlink_metadata().is_ok()) {
+                    if !(e.kind() == io::ErrorKind::NotFound && Backing::stat(&nd, nname).is_ok()) {
                         return Err(e);
                     }
                 }
-                fsync_dir(p2.parent().unwrap_or(&c.backing))?;
+                Backing::fsync_dir(&nd)?;
                 self.rename_bpaths(op.ino, &op.p1, &op.p2);
             }
             OpKind::Unlink => {
-                if let Err(e) = std::fs::remove_file(&p1) {
+                let (d, name) = bk.parent(&op.p1)?;
+                if let Err(e) = Backing::unlink(&d, name, false) {
                     if e.kind() != io::ErrorKind::NotFound {
                         return Err(e);
                     }
@@ -385,28 +490,39 @@ impl Drainer {
                 self.clear_bpaths(&op.p1, None);
             }
             OpKind::Rmdir => {
-                match std::fs::remove_dir(&p1) {
+                let (d, name) = bk.parent(&op.p1)?;
+                match Backing::unlink(&d, name, true) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) if ignore(&e, &[libc::ENOTEMPTY, libc::EEXIST]) => {
                         // Only temporary files of ours may be left there.
-                        for ent in std::fs::read_dir(&p1)?.flatten() {
-                            if ent.file_name().as_bytes().starts_with(TMP_PREFIX) {
-                                std::fs::remove_file(ent.path())?;
+                        let sub = bk.dir(&op.p1)?;
+                        for ent in Backing::list(&sub)? {
+                            if ent.starts_with(TMP_PREFIX) {
+                                Backing::unlink(&sub, &ent, false)?;
                             }
                         }
-                        std::fs::remove_dir(&p1)?;
+                        Backing::unlink(&d, name, true)?;
                     }
                     Err(e) => return Err(e),
                 }
                 self.clear_bpaths(&op.p1, None);
             }
-            OpKind::SetAttr => match self.apply_attrs(op.ino, &p1, None) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            },
-            OpKind::Data => unreachable!("data ops go to the workers"),
+            OpKind::SetAttr => {
+                let r = if op.p1.is_empty() {
+                    let root = bk.dir(b"")?;
+                    self.apply_attrs(op.ino, &root, b".")
+                } else {
+                    bk.parent(&op.p1)
+                        .and_then(|(d, name)| self.apply_attrs(op.ino, &d, name))
+                };
+                match r {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            OpKind::Data => return Err(errno(libc::EINVAL)),
         }
         Ok(())
     }
@@ -519,35 +635,27 @@ impl Drainer {
             f.min_size = f.size;
             (f.size, f.ver)
         };
-        let dst = c.bjoin(&op.p1);
-        let dir = dst
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or(c.backing.clone());
-        let tmp = dir.join(format!(
-            "{}{}",
-            std::str::from_utf8(TMP_PREFIX).unwrap_or(".tierstack-tmp."),
-            op.ino
-        ));
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let (dir, dname) = c.bk.parent(&op.p1)?;
+        let tmp = tmp_name(op.ino, "");
+        let file = Backing::open_in(
+            &dir,
+            &tmp,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
+            0o600,
+        )?;
         let res = self.write_contents(&d, obj, size, &file);
         let drained = match res {
             Ok(v) => v,
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
+                let _ = Backing::unlink(&dir, &tmp, false);
                 return Err(e);
             }
         };
         let finish = || -> io::Result<()> {
             file.set_len(size)?;
-            self.apply_attrs(op.ino, &tmp, Some(&file))?;
+            self.apply_attrs_fd(op.ino, &file)?;
             file.sync_all()?;
-            std::fs::rename(&tmp, &dst)?;
+            Backing::rename(&dir, &tmp, &dir, dname)?;
             // Further hard links of the file.
             for (i, other) in op
                 .p2
@@ -555,25 +663,17 @@ impl Drainer {
                 .filter(|p| !p.is_empty())
                 .enumerate()
             {
-                let op2 = c.bjoin(other);
-                let odir = op2
-                    .parent()
-                    .map(Path::to_path_buf)
-                    .unwrap_or(c.backing.clone());
-                let t2 = odir.join(format!(
-                    "{}{}.l{i}",
-                    std::str::from_utf8(TMP_PREFIX).unwrap_or(".tierstack-tmp."),
-                    op.ino
-                ));
-                let _ = std::fs::remove_file(&t2);
-                std::fs::hard_link(&dst, &t2)?;
-                std::fs::rename(&t2, &op2)?;
-                fsync_dir(&odir)?;
+                let (odir, oname) = c.bk.parent(other)?;
+                let t2 = tmp_name(op.ino, &format!(".l{i}"));
+                let _ = Backing::unlink(&odir, &t2, false);
+                Backing::link(&dir, dname, &odir, &t2)?;
+                Backing::rename(&odir, &t2, &odir, oname)?;
+                Backing::fsync_dir(&odir)?;
             }
-            fsync_dir(&dir)
+            Backing::fsync_dir(&dir)
         };
         if let Err(e) = finish() {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = Backing::unlink(&dir, &tmp, false);
             return Err(e);
         }
         // BACKING holds the contents now: record that durably before anything is dropped.
@@ -670,6 +770,13 @@ impl Drainer {
         let ops = self.core.db.lock().count_ops().unwrap_or(1);
         ops == 0 && self.in_flight() == 0 && self.core.dirty_summary().0 == 0
     }
+
+    /// Whether nothing waits but what is quarantined: no journal rows, nothing in flight,
+    /// and every dirty file one whose drain is quarantined.
+    pub fn settled(&self) -> bool {
+        let ops = self.core.db.lock().count_ops().unwrap_or(1);
+        ops == 0 && self.in_flight() == 0 && self.core.unsettled_dirty_files() == 0
+    }
 }
 
 fn under(p: &[u8], root: &[u8]) -> bool {
@@ -677,7 +784,8 @@ fn under(p: &[u8], root: &[u8]) -> bool {
 }
 
 pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
-    dir.join(format!(".tierstack-tmp.{ino}"))
+    use std::os::unix::ffi::OsStrExt;
+    dir.join(std::ffi::OsStr::from_bytes(&tmp_name(ino, "")))
 }
 
 #[cfg(test)]

@@ -35,6 +35,10 @@ fn ft(k: Kind) -> FileType {
         Kind::File => FileType::RegularFile,
         Kind::Dir => FileType::Directory,
         Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
     }
 }
 
@@ -52,7 +56,7 @@ fn fattr(a: &Attr) -> FileAttr {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.rdev as u32,
         // Large I/O sizes for tools that follow st_blksize (cp, dd without bs).
         blksize: PAGE as u32,
         flags: 0,
@@ -156,21 +160,32 @@ impl fuser::Filesystem for TierFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            reply.error(Errno::EPERM);
-            return;
-        }
-        match self.core.create(
-            parent.0,
-            name.as_bytes(),
-            mode & !umask,
-            req.uid(),
-            req.gid(),
-            false,
-        ) {
+        let r = if mode & libc::S_IFMT == libc::S_IFREG {
+            self.core.create(
+                parent.0,
+                name.as_bytes(),
+                mode & !umask,
+                req.uid(),
+                req.gid(),
+                false,
+            )
+        } else if matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK) && req.uid() != 0 {
+            // As on ext4: device nodes need CAP_MKNOD.
+            Err(libc::EPERM)
+        } else {
+            self.core.mknod(
+                parent.0,
+                name.as_bytes(),
+                (mode & libc::S_IFMT) | (mode & !umask & 0o7777),
+                rdev as u64,
+                req.uid(),
+                req.gid(),
+            )
+        };
+        match r {
             Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }

@@ -7,6 +7,7 @@
 //! * [`drain`]: the drainer that replays the journal to BACKING.
 //! * [`fuse`]: the `fuser::Filesystem` over the core.
 //! * [`mount`]: the mount daemon, its control socket and the client side of it.
+pub mod backing;
 pub mod core;
 pub mod db;
 pub mod drain;

@@ -63,6 +63,25 @@ pub struct MountStatus {
     pub drain_retries: u64,
     pub last_error: Option<String>,
     pub tiers: Vec<TierUse>,
+    /// Journal rows BACKING refused for good (quarantined; their data stays in the fast tier).
+    #[serde(default)]
+    pub stuck: Vec<StuckRecord>,
+    /// Nothing waits but the quarantined rows.
+    #[serde(default)]
+    pub settled: bool,
+}
+
+/// A quarantined journal row, for status output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StuckRecord {
+    /// Path relative to BACKING.
+    pub path: String,
+    /// The operation (Mkdir, Create, Data, Rename ...).
+    pub op: String,
+    /// What BACKING answered.
+    pub error: String,
+    /// When it was quarantined (Unix seconds).
+    pub since: i64,
 }
 
 /// One tier of the store, for status output.
@@ -358,6 +377,7 @@ impl Daemon {
             })?;
 
         let (shutdown_tx, shutdown_rx) = mpsc::channel();
+        let watch_tx = shutdown_tx.clone();
         {
             let core = core.clone();
             let drainer = drainer.clone();
@@ -378,6 +398,30 @@ impl Daemon {
                     }
                 })
                 .map_err(|e| FsError::Config(format!("cannot start the control thread: {e}")))?;
+        }
+        {
+            // A mount point detached from outside (`umount -l`, `fusermount3 -u`): drain what
+            // is held and exit instead of lingering with nothing to serve.
+            let tx = watch_tx;
+            let mp = mp.clone();
+            let core = core.clone();
+            std::thread::Builder::new()
+                .name("mount-watch".into())
+                .spawn(move || loop {
+                    std::thread::sleep(Duration::from_millis(500));
+                    if core.stopping.load(Relaxed) {
+                        return;
+                    }
+                    if mounted_type(&mp).is_none() {
+                        tracing::warn!(
+                            "{} was unmounted from outside: draining and exiting",
+                            mp.display()
+                        );
+                        let _ = tx.send(());
+                        return;
+                    }
+                })
+                .map_err(|e| FsError::Config(format!("cannot start the mount watcher: {e}")))?;
         }
         created.armed = false;
         let mut spec = spec;
@@ -409,10 +453,13 @@ impl Daemon {
                 tracing::warn!("FUSE session ended with: {e}");
             }
         }
-        // Whatever was written after the last drain check.
+        // Whatever was written after the last drain check. Quarantined rows, and with
+        // `umount --force` everything not drained yet, stay in the journal for the next
+        // mount of the same fast tier.
         self.core.force.store(true, Relaxed);
         self.core.wake_drainer();
-        while !self.drainer.idle() {
+        while !self.drainer.idle() && !self.drainer.settled() && !self.core.force_stop.load(Relaxed)
+        {
             self.core.force.store(true, Relaxed);
             self.core.wake_drainer();
             std::thread::sleep(Duration::from_millis(100));
@@ -429,7 +476,10 @@ impl Daemon {
 
 fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> MountStatus {
     let (dirty_files, _) = core.dirty_summary();
-    let pending_ops = core.db.lock().count_ops().unwrap_or(0);
+    let (pending_ops, stuck) = {
+        let db = core.db.lock();
+        (db.count_ops().unwrap_or(0), db.stuck().unwrap_or_default())
+    };
     let inflight = drainer.in_flight();
     MountStatus {
         mountpoint: mp.to_path_buf(),
@@ -446,6 +496,16 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         limit_bytes: core.limit,
         backpressure: core.pressure.load(Relaxed),
         idle: pending_ops == 0 && inflight == 0 && dirty_files == 0,
+        settled: drainer.settled(),
+        stuck: stuck
+            .into_iter()
+            .map(|r| StuckRecord {
+                path: String::from_utf8_lossy(&r.op.p1).into_owned(),
+                op: format!("{:?}", r.op.kind),
+                error: r.error,
+                since: r.since,
+            })
+            .collect(),
         drain_retries: drainer.retries.load(Relaxed),
         last_error: core.last_error.lock().clone(),
         tiers: core
@@ -480,11 +540,17 @@ fn serve(
         Some("status") => serde_json::to_value(status_of(core, drainer, mp, spec))
             .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()})),
         Some("drain") => {
+            if req.get("retry").and_then(|v| v.as_bool()) == Some(true) {
+                core.retry.store(true, Relaxed);
+            }
             core.force.store(true, Relaxed);
             core.wake_drainer();
             serde_json::json!({"ok": true})
         }
         Some("shutdown") => {
+            if req.get("force").and_then(|v| v.as_bool()) == Some(true) {
+                core.force_stop.store(true, Relaxed);
+            }
             match rustix::mount::unmount(mp, rustix::mount::UnmountFlags::empty()) {
                 Ok(()) => {
                     let _ = shutdown.send(());
