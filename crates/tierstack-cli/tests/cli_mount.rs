@@ -1001,3 +1001,98 @@ fn detached_from_outside_the_daemon_drains_and_exits() {
         b"before the detach"
     );
 }
+
+/// Issue 13: the same ~200 file-system operations (tests/conformance/posix_ops.py: errors,
+/// renames, links, special files, long names, set-ID and sticky rules as an unprivileged
+/// user) in a plain folder and in the mount give the same results and `lstat`s, and after
+/// `umount` the backing tree equals the reference tree. Names every difference.
+#[test]
+fn conformance_with_a_plain_folder() {
+    if !can_run() {
+        return;
+    }
+    let python = ["/usr/bin/python3", "python3"].into_iter().find(|p| {
+        Command::new(p)
+            .arg("-c")
+            .arg("pass")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(python) = python else {
+        eprintln!("SKIP: no python3 for the conformance script");
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/posix_ops.py");
+    let run_script = |args: &[&Path]| -> serde_json::Value {
+        let o = Command::new(python)
+            .arg(&script)
+            .args(args)
+            .output()
+            .expect("run the conformance script");
+        assert!(
+            o.status.success(),
+            "conformance script failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout).expect("script output is JSON")
+    };
+    let mut fx = Fixture::new();
+    let reference = fx.backing.parent().expect("parent").join("reference");
+    fs::create_dir(&reference).expect("mkdir reference");
+    fs::set_permissions(&reference, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::set_permissions(&fx.backing, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::set_permissions(&fx.mnt, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let want = run_script(&[&reference]);
+    fx.mount(&["--allow-other"]);
+    let got = run_script(&[&fx.mnt]);
+    let (w, g) = (
+        want["ops"].as_array().expect("ops"),
+        got["ops"].as_array().expect("ops"),
+    );
+    assert!(w.len() >= 200, "only {} checks", w.len());
+    let mut diffs = Vec::new();
+    for (a, b) in w.iter().zip(g.iter()) {
+        if a != b {
+            diffs.push(format!(
+                "{}\n    plain folder: {}\n    mount:        {}",
+                a[0], a[1], b[1]
+            ));
+        }
+    }
+    if w.len() != g.len() {
+        diffs.push(format!(
+            "{} results in the folder, {} in the mount",
+            w.len(),
+            g.len()
+        ));
+    }
+    assert!(
+        diffs.is_empty(),
+        "{} differences:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+    fx.umount();
+    let backing = run_script(&[Path::new("--tree"), &fx.backing]);
+    let reference_tree = run_script(&[Path::new("--tree"), &reference]);
+    let (r, b) = (
+        reference_tree.as_object().expect("tree"),
+        backing.as_object().expect("tree"),
+    );
+    let mut tdiffs = Vec::new();
+    for k in r.keys().chain(b.keys().filter(|k| !r.contains_key(*k))) {
+        if r.get(k) != b.get(k) {
+            tdiffs.push(format!(
+                "{k}\n    reference: {:?}\n    backing:   {:?}",
+                r.get(k),
+                b.get(k)
+            ));
+        }
+    }
+    assert!(
+        tdiffs.is_empty(),
+        "the backing differs from the reference in {} entries:\n{}",
+        tdiffs.len(),
+        tdiffs.join("\n")
+    );
+}

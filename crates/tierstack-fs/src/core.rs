@@ -161,6 +161,8 @@ pub struct Node {
     pub bpath: Option<Vec<u8>>,
     pub loaded: bool,
     pub children: BTreeMap<Vec<u8>, u64>,
+    /// Directories among `children` (a directory's link count is 2 + this).
+    pub subdirs: u32,
     pub open: u32,
     pub data: Option<Arc<Mutex<FileData>>>,
 }
@@ -173,6 +175,29 @@ pub struct Ns {
 }
 
 impl Ns {
+    /// Enters `ino` (already in `nodes`) as `name` in directory `parent`.
+    pub fn insert_child(&mut self, parent: u64, name: Vec<u8>, ino: u64) {
+        let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            if p.children.insert(name, ino).is_none() && is_dir {
+                p.subdirs += 1;
+            }
+        }
+    }
+
+    /// Removes `name` from directory `parent`.
+    pub fn remove_child(&mut self, parent: u64, name: &[u8]) {
+        let Some(ino) = self.nodes.get_mut(&parent).and_then(|p| p.children.remove(name)) else {
+            return;
+        };
+        let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            if is_dir {
+                p.subdirs = p.subdirs.saturating_sub(1);
+            }
+        }
+    }
+
     /// The inode of `name` in directory `parent`, if there is one.
     pub fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
         self.nodes
@@ -366,6 +391,7 @@ impl Core {
                     bpath: r.bpath.clone(),
                     loaded: r.loaded,
                     children: BTreeMap::new(),
+            subdirs: 0,
                     open: 0,
                     data,
                 },
@@ -380,9 +406,7 @@ impl Core {
             } else {
                 continue;
             }
-            if let Some(p) = ns.nodes.get_mut(&parent) {
-                p.children.insert(name, ino);
-            }
+            ns.insert_child(parent, name, ino);
         }
         #[allow(clippy::map_entry)]
         if !ns.nodes.contains_key(&ROOT) {
@@ -404,6 +428,7 @@ impl Core {
                 bpath: Some(Vec::new()),
                 loaded: false,
                 children: BTreeMap::new(),
+            subdirs: 0,
                 open: 0,
                 data: None,
             };
@@ -549,7 +574,7 @@ impl Core {
             mtime: n.mtime,
             ctime: n.ctime,
             nlink: match n.kind {
-                Kind::Dir => 2,
+                Kind::Dir => 2 + n.subdirs,
                 _ => n.links.len() as u32,
             },
             rdev: if n.kind.is_special() {
@@ -643,6 +668,7 @@ impl Core {
                     bpath: Some(rel),
                     loaded: false,
                     children: BTreeMap::new(),
+            subdirs: 0,
                     open: 0,
                     data,
                 };
@@ -665,10 +691,8 @@ impl Core {
         })
         .map_err(eio)?;
         for (ino, name, node) in new {
-            if let Some(d) = ns.nodes.get_mut(&dir) {
-                d.children.insert(name, ino);
-            }
             ns.nodes.insert(ino, node);
+            ns.insert_child(dir, name, ino);
         }
         if let Some(d) = ns.nodes.get_mut(&dir) {
             d.loaded = true;
@@ -987,7 +1011,13 @@ impl Core {
         self.space_cv.notify_all();
     }
 
-    pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> R<usize> {
+    /// Writes `data` at `off`. `kill_priv`: the writer is not privileged, so the file loses
+    /// its set-user-ID bit and, when group-executable, its set-group-ID bit (as the kernel
+    /// does on ext4).
+    pub fn write(&self, ino: u64, off: u64, data: &[u8], kill_priv: bool) -> R<usize> {
+        if kill_priv {
+            self.kill_setid(ino)?;
+        }
         let (d, obj) = self.file(ino)?;
         self.wait_space(data.len() as u64);
         loop {
@@ -1170,6 +1200,15 @@ impl Core {
     ) -> R<(u64, Attr)> {
         check_name(name)?;
         self.ensure_loaded(ns, parent)?;
+        // A set-group-ID directory hands its group to what is made in it, and its set-GID
+        // bit to the directories made in it (as ext4 does).
+        let (mut mode, mut gid) = (mode, gid);
+        if let Some(p) = ns.nodes.get(&parent).filter(|p| p.mode & libc::S_ISGID != 0) {
+            gid = p.gid;
+            if kind == Kind::Dir {
+                mode |= libc::S_ISGID;
+            }
+        }
         if ns
             .nodes
             .get(&parent)
@@ -1207,6 +1246,7 @@ impl Core {
             bpath: None,
             loaded: true,
             children: BTreeMap::new(),
+            subdirs: 0,
             open: 0,
             data,
         };
@@ -1226,8 +1266,8 @@ impl Core {
         }
         let attr = Self::attr_of(ino, &node);
         ns.nodes.insert(ino, node);
+        ns.insert_child(parent, name.to_vec(), ino);
         if let Some(p) = ns.nodes.get_mut(&parent) {
-            p.children.insert(name.to_vec(), ino);
             p.mtime = t;
             p.ctime = t;
         }
@@ -1362,8 +1402,8 @@ impl Core {
             n.links.push((newparent, newname.to_vec()));
             n.ctime = t;
         }
+        ns.insert_child(newparent, newname.to_vec(), ino);
         if let Some(p) = ns.nodes.get_mut(&newparent) {
-            p.children.insert(newname.to_vec(), ino);
             p.mtime = t;
         }
         self.wake_drainer();
@@ -1389,8 +1429,8 @@ impl Core {
             }
             n.ctime = now_ns();
         }
+        ns.remove_child(parent, name);
         if let Some(p) = ns.nodes.get_mut(&parent) {
-            p.children.remove(name);
             p.mtime = now_ns();
         }
         Ok(remaining == 0 && open == 0)
@@ -1522,13 +1562,12 @@ impl Core {
             }
         }
         let t = now_ns();
-        if let Some(p) = ns.nodes.get_mut(&parent) {
-            p.children.remove(name);
-            p.mtime = t;
-        }
-        if let Some(p) = ns.nodes.get_mut(&newparent) {
-            p.children.insert(newname.to_vec(), src);
-            p.mtime = t;
+        ns.remove_child(parent, name);
+        ns.insert_child(newparent, newname.to_vec(), src);
+        for d in [parent, newparent] {
+            if let Some(p) = ns.nodes.get_mut(&d) {
+                p.mtime = t;
+            }
         }
         if let Some(n) = ns.nodes.get_mut(&src) {
             if let Some(l) = n.links.iter_mut().find(|l| l.0 == parent && l.1 == name) {
@@ -1538,6 +1577,24 @@ impl Core {
         }
         self.wake_drainer();
         Ok(())
+    }
+
+    /// Clears set-user-ID, and set-group-ID where the group may execute, as a write or
+    /// truncate by an unprivileged user does.
+    pub fn kill_setid(&self, ino: u64) -> R<()> {
+        let mode = {
+            let ns = self.ns.lock();
+            ns.nodes.get(&ino).ok_or(libc::ENOENT)?.mode
+        };
+        let mut kill = mode & libc::S_ISUID;
+        if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kill |= libc::S_ISGID;
+        }
+        if kill == 0 {
+            return Ok(());
+        }
+        self.setattr(ino, Some(mode & !kill), None, None, None, None, None)
+            .map(|_| ())
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -302,7 +302,7 @@ impl fuser::Filesystem for TierFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -312,7 +312,7 @@ impl fuser::Filesystem for TierFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.core.write(ino.0, offset, data) {
+        match self.core.write(ino.0, offset, data, req.uid() != 0) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
