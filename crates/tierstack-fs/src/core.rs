@@ -141,6 +141,17 @@ pub struct FileData {
     pub data_pending: bool,
     /// Smallest size since the current drain took its snapshot.
     pub min_size: u64,
+    /// A drain of the file while it was still open staged its contents under a temporary
+    /// name in BACKING (this path): that file is the base (first `base_len` bytes) until the
+    /// drain after the last close renames it into place. Each byte is drained once.
+    pub staged: Option<Vec<u8>>,
+}
+
+impl FileData {
+    /// Where the base is in BACKING: the staged temporary file, else the file's own path.
+    pub fn base_path(&self) -> Option<&[u8]> {
+        self.staged.as_deref().or(self.bpath.as_deref())
+    }
 }
 
 pub struct Node {
@@ -370,6 +381,7 @@ impl Core {
                     base_len: r.base_len,
                     bpath: r.bpath.clone(),
                     dirty: r.dirty,
+                    staged: r.staged.clone(),
                     min_size: r.size,
                     ..Default::default()
                 }))
@@ -741,7 +753,7 @@ impl Core {
         let db = self.db.lock();
         db.conn
             .prepare_cached(
-                "UPDATE inodes SET size=?2, has_base=?3, base_len=?4, dirty=?5, bpath=?6 WHERE ino=?1",
+                "UPDATE inodes SET size=?2, has_base=?3, base_len=?4, dirty=?5, bpath=?6, staged=?7 WHERE ino=?1",
             )?
             .execute(rusqlite::params![
                 ino as i64,
@@ -749,7 +761,8 @@ impl Core {
                 f.has_base as i64,
                 f.base_len as i64,
                 f.dirty as i64,
-                f.bpath
+                f.bpath,
+                f.staged
             ])?;
         Ok(())
     }
@@ -760,7 +773,9 @@ impl Core {
         if let Some(b) = &f.base_fd {
             return Ok(Some(b.clone()));
         }
-        let Some(bp) = &f.bpath else { return Ok(None) };
+        let Some(bp) = f.base_path() else {
+            return Ok(None);
+        };
         let path = self.bjoin(bp);
         let file = self
             .bk
@@ -808,7 +823,7 @@ impl Core {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     return Err(FsError::Io {
-                        path: self.bjoin(f.bpath.as_deref().unwrap_or_default()),
+                        path: self.bjoin(f.base_path().unwrap_or_default()),
                         source: e,
                     })
                 }
@@ -1843,6 +1858,7 @@ pub fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
         },
         loaded: n.loaded,
         dirty: f.is_some_and(|f| f.dirty),
+        staged: f.and_then(|f| f.staged.clone()),
     }
 }
 

@@ -92,6 +92,9 @@ pub struct InodeRow {
     pub bpath: Option<Vec<u8>>,
     pub loaded: bool,
     pub dirty: bool,
+    /// Where a file's drain stages its contents while it is still being written (a
+    /// temporary name in BACKING holding the first `base_len` bytes).
+    pub staged: Option<Vec<u8>>,
 }
 
 pub struct Db {
@@ -116,6 +119,13 @@ impl Db {
              CREATE TABLE IF NOT EXISTS stuck(seq INTEGER PRIMARY KEY, kind INTEGER,
                 ino INTEGER, p1 BLOB, p2 BLOB, error TEXT, since INTEGER);",
         )?;
+        // Journals made before staged drains lack the column.
+        let has_staged = conn
+            .prepare("SELECT staged FROM inodes LIMIT 0")
+            .is_ok();
+        if !has_staged {
+            conn.execute_batch("ALTER TABLE inodes ADD COLUMN staged BLOB;")?;
+        }
         Ok(Db { conn })
     }
 
@@ -137,7 +147,7 @@ impl Db {
     pub fn load_inodes(&self) -> Result<Vec<InodeRow>> {
         let mut st = self.conn.prepare(
             "SELECT ino, kind, mode, uid, gid, size, atime, mtime, ctime, target, obj, has_base,
-                    base_len, bpath, loaded, dirty FROM inodes",
+                    base_len, bpath, loaded, dirty, staged FROM inodes",
         )?;
         let rows = st.query_map([], |r| {
             Ok(InodeRow {
@@ -157,6 +167,7 @@ impl Db {
                 bpath: r.get(13)?,
                 loaded: r.get::<_, i64>(14)? != 0,
                 dirty: r.get::<_, i64>(15)? != 0,
+                staged: r.get(16)?,
             })
         })?;
         Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
@@ -307,8 +318,8 @@ impl Db {
 pub fn put_inode(tx: &Transaction, r: &InodeRow) -> Result<()> {
     tx.prepare_cached(
         "INSERT OR REPLACE INTO inodes(ino, kind, mode, uid, gid, size, atime, mtime, ctime, target,
-            obj, has_base, base_len, bpath, loaded, dirty)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            obj, has_base, base_len, bpath, loaded, dirty, staged)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     )?
     .execute(params![
         r.ino as i64,
@@ -327,6 +338,7 @@ pub fn put_inode(tx: &Transaction, r: &InodeRow) -> Result<()> {
         r.bpath,
         r.loaded as i64,
         r.dirty as i64,
+        r.staged,
     ])?;
     Ok(())
 }

@@ -136,6 +136,34 @@ fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
 }
 
+/// Copies the first `len` bytes of `src` to `dst` inside BACKING (`copy_file_range`, which
+/// a file system may do without moving the bytes through us; read and write where it
+/// cannot).
+fn copy_within_backing(src: &File, dst: &File, len: u64) -> io::Result<()> {
+    let mut off = 0u64;
+    while off < len {
+        let (mut i, mut o) = (off, off);
+        match rustix::fs::copy_file_range(src, Some(&mut i), dst, Some(&mut o), (len - off) as usize) {
+            Ok(0) => break,
+            Ok(n) => off += n as u64,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => {
+                let mut buf = vec![0u8; PAGE as usize];
+                while off < len {
+                    let want = (len - off).min(PAGE) as usize;
+                    let n = src.read_at(&mut buf[..want], off)?;
+                    if n == 0 {
+                        break;
+                    }
+                    dst.write_all_at(&buf[..n], off)?;
+                    off += n as u64;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The name of the drainer's temporary file for inode `ino` (suffix: a further link).
 fn tmp_name(ino: u64, suffix: &str) -> Vec<u8> {
     let mut n = TMP_PREFIX.to_vec();
@@ -479,6 +507,7 @@ impl Drainer {
                 }
                 Backing::fsync_dir(&nd)?;
                 self.rename_bpaths(op.ino, &op.p1, &op.p2);
+                self.move_staged(op.ino, &op.p2)?;
             }
             OpKind::Unlink => {
                 let (d, name) = bk.parent(&op.p1)?;
@@ -486,6 +515,17 @@ impl Drainer {
                     if e.kind() != io::ErrorKind::NotFound {
                         return Err(e);
                     }
+                }
+                // A file gone for good leaves no staging file behind.
+                let gone = self
+                    .core
+                    .ns
+                    .lock()
+                    .nodes
+                    .get(&op.ino)
+                    .is_none_or(|n| n.links.is_empty());
+                if gone {
+                    let _ = Backing::unlink(&d, &tmp_name(op.ino, ""), false);
                 }
                 self.clear_bpaths(&op.p1, None);
             }
@@ -557,7 +597,7 @@ impl Drainer {
                     let mut f = d.lock();
                     f.bpath = None;
                     f.base_fd = None;
-                    if f.has_base {
+                    if f.has_base && f.staged.is_none() {
                         // Cannot happen: such files are pinned before their last BACKING name
                         // is removed. Keep the pages; they are the file.
                         tracing::error!(
@@ -582,11 +622,62 @@ impl Drainer {
         }
     }
 
+    /// After a file moved to `to`: its staging file (if any, in another directory) follows,
+    /// so removing the old directory never removes it.
+    fn move_staged(&self, ino: u64, to: &[u8]) -> io::Result<()> {
+        let d = {
+            let ns = self.core.ns.lock();
+            match ns.nodes.get(&ino).and_then(|n| n.data.clone()) {
+                Some(d) => d,
+                None => return Ok(()),
+            }
+        };
+        let mut f = d.lock();
+        let Some(sp) = f.staged.clone() else {
+            return Ok(());
+        };
+        let (sdir, _) = crate::backing::split(&sp);
+        let (tdir, _) = crate::backing::split(to);
+        if sdir == tdir {
+            return Ok(());
+        }
+        let name = tmp_name(ino, "");
+        let (od, oname) = self.core.bk.parent(&sp)?;
+        let nd = self.core.bk.dir(tdir)?;
+        Backing::rename(&od, oname, &nd, &name)?;
+        Backing::fsync_dir(&nd)?;
+        let nsp = crate::core::join_rel(tdir, &name);
+        f.staged = Some(nsp.clone());
+        f.base_fd = None;
+        drop(f);
+        self.core
+            .tx(|tx| {
+                tx.execute(
+                    "UPDATE inodes SET staged=?2 WHERE ino=?1",
+                    rusqlite::params![ino as i64, nsp],
+                )?;
+                Ok(())
+            })
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
     fn rename_bpaths(&self, ino: u64, from: &[u8], to: &[u8]) {
         self.clear_bpaths(to, Some(ino));
         let mut changed = Vec::new();
+        let mut staged = Vec::new();
         let mut ns = self.core.ns.lock();
         for (i, n) in ns.nodes.iter_mut() {
+            // Staging files inside a renamed directory move with it.
+            if let Some(d) = &n.data {
+                let mut f = d.lock();
+                if let Some(sp) = f.staged.clone().filter(|sp| under(sp, from)) {
+                    let mut ns2 = to.to_vec();
+                    ns2.extend_from_slice(&sp[from.len()..]);
+                    f.staged = Some(ns2.clone());
+                    f.base_fd = None;
+                    staged.push((*i, ns2));
+                }
+            }
             let Some(bp) = &n.bpath else { continue };
             if under(bp, from) {
                 let mut nb = to.to_vec();
@@ -605,6 +696,12 @@ impl Drainer {
             for (i, b) in &changed {
                 db::set_bpath(tx, *i, Some(b))?;
             }
+            for (i, sp) in &staged {
+                tx.execute(
+                    "UPDATE inodes SET staged=?2 WHERE ino=?1",
+                    rusqlite::params![*i as i64, sp],
+                )?;
+            }
             Ok(())
         });
         if let Err(e) = r {
@@ -612,71 +709,120 @@ impl Drainer {
         }
     }
 
-    /// Writes a file's contents to BACKING under a temporary name, then renames it into place.
+    /// Drains a file's dirty pages into its staging file in BACKING (a temporary name in the
+    /// directory of the file, or wherever an earlier pass staged it). While the file is still
+    /// open, that is all (the pages are then clean and may leave the fast tier; the staging
+    /// file is their base). After the last close, the staging file gets the final size, owner,
+    /// mode and times, is synced and renamed into place: BACKING never shows a half-written
+    /// file, and each byte is written to BACKING once however often the drain runs.
     fn drain_file(&self, op: &JOp) -> io::Result<()> {
         let c = &self.core;
-        let (d, obj) = {
+        let (d, obj, open) = {
             let ns = c.ns.lock();
             match ns.nodes.get(&op.ino) {
                 Some(n) if !n.links.is_empty() => match &n.data {
-                    Some(d) => (d.clone(), n.obj),
+                    Some(d) => (d.clone(), n.obj, n.open > 0),
                     None => return Ok(()),
                 },
                 // Deleted since: its later unlink removes every path this op would write.
                 _ => return Ok(()),
             }
         };
-        let (size, start_ver) = {
+        let (size, start_ver, staged, base) = {
             let mut f = d.lock();
             f.data_pending = false;
             if !f.dirty {
                 return Ok(());
             }
             f.min_size = f.size;
-            (f.size, f.ver)
+            let base = (f.has_base && f.staged.is_none() && f.base_len > 0)
+                .then(|| f.bpath.clone().map(|b| (b, f.base_len)))
+                .flatten();
+            (f.size, f.ver, f.staged.clone(), base)
         };
         let (dir, dname) = c.bk.parent(&op.p1)?;
-        let tmp = tmp_name(op.ino, "");
-        let file = Backing::open_in(
-            &dir,
-            &tmp,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
-            0o600,
-        )?;
-        let res = self.write_contents(&d, obj, size, &file);
-        let drained = match res {
+        let (sdir, sname, srel) = match &staged {
+            Some(rel) => {
+                let (sd, sn) = c.bk.parent(rel)?;
+                (sd, sn.to_vec(), rel.clone())
+            }
+            None => {
+                let name = tmp_name(op.ino, "");
+                let (dpart, _) = crate::backing::split(&op.p1);
+                let rel = crate::core::join_rel(dpart, &name);
+                (c.bk.dir(dpart)?, name, rel)
+            }
+        };
+        let flags = if staged.is_some() {
+            OFlags::RDWR | OFlags::CREATE
+        } else {
+            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC
+        };
+        let file = Backing::open_in(&sdir, &sname, flags, 0o600)?;
+        let res = (|| -> io::Result<(Vec<(u64, u64)>, u64)> {
+            let mut have = match &staged {
+                // Bytes a truncation took away since the last pass are not the file's.
+                Some(_) => {
+                    let keep = d.lock().base_len;
+                    file.set_len(keep)?;
+                    keep
+                }
+                None => 0,
+            };
+            if let Some((brel, blen)) = &base {
+                // The file was drained whole before: its unchanged bytes come from there.
+                let src = c.bk.open_file(brel, OFlags::RDONLY, 0)?;
+                copy_within_backing(&src, &file, *blen)?;
+                have = *blen;
+            }
+            self.write_dirty(&d, obj, size, have, &file)
+        })();
+        let (drained, written) = match res {
             Ok(v) => v,
             Err(e) => {
-                let _ = Backing::unlink(&dir, &tmp, false);
+                if staged.is_none() {
+                    let _ = Backing::unlink(&sdir, &sname, false);
+                }
                 return Err(e);
             }
         };
-        let finish = || -> io::Result<()> {
-            file.set_len(size)?;
-            self.apply_attrs_fd(op.ino, &file)?;
-            file.sync_all()?;
-            Backing::rename(&dir, &tmp, &dir, dname)?;
-            // Further hard links of the file.
-            for (i, other) in op
-                .p2
-                .split(|b| *b == 0)
-                .filter(|p| !p.is_empty())
-                .enumerate()
-            {
-                let (odir, oname) = c.bk.parent(other)?;
-                let t2 = tmp_name(op.ino, &format!(".l{i}"));
-                let _ = Backing::unlink(&odir, &t2, false);
-                Backing::link(&dir, dname, &odir, &t2)?;
-                Backing::rename(&odir, &t2, &odir, oname)?;
-                Backing::fsync_dir(&odir)?;
+        if open {
+            file.sync_data()?;
+            if staged.is_none() {
+                Backing::fsync_dir(&sdir)?;
             }
-            Backing::fsync_dir(&dir)
-        };
-        if let Err(e) = finish() {
-            let _ = Backing::unlink(&dir, &tmp, false);
-            return Err(e);
+        } else {
+            let finish = || -> io::Result<()> {
+                file.set_len(size)?;
+                self.apply_attrs_fd(op.ino, &file)?;
+                file.sync_all()?;
+                Backing::rename(&sdir, &sname, &dir, dname)?;
+                // Further hard links of the file.
+                for (i, other) in op
+                    .p2
+                    .split(|b| *b == 0)
+                    .filter(|p| !p.is_empty())
+                    .enumerate()
+                {
+                    let (odir, oname) = c.bk.parent(other)?;
+                    let t2 = tmp_name(op.ino, &format!(".l{i}"));
+                    let _ = Backing::unlink(&odir, &t2, false);
+                    Backing::link(&dir, dname, &odir, &t2)?;
+                    Backing::rename(&odir, &t2, &odir, oname)?;
+                    Backing::fsync_dir(&odir)?;
+                }
+                Backing::fsync_dir(&sdir)?;
+                Backing::fsync_dir(&dir)
+            };
+            if let Err(e) = finish() {
+                if staged.is_none() {
+                    let _ = Backing::unlink(&sdir, &sname, false);
+                }
+                return Err(e);
+            }
         }
-        // BACKING holds the contents now: record that durably before anything is dropped.
+        // BACKING holds the contents now (staged or in place): record that durably before
+        // anything is dropped.
         {
             let mut f = d.lock();
             for (p, ver) in &drained {
@@ -689,20 +835,28 @@ impl Drainer {
             }
             f.has_base = true;
             f.base_len = size.min(f.min_size);
-            f.bpath = Some(op.p1.clone());
             f.base_fd = None;
-            f.dirty = f.ver != start_ver;
-            let row = (f.size, f.has_base, f.base_len, f.dirty);
+            if open {
+                // Not in place yet: the drain after the last close renames it.
+                f.staged = Some(srel.clone());
+                f.dirty = true;
+            } else {
+                f.staged = None;
+                f.bpath = Some(op.p1.clone());
+                f.dirty = f.ver != start_ver;
+            }
+            let row = (f.has_base, f.base_len, f.dirty, f.bpath.clone(), f.staged.clone());
             drop(f);
             let r = c.tx(|tx| {
                 tx.execute(
-                    "UPDATE inodes SET has_base=?2, base_len=?3, dirty=?4, bpath=?5 WHERE ino=?1",
+                    "UPDATE inodes SET has_base=?2, base_len=?3, dirty=?4, bpath=?5, staged=?6 WHERE ino=?1",
                     rusqlite::params![
                         op.ino as i64,
+                        row.0 as i64,
                         row.1 as i64,
                         row.2 as i64,
-                        row.3 as i64,
-                        op.p1
+                        row.3,
+                        row.4
                     ],
                 )?;
                 Ok(())
@@ -711,13 +865,13 @@ impl Drainer {
                 return Err(io::Error::other(e.to_string()));
             }
         }
-        {
+        if !open {
             let mut ns = c.ns.lock();
             if let Some(n) = ns.nodes.get_mut(&op.ino) {
                 n.bpath = Some(op.p1.clone());
             }
         }
-        c.drained_bytes.fetch_add(size, Relaxed);
+        c.drained_bytes.fetch_add(written, Relaxed);
         if c.pressure.load(Relaxed) {
             c.drop_clean(0);
         }
@@ -725,22 +879,34 @@ impl Drainer {
         Ok(())
     }
 
-    /// Writes every non-zero page of a file to `out`; returns the (page, version) of the
-    /// store pages written.
-    fn write_contents(
+    /// Writes the dirty pages of a file below `size` to `out`; `have`: bytes `out` already
+    /// holds (an all-zero page past them is a hole and is not written). Returns the (page,
+    /// version) of the pages written and the bytes written.
+    fn write_dirty(
         &self,
         d: &Mutex<crate::core::FileData>,
         obj: u64,
         size: u64,
+        have: u64,
         out: &File,
-    ) -> io::Result<Vec<(u64, u64)>> {
+    ) -> io::Result<(Vec<(u64, u64)>, u64)> {
         let c = &self.core;
+        let dirty: Vec<u64> = {
+            let f = d.lock();
+            f.pages
+                .iter()
+                .filter(|(p, pg)| pg.dirty && **p * PAGE < size)
+                .map(|(p, _)| *p)
+                .collect()
+        };
         let mut drained = Vec::new();
-        let npages = size.div_ceil(PAGE);
-        for p in 0..npages {
+        let mut written = 0u64;
+        for p in dirty {
             let (data, ver) = {
                 let mut f = d.lock();
-                let ver = f.pages.get(&p).map(|pg| pg.ver);
+                let Some(ver) = f.pages.get(&p).filter(|pg| pg.dirty).map(|pg| pg.ver) else {
+                    continue;
+                };
                 let v = c
                     .read_page(obj, &mut f, p, false)
                     .map_err(|e| io::Error::other(e.to_string()))?;
@@ -750,19 +916,20 @@ impl Drainer {
             let lim = (size - p * PAGE).min(PAGE) as usize;
             // A page that grew past the size this drain writes (the file was written to
             // since) is not all in BACKING: it stays dirty.
-            if let Some(ver) = ver.filter(|_| page.len() <= lim) {
+            if page.len() <= lim {
                 drained.push((p, ver));
             }
             let v = &page[..lim.min(page.len())];
-            if v.iter().all(|b| *b == 0) {
+            if p * PAGE >= have && v.iter().all(|b| *b == 0) {
                 continue;
             }
             if let Some(r) = &self.rate {
                 r.take(v.len() as u64);
             }
             out.write_all_at(v, p * PAGE)?;
+            written += v.len() as u64;
         }
-        Ok(drained)
+        Ok((drained, written))
     }
 
     /// Whether nothing waits: no journal rows, no dirty file, nothing in flight.
