@@ -1166,3 +1166,100 @@ fn a_file_ten_times_the_fast_tier_drains_each_byte_once() {
         .collect();
     assert!(left.is_empty(), "staging files left: {left:?}");
 }
+
+/// Issue 13: user.* extended attributes set in the mount are there, drained to BACKING (also
+/// across the drain's rename of the file's contents), and read back by a new mount; a sparse
+/// file shows the blocks it holds, not its size, and stays sparse in BACKING.
+#[test]
+fn xattrs_and_sparse_files() {
+    if !can_run() {
+        return;
+    }
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    fn cs(p: &Path) -> CString {
+        CString::new(p.as_os_str().as_bytes()).expect("cstr")
+    }
+    fn set(p: &Path, k: &str, v: &[u8], flags: i32) -> i32 {
+        let k = CString::new(k).expect("cstr");
+        // SAFETY: setxattr with valid C strings and a live buffer.
+        let r = unsafe {
+            libc::setxattr(
+                cs(p).as_ptr(),
+                k.as_ptr(),
+                v.as_ptr().cast(),
+                v.len(),
+                flags,
+            )
+        };
+        if r == 0 {
+            0
+        } else {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+        }
+    }
+    fn get(p: &Path, k: &str) -> Result<Vec<u8>, i32> {
+        let k = CString::new(k).expect("cstr");
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: getxattr into a live buffer of the given length.
+        let r = unsafe {
+            libc::getxattr(
+                cs(p).as_ptr(),
+                k.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if r < 0 {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(-1))
+        } else {
+            buf.truncate(r as usize);
+            Ok(buf)
+        }
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    fs::write(fx.m("f"), b"data").expect("write");
+    fs::create_dir(fx.m("d")).expect("mkdir");
+    assert_eq!(set(&fx.m("f"), "user.project", b"run42", 0), 0);
+    assert_eq!(set(&fx.m("d"), "user.k", b"dir", 0), 0);
+    assert_eq!(
+        set(&fx.m("f"), "user.project", b"x", libc::XATTR_CREATE),
+        libc::EEXIST
+    );
+    assert_eq!(
+        set(&fx.m("f"), "user.none", b"x", libc::XATTR_REPLACE),
+        libc::ENODATA
+    );
+    assert_eq!(get(&fx.m("f"), "user.project"), Ok(b"run42".to_vec()));
+    assert_eq!(get(&fx.m("f"), "user.none"), Err(libc::ENODATA));
+    // Written after the attribute: the drain's new file keeps it.
+    fs::write(fx.m("f"), b"newer data").expect("rewrite");
+    {
+        let mut f = File::create(fx.m("sparse")).expect("create");
+        f.set_len(10 << 30).expect("truncate");
+        f.seek(SeekFrom::Start(5 << 30)).expect("seek");
+        f.write_all(b"hello").expect("write");
+    }
+    let blocks = fs::metadata(fx.m("sparse")).expect("stat").blocks();
+    assert!(
+        blocks <= 2048 + 8,
+        "a 10 GiB file holding 5 bytes shows {blocks} blocks"
+    );
+    fx.umount();
+    assert_eq!(get(&fx.b("f"), "user.project"), Ok(b"run42".to_vec()));
+    assert_eq!(get(&fx.b("d"), "user.k"), Ok(b"dir".to_vec()));
+    assert_eq!(fs::read(fx.b("f")).expect("read"), b"newer data");
+    let md = fs::metadata(fx.b("sparse")).expect("stat");
+    assert_eq!(md.len(), 10 << 30);
+    assert!(
+        md.blocks() <= 64,
+        "BACKING's copy holds {} blocks",
+        md.blocks()
+    );
+    // A new mount over the same BACKING reads the attributes from there.
+    fx.fast = fx.fast.with_extension("second");
+    fx.mount(&[]);
+    assert_eq!(get(&fx.m("f"), "user.project"), Ok(b"run42".to_vec()));
+    fx.umount();
+}

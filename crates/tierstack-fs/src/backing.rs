@@ -274,6 +274,78 @@ impl Backing {
     }
 }
 
+/// The extended-attribute namespaces the mount keeps (POSIX ACLs, `system.*`, are not).
+pub fn xattr_kept(name: &[u8]) -> bool {
+    name.starts_with(b"user.") || name.starts_with(b"trusted.") || name.starts_with(b"security.")
+}
+
+/// `/proc/self/fd/N/NAME`: a path to `name` in `d` that the `l*xattr` calls take (they have
+/// no `*at` form); it does not follow a symlink at `name`.
+fn proc_path(d: &OwnedFd, name: &[u8]) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    let mut p = format!("/proc/self/fd/{}/", d.as_raw_fd()).into_bytes();
+    p.extend_from_slice(if name.is_empty() { b"." } else { name });
+    p
+}
+
+impl Backing {
+    /// The kept extended attributes of `name` in `d` (none where the file system has none).
+    pub fn xattrs(d: &OwnedFd, name: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let p = proc_path(d, name);
+        let mut list = vec![0u8; 4096];
+        let n = loop {
+            match rustix::fs::llistxattr(p.as_slice(), &mut list[..]) {
+                Ok(n) => break n,
+                Err(rustix::io::Errno::RANGE) if list.len() < (1 << 20) => {
+                    list.resize(list.len() * 4, 0)
+                }
+                Err(rustix::io::Errno::NOTSUP) => return Ok(Vec::new()),
+                Err(e) => return Err(err(e)),
+            }
+        };
+        let mut out = Vec::new();
+        for key in list[..n].split(|b| *b == 0).filter(|k| !k.is_empty()) {
+            if !xattr_kept(key) {
+                continue;
+            }
+            let mut v = vec![0u8; 65536];
+            match rustix::fs::lgetxattr(p.as_slice(), key, &mut v[..]) {
+                Ok(len) => {
+                    v.truncate(len);
+                    out.push((key.to_vec(), v));
+                }
+                Err(rustix::io::Errno::NODATA) => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets extended attribute `key` of `name` in `d`.
+    pub fn set_xattr(d: &OwnedFd, name: &[u8], key: &[u8], value: &[u8]) -> io::Result<()> {
+        rustix::fs::lsetxattr(
+            proc_path(d, name).as_slice(),
+            key,
+            value,
+            rustix::fs::XattrFlags::empty(),
+        )
+        .map_err(err)
+    }
+
+    /// Removes extended attribute `key` of `name` in `d` (gone already is fine).
+    pub fn remove_xattr(d: &OwnedFd, name: &[u8], key: &[u8]) -> io::Result<()> {
+        match rustix::fs::lremovexattr(proc_path(d, name).as_slice(), key) {
+            Ok(()) | Err(rustix::io::Errno::NODATA) => Ok(()),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// Sets extended attribute `key` of an open file.
+    pub fn set_xattr_fd(f: &File, key: &[u8], value: &[u8]) -> io::Result<()> {
+        rustix::fs::fsetxattr(f, key, value, rustix::fs::XattrFlags::empty()).map_err(err)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,5 +392,16 @@ mod tests {
         let root = b.dir(b"").expect("root");
         Backing::symlink(&root, b"link", &name).expect("symlink");
         assert!(b.dir(b"link").is_err());
+        // Extended attributes through directory handles (where the file system has them).
+        let (d, n) = b.parent(&leaf).expect("parent");
+        if Backing::set_xattr(&d, n, b"user.k", b"v").is_ok() {
+            assert_eq!(
+                Backing::xattrs(&d, n).expect("xattrs"),
+                vec![(b"user.k".to_vec(), b"v".to_vec())]
+            );
+            Backing::remove_xattr(&d, n, b"user.k").expect("remove");
+            Backing::remove_xattr(&d, n, b"user.k").expect("remove again");
+            assert!(Backing::xattrs(&d, n).expect("xattrs").is_empty());
+        }
     }
 }

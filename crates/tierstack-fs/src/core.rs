@@ -145,6 +145,8 @@ pub struct FileData {
     /// name in BACKING (this path): that file is the base (first `base_len` bytes) until the
     /// drain after the last close renames it into place. Each byte is drained once.
     pub staged: Option<Vec<u8>>,
+    /// 512-byte blocks the base holds in BACKING (holes excluded), for `st_blocks`.
+    pub base_blocks: u64,
 }
 
 impl FileData {
@@ -174,6 +176,8 @@ pub struct Node {
     pub children: BTreeMap<Vec<u8>, u64>,
     /// Directories among `children` (a directory's link count is 2 + this).
     pub subdirs: u32,
+    /// Extended attributes (user.*, trusted.*, security.*).
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     pub open: u32,
     pub data: Option<Arc<Mutex<FileData>>>,
 }
@@ -198,7 +202,11 @@ impl Ns {
 
     /// Removes `name` from directory `parent`.
     pub fn remove_child(&mut self, parent: u64, name: &[u8]) {
-        let Some(ino) = self.nodes.get_mut(&parent).and_then(|p| p.children.remove(name)) else {
+        let Some(ino) = self
+            .nodes
+            .get_mut(&parent)
+            .and_then(|p| p.children.remove(name))
+        else {
             return;
         };
         let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
@@ -233,6 +241,9 @@ pub struct Attr {
     pub nlink: u32,
     /// Device number of a device node.
     pub rdev: u64,
+    /// 512-byte blocks held: pages in the fast tier and the base's blocks in BACKING (a
+    /// sparse file shows what it holds, not its size).
+    pub blocks: u64,
 }
 
 pub fn now_ns() -> i64 {
@@ -363,9 +374,9 @@ impl Core {
     }
 
     fn load(&self) -> Result<()> {
-        let (rows, dents) = {
+        let (rows, dents, xattrs) = {
             let db = self.db.lock();
-            (db.load_inodes()?, db.load_dentries()?)
+            (db.load_inodes()?, db.load_dentries()?, db.load_xattrs()?)
         };
         let mut ns = self.ns.lock();
         let mut max_ino = ROOT;
@@ -382,6 +393,7 @@ impl Core {
                     bpath: r.bpath.clone(),
                     dirty: r.dirty,
                     staged: r.staged.clone(),
+                    base_blocks: r.base_len.div_ceil(512),
                     min_size: r.size,
                     ..Default::default()
                 }))
@@ -403,11 +415,17 @@ impl Core {
                     bpath: r.bpath.clone(),
                     loaded: r.loaded,
                     children: BTreeMap::new(),
-            subdirs: 0,
+                    subdirs: 0,
+                    xattrs: BTreeMap::new(),
                     open: 0,
                     data,
                 },
             );
+        }
+        for (ino, name, value) in xattrs {
+            if let Some(n) = ns.nodes.get_mut(&ino) {
+                n.xattrs.insert(name, value);
+            }
         }
         for (parent, name, ino) in dents {
             if !ns.nodes.contains_key(&parent) {
@@ -440,7 +458,8 @@ impl Core {
                 bpath: Some(Vec::new()),
                 loaded: false,
                 children: BTreeMap::new(),
-            subdirs: 0,
+                subdirs: 0,
+                xattrs: BTreeMap::new(),
                 open: 0,
                 data: None,
             };
@@ -571,9 +590,19 @@ impl Core {
     }
 
     pub fn attr_of(ino: u64, n: &Node) -> Attr {
-        let size = match &n.data {
-            Some(d) => d.lock().size,
-            None => n.size,
+        let (size, blocks) = match &n.data {
+            Some(d) => {
+                let f = d.lock();
+                let held: u64 = f.pages.values().map(|p| p.len as u64).sum();
+                let base = if f.has_base {
+                    (f.base_blocks * 512).min(f.base_len)
+                } else {
+                    0
+                };
+                let most = f.size.div_ceil(4096) * 8;
+                (f.size, (held + base).div_ceil(512).min(most))
+            }
+            None => (n.size, n.size.div_ceil(4096) * 8),
         };
         Attr {
             ino,
@@ -589,6 +618,7 @@ impl Core {
                 Kind::Dir => 2 + n.subdirs,
                 _ => n.links.len() as u32,
             },
+            blocks,
             rdev: if n.kind.is_special() {
                 rdev_of(&n.target)
             } else {
@@ -642,6 +672,14 @@ impl Core {
                     Vec::new()
                 };
                 let md_len = md.st_size as u64;
+                let xattrs: BTreeMap<Vec<u8>, Vec<u8>> = if kind == Kind::Symlink {
+                    BTreeMap::new()
+                } else {
+                    Backing::xattrs(d, &name)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .collect()
+                };
                 let ino = ns.next_ino;
                 ns.next_ino += 1;
                 let obj = if kind == Kind::File {
@@ -658,6 +696,7 @@ impl Core {
                         base_len: md_len,
                         bpath: Some(rel.clone()),
                         min_size: md_len,
+                        base_blocks: md.st_blocks as u64,
                         ..Default::default()
                     }))
                 });
@@ -680,7 +719,8 @@ impl Core {
                     bpath: Some(rel),
                     loaded: false,
                     children: BTreeMap::new(),
-            subdirs: 0,
+                    subdirs: 0,
+                    xattrs,
                     open: 0,
                     data,
                 };
@@ -698,6 +738,9 @@ impl Core {
                 let f = node.data.as_ref().map(|d| d.lock());
                 db::put_inode(tx, &row_of(*ino, node, f.as_deref()))?;
                 db::add_dentry(tx, dir, name, *ino)?;
+                for (k, v) in &node.xattrs {
+                    db::put_xattr(tx, *ino, k, Some(v))?;
+                }
             }
             db::put_inode(tx, &dir_row)
         })
@@ -1218,7 +1261,11 @@ impl Core {
         // A set-group-ID directory hands its group to what is made in it, and its set-GID
         // bit to the directories made in it (as ext4 does).
         let (mut mode, mut gid) = (mode, gid);
-        if let Some(p) = ns.nodes.get(&parent).filter(|p| p.mode & libc::S_ISGID != 0) {
+        if let Some(p) = ns
+            .nodes
+            .get(&parent)
+            .filter(|p| p.mode & libc::S_ISGID != 0)
+        {
             gid = p.gid;
             if kind == Kind::Dir {
                 mode |= libc::S_ISGID;
@@ -1262,6 +1309,7 @@ impl Core {
             loaded: true,
             children: BTreeMap::new(),
             subdirs: 0,
+            xattrs: BTreeMap::new(),
             open: 0,
             data,
         };
@@ -1353,6 +1401,65 @@ impl Core {
             OpKind::Symlink,
         )
         .map(|r| r.1)
+    }
+
+    /// Extended attribute `name` of `ino` (ENODATA when it has none of that name).
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> R<Vec<u8>> {
+        let ns = self.ns.lock();
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        n.xattrs.get(name).cloned().ok_or(libc::ENODATA)
+    }
+
+    /// The names of `ino`'s extended attributes, each followed by a NUL.
+    pub fn listxattr(&self, ino: u64) -> R<Vec<u8>> {
+        let ns = self.ns.lock();
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        let mut out = Vec::new();
+        for k in n.xattrs.keys() {
+            out.extend_from_slice(k);
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    /// Sets (`value` Some, with XATTR_CREATE/XATTR_REPLACE `flags`) or removes (None) an
+    /// extended attribute; journaled and drained to BACKING like any namespace change.
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: Option<&[u8]>, flags: i32) -> R<()> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(libc::ERANGE);
+        }
+        if !crate::backing::xattr_kept(name) {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if value.is_some_and(|v| v.len() > 65536) {
+            return Err(libc::E2BIG);
+        }
+        let mut ns = self.ns.lock();
+        let path = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
+        let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
+        let exists = n.xattrs.contains_key(name);
+        match value {
+            Some(_) if flags & libc::XATTR_CREATE != 0 && exists => return Err(libc::EEXIST),
+            Some(_) if flags & libc::XATTR_REPLACE != 0 && !exists => return Err(libc::ENODATA),
+            None if !exists => return Err(libc::ENODATA),
+            _ => {}
+        }
+        self.tx(|tx| {
+            db::put_xattr(tx, ino, name, value)?;
+            db::push_op(tx, OpKind::Xattr, ino, &path, name)
+        })
+        .map_err(eio)?;
+        match value {
+            Some(v) => {
+                n.xattrs.insert(name.to_vec(), v.to_vec());
+            }
+            None => {
+                n.xattrs.remove(name);
+            }
+        }
+        n.ctime = now_ns();
+        self.wake_drainer();
+        Ok(())
     }
 
     /// Makes a FIFO, socket or device node (`mode` holds the type bits).

@@ -25,6 +25,9 @@ pub enum OpKind {
     /// A FIFO, socket or device node: `p2` holds its device number (8 bytes, little
     /// endian); its type, mode and owner come from the inode.
     Mknod = 10,
+    /// An extended attribute changed: `p2` is its name; its value (or its absence) comes
+    /// from the inode when the row is applied.
+    Xattr = 11,
 }
 
 impl OpKind {
@@ -40,6 +43,7 @@ impl OpKind {
             8 => OpKind::SetAttr,
             9 => OpKind::Data,
             10 => OpKind::Mknod,
+            11 => OpKind::Xattr,
             _ => return None,
         })
     }
@@ -72,6 +76,9 @@ pub struct Stuck {
     pub error: String,
     pub since: i64,
 }
+
+/// An extended attribute: (inode, name, value).
+pub type XattrRow = (u64, Vec<u8>, Vec<u8>);
 
 /// One inode row.
 #[derive(Debug, Clone, Default)]
@@ -116,13 +123,13 @@ impl Db {
                 PRIMARY KEY(parent, name));
              CREATE TABLE IF NOT EXISTS journal(seq INTEGER PRIMARY KEY AUTOINCREMENT,
                 kind INTEGER, ino INTEGER, p1 BLOB, p2 BLOB);
+             CREATE TABLE IF NOT EXISTS xattrs(ino INTEGER, name BLOB, value BLOB,
+                PRIMARY KEY(ino, name));
              CREATE TABLE IF NOT EXISTS stuck(seq INTEGER PRIMARY KEY, kind INTEGER,
                 ino INTEGER, p1 BLOB, p2 BLOB, error TEXT, since INTEGER);",
         )?;
         // Journals made before staged drains lack the column.
-        let has_staged = conn
-            .prepare("SELECT staged FROM inodes LIMIT 0")
-            .is_ok();
+        let has_staged = conn.prepare("SELECT staged FROM inodes LIMIT 0").is_ok();
         if !has_staged {
             conn.execute_batch("ALTER TABLE inodes ADD COLUMN staged BLOB;")?;
         }
@@ -182,6 +189,19 @@ impl Db {
                 r.get::<_, i64>(0)? as u64,
                 r.get::<_, Vec<u8>>(1)?,
                 r.get::<_, i64>(2)? as u64,
+            ))
+        })?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+    }
+
+    /// Every extended attribute.
+    pub fn load_xattrs(&self) -> Result<Vec<XattrRow>> {
+        let mut st = self.conn.prepare("SELECT ino, name, value FROM xattrs")?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u64,
+                r.get::<_, Vec<u8>>(1)?,
+                r.get::<_, Option<Vec<u8>>>(2)?.unwrap_or_default(),
             ))
         })?;
         Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
@@ -346,6 +366,21 @@ pub fn put_inode(tx: &Transaction, r: &InodeRow) -> Result<()> {
 pub fn del_inode(tx: &Transaction, ino: u64) -> Result<()> {
     tx.prepare_cached("DELETE FROM inodes WHERE ino=?1")?
         .execute([ino as i64])?;
+    tx.prepare_cached("DELETE FROM xattrs WHERE ino=?1")?
+        .execute([ino as i64])?;
+    Ok(())
+}
+
+/// Sets (Some) or removes (None) extended attribute `name` of `ino`.
+pub fn put_xattr(tx: &Transaction, ino: u64, name: &[u8], value: Option<&[u8]>) -> Result<()> {
+    match value {
+        Some(v) => tx
+            .prepare_cached("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)")?
+            .execute(params![ino as i64, name, v])?,
+        None => tx
+            .prepare_cached("DELETE FROM xattrs WHERE ino=?1 AND name=?2")?
+            .execute(params![ino as i64, name])?,
+    };
     Ok(())
 }
 

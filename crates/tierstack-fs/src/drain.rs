@@ -143,7 +143,13 @@ fn copy_within_backing(src: &File, dst: &File, len: u64) -> io::Result<()> {
     let mut off = 0u64;
     while off < len {
         let (mut i, mut o) = (off, off);
-        match rustix::fs::copy_file_range(src, Some(&mut i), dst, Some(&mut o), (len - off) as usize) {
+        match rustix::fs::copy_file_range(
+            src,
+            Some(&mut i),
+            dst,
+            Some(&mut o),
+            (len - off) as usize,
+        ) {
             Ok(0) => break,
             Ok(n) => off += n as u64,
             Err(rustix::io::Errno::INTR) => {}
@@ -162,6 +168,22 @@ fn copy_within_backing(src: &File, dst: &File, len: u64) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The runs of `v` (as byte ranges) made of `block`-sized pieces that are not all zero.
+fn nonzero_runs(v: &[u8], block: usize) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (i, c) in v.chunks(block).enumerate() {
+        if c.iter().all(|b| *b == 0) {
+            continue;
+        }
+        let (a, b) = (i * block, i * block + c.len());
+        match out.last_mut() {
+            Some(last) if last.1 == a => last.1 = b,
+            _ => out.push((a, b)),
+        }
+    }
+    out
 }
 
 /// The name of the drainer's temporary file for inode `ino` (suffix: a further link).
@@ -562,6 +584,31 @@ impl Drainer {
                     Err(e) => return Err(e),
                 }
             }
+            OpKind::Xattr => {
+                let value = {
+                    let ns = self.core.ns.lock();
+                    match ns.nodes.get(&op.ino) {
+                        Some(n) => n.xattrs.get(&op.p2).cloned(),
+                        // Deleted since: nothing to set.
+                        None => return Ok(()),
+                    }
+                };
+                let (d, name) = if op.p1.is_empty() {
+                    (bk.dir(b"")?, &b"."[..])
+                } else {
+                    bk.parent(&op.p1)?
+                };
+                let r = match &value {
+                    Some(v) => Backing::set_xattr(&d, name, &op.p2, v),
+                    None => Backing::remove_xattr(&d, name, &op.p2),
+                };
+                match r {
+                    Ok(()) => {}
+                    // Removed in BACKING since (a later row), nothing to do.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
             OpKind::Data => return Err(errno(libc::EINVAL)),
         }
         Ok(())
@@ -795,6 +842,23 @@ impl Drainer {
             let finish = || -> io::Result<()> {
                 file.set_len(size)?;
                 self.apply_attrs_fd(op.ino, &file)?;
+                // The renamed file replaces the old one in BACKING: it takes the extended
+                // attributes along. A BACKING without them reports it through the xattr rows.
+                let xattrs =
+                    c.ns.lock()
+                        .nodes
+                        .get(&op.ino)
+                        .map(|n| n.xattrs.clone())
+                        .unwrap_or_default();
+                for (k, v) in &xattrs {
+                    if let Err(e) = Backing::set_xattr_fd(&file, k, v) {
+                        tracing::warn!(
+                            "drain: xattr {} of {}: {e}",
+                            String::from_utf8_lossy(k),
+                            String::from_utf8_lossy(&op.p1)
+                        );
+                    }
+                }
                 file.sync_all()?;
                 Backing::rename(&sdir, &sname, &dir, dname)?;
                 // Further hard links of the file.
@@ -821,6 +885,10 @@ impl Drainer {
                 return Err(e);
             }
         }
+        let base_blocks = {
+            use std::os::unix::fs::MetadataExt;
+            file.metadata().map_or(size.div_ceil(512), |m| m.blocks())
+        };
         // BACKING holds the contents now (staged or in place): record that durably before
         // anything is dropped.
         {
@@ -835,6 +903,7 @@ impl Drainer {
             }
             f.has_base = true;
             f.base_len = size.min(f.min_size);
+            f.base_blocks = base_blocks;
             f.base_fd = None;
             if open {
                 // Not in place yet: the drain after the last close renames it.
@@ -845,7 +914,13 @@ impl Drainer {
                 f.bpath = Some(op.p1.clone());
                 f.dirty = f.ver != start_ver;
             }
-            let row = (f.has_base, f.base_len, f.dirty, f.bpath.clone(), f.staged.clone());
+            let row = (
+                f.has_base,
+                f.base_len,
+                f.dirty,
+                f.bpath.clone(),
+                f.staged.clone(),
+            );
             drop(f);
             let r = c.tx(|tx| {
                 tx.execute(
@@ -920,14 +995,19 @@ impl Drainer {
                 drained.push((p, ver));
             }
             let v = &page[..lim.min(page.len())];
-            if p * PAGE >= have && v.iter().all(|b| *b == 0) {
-                continue;
+            // Past what `out` holds, runs of zero blocks stay holes.
+            let runs: Vec<(usize, usize)> = if p * PAGE >= have {
+                nonzero_runs(v, 4096)
+            } else {
+                vec![(0, v.len())]
+            };
+            for (a, b) in runs {
+                if let Some(r) = &self.rate {
+                    r.take((b - a) as u64);
+                }
+                out.write_all_at(&v[a..b], p * PAGE + a as u64)?;
+                written += (b - a) as u64;
             }
-            if let Some(r) = &self.rate {
-                r.take(v.len() as u64);
-            }
-            out.write_all_at(v, p * PAGE)?;
-            written += v.len() as u64;
         }
         Ok((drained, written))
     }
@@ -980,6 +1060,19 @@ mod tests {
             "{:?}",
             t0.elapsed()
         );
+    }
+
+    #[test]
+    fn nonzero_runs_skip_zero_blocks() {
+        let mut v = vec![0u8; 5 * 4096 + 10];
+        v[4096] = 1;
+        v[2 * 4096 + 5] = 1;
+        v[5 * 4096 + 9] = 1;
+        assert_eq!(
+            nonzero_runs(&v, 4096),
+            vec![(4096, 3 * 4096), (5 * 4096, 5 * 4096 + 10)]
+        );
+        assert!(nonzero_runs(&[0u8; 8192], 4096).is_empty());
     }
 
     #[test]

@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::core::{Attr, Core, Kind, PAGE};
@@ -46,7 +47,7 @@ fn fattr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: a.blocks,
         atime: st(a.atime),
         mtime: st(a.mtime),
         ctime: st(a.ctime),
@@ -85,6 +86,17 @@ fn empty<E: Into<i32>>(reply: ReplyEmpty, r: std::result::Result<(), E>) {
     match r {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(err(e.into())),
+    }
+}
+
+/// Answers getxattr/listxattr: the size when asked for it (`size` 0), else the bytes, or
+/// ERANGE when they do not fit.
+fn xattr_reply(reply: ReplyXattr, size: u32, r: std::result::Result<Vec<u8>, i32>) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(err(libc::ERANGE)),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(err(e)),
     }
 }
 
@@ -189,6 +201,35 @@ impl fuser::Filesystem for TierFs {
             Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            reply,
+            self.core
+                .setxattr(ino.0, name.as_bytes(), Some(value), flags),
+        )
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, size, self.core.getxattr(ino.0, name.as_bytes()))
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, size, self.core.listxattr(ino.0))
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.core.setxattr(ino.0, name.as_bytes(), None, 0))
     }
 
     fn mkdir(
