@@ -5,6 +5,7 @@ mod demo;
 mod mem_cmd;
 mod mount_cmd;
 mod run_cmd;
+mod slurm_cmd;
 mod stage_cmd;
 
 use std::path::PathBuf;
@@ -41,6 +42,9 @@ enum Cmd {
     Umount(mount_cmd::UmountArgs),
     /// Copy inputs into a mount before a job (`in`) or outputs to the backing directory (`out`).
     Stage(stage_cmd::StageArgs),
+    /// SLURM burst_buffer/lua integration: `install`, `uninstall` and the hooks it calls.
+    #[command(subcommand)]
+    Slurm(slurm_cmd::SlurmCmd),
     /// Internal: the mount daemon (takes its spec as JSON).
     #[command(hide = true)]
     MountDaemon { spec: String },
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
         Cmd::Drain(a) => mount_cmd::drain(a),
         Cmd::Umount(a) => mount_cmd::umount(a),
         Cmd::Stage(a) => stage_cmd::stage(a),
+        Cmd::Slurm(c) => slurm_cmd::run(c),
         Cmd::MountDaemon { spec } => mount_cmd::daemon(&spec),
         Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),
     };

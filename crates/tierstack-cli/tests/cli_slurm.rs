@@ -1,0 +1,433 @@
+//! `tierstack slurm` end to end on a real SLURM 22.05 (slurmctld + slurmd from Debian's
+//! packages, installed here if missing) in a scratch folder with its own slurm.conf, the
+//! daemons stopped by pid at the end. Jobs are submitted as an unprivileged user (SLURM refuses
+//! burst buffers to root). Prints SKIP with the reason and passes where SLURM cannot run
+//! (not root, no FUSE, packages not installable).
+//!
+//! Authentication is auth/none + cred/none (SLURM.md: works in 22.05, tests only), so the test
+//! needs no munged of its own.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const USER: &str = "tsbbuser";
+const EXE: &str = env!("CARGO_BIN_EXE_tierstack");
+
+fn sh(cmd: &str) -> Output {
+    Command::new("bash")
+        .args(["-c", cmd])
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs")
+}
+
+fn skip(why: &str) {
+    println!("SKIP: {why}");
+}
+
+/// Installs SLURM if missing; Err(reason) when it cannot.
+fn ensure_slurm() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root: the test starts slurmctld/slurmd and mounts FUSE".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err("no /dev/fuse".into());
+    }
+    let have = || {
+        ["slurmctld", "slurmd", "sbatch"]
+            .iter()
+            .all(|b| sh(&format!("command -v {b}")).status.success())
+            && Path::new("/usr/lib/x86_64-linux-gnu/slurm-wlm/burst_buffer_lua.so").exists()
+    };
+    if !have() {
+        let pk = "slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins";
+        let o = sh(&format!(
+            "export DEBIAN_FRONTEND=noninteractive; timeout 150 apt-get install -y -qq --no-install-recommends {pk} >/dev/null 2>&1 || \
+             {{ timeout 120 apt-get update -qq >/dev/null 2>&1 && timeout 150 apt-get install -y -qq --no-install-recommends {pk} >/dev/null 2>&1; }}"
+        ));
+        if !o.status.success() || !have() {
+            return Err(format!("cannot install SLURM with apt-get ({pk})"));
+        }
+    }
+    if !sh(&format!("id -u {USER}")).status.success() {
+        let o = sh(&format!("useradd -M -s /bin/bash {USER}"));
+        if !o.status.success() {
+            return Err(format!("cannot create user {USER}"));
+        }
+    }
+    Ok(())
+}
+
+fn user_id() -> (u32, u32) {
+    let u = String::from_utf8_lossy(&sh(&format!("id -u {USER}")).stdout)
+        .trim()
+        .parse()
+        .expect("uid");
+    let g = String::from_utf8_lossy(&sh(&format!("id -g {USER}")).stdout)
+        .trim()
+        .parse()
+        .expect("gid");
+    (u, g)
+}
+
+struct Slurm {
+    root: PathBuf,
+    conf: PathBuf,
+    fast: PathBuf,
+}
+
+impl Slurm {
+    fn start() -> Slurm {
+        let root = PathBuf::from(format!(
+            "/var/tmp/tierstack-slurm-test-{}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&root);
+        for d in ["etc", "state", "spool", "log", "fast", "home"] {
+            fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        for d in ["", "etc", "home"] {
+            fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        let (uid, gid) = user_id();
+        std::os::unix::fs::chown(root.join("home"), Some(uid), Some(gid)).expect("chown");
+        let host = String::from_utf8_lossy(&sh("hostname -s").stdout)
+            .trim()
+            .to_string();
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let port = 20000 + (std::process::id() % 20000);
+        let r = root.display();
+        let conf = format!(
+            "ClusterName=tstest\nSlurmctldHost={host}(127.0.0.1)\nSlurmctldPort={port}\nSlurmdPort={}\n\
+SlurmUser=root\nSlurmdUser=root\nAuthType=auth/none\nCredType=cred/none\n\
+StateSaveLocation={r}/state\nSlurmdSpoolDir={r}/spool\n\
+SlurmctldPidFile={r}/slurmctld.pid\nSlurmdPidFile={r}/slurmd.pid\n\
+SlurmctldLogFile={r}/log/slurmctld.log\nSlurmdLogFile={r}/log/slurmd.log\nSlurmctldDebug=info\nSlurmdDebug=info\n\
+ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
+AccountingStorageType=accounting_storage/none\nSchedulerType=sched/backfill\nSchedulerParameters=bf_interval=1\n\
+SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nReturnToService=2\nMailProg=/bin/true\n\
+BurstBufferType=burst_buffer/lua\nDebugFlags=BurstBuffer\nMpiDefault=none\n\
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN\n\
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
+            port + 1
+        );
+        fs::write(root.join("etc/slurm.conf"), conf).expect("write slurm.conf");
+        let s = Slurm {
+            conf: root.join("etc"),
+            fast: root.join("fast"),
+            root,
+        };
+        // The installer under test writes burst_buffer.lua and .conf.
+        let o = Command::new(EXE)
+            .args(["slurm", "install", "--conf-dir"])
+            .arg(&s.conf)
+            .arg("--fast-dir")
+            .arg(&s.fast)
+            .args([
+                "--pool-size",
+                "2G",
+                "--stage-timeout",
+                "120",
+                "--other-timeout",
+                "60",
+            ])
+            .output()
+            .expect("run install");
+        assert!(
+            o.status.success(),
+            "install: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains("has BurstBufferType=burst_buffer/lua"),
+            "{text}"
+        );
+        let c = s.conf.join("slurm.conf");
+        let o = sh(&format!(
+            "slurmctld -f {0} -i && slurmd -f {0}",
+            c.display()
+        ));
+        assert!(
+            o.status.success(),
+            "start: {}{}",
+            String::from_utf8_lossy(&o.stderr),
+            s.logs()
+        );
+        // Bounded wait for the node to be idle.
+        let t = Instant::now();
+        loop {
+            let o = s.client("sinfo -h -o %T");
+            if String::from_utf8_lossy(&o.stdout).trim() == "idle" {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "node not idle: {}",
+                s.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        s
+    }
+
+    /// A SLURM client command as root.
+    fn client(&self, cmd: &str) -> Output {
+        sh(&format!(
+            "SLURM_CONF={} timeout 60 {cmd}",
+            self.conf.join("slurm.conf").display()
+        ))
+    }
+
+    /// A SLURM client command as the unprivileged user.
+    fn user(&self, cmd: &str) -> Output {
+        sh(&format!(
+            "cd {} && runuser -u {USER} -- env SLURM_CONF={} timeout 120 {cmd}",
+            self.root.join("home").display(),
+            self.conf.join("slurm.conf").display()
+        ))
+    }
+
+    fn logs(&self) -> String {
+        let ctl = fs::read_to_string(self.root.join("log/slurmctld.log")).unwrap_or_default();
+        let tail: Vec<&str> = ctl.lines().rev().take(40).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!("\n--- slurmctld.log (tail)\n{}", tail.join("\n"))
+    }
+
+    fn script(&self, name: &str, body: &str) -> PathBuf {
+        let p = self.root.join("home").join(name);
+        let mut f = fs::File::create(&p).expect("script");
+        f.write_all(body.as_bytes()).expect("write script");
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod");
+        p
+    }
+
+    /// Waits (bounded) until `squeue` no longer lists the job.
+    fn wait_gone(&self, id: &str, secs: u64) {
+        let t = Instant::now();
+        loop {
+            let o = self.client(&format!("squeue -h -j {id} -o %T"));
+            if String::from_utf8_lossy(&o.stdout).trim().is_empty() {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(secs),
+                "job {id} still there: {}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    fn no_buffers_left(&self) {
+        let jobs: Vec<_> = fs::read_dir(self.fast.join("jobs"))
+            .map(|r| r.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(jobs.is_empty(), "buffers left: {jobs:?}");
+        let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+        assert!(
+            !mounts.contains(&*self.fast.to_string_lossy()),
+            "mount left behind: {mounts}"
+        );
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        // Stop the daemons by pid, bounded.
+        for f in ["slurmctld.pid", "slurmd.pid"] {
+            if let Ok(p) = fs::read_to_string(self.root.join(f)) {
+                if let Ok(pid) = p.trim().parse::<i32>() {
+                    // SAFETY: kill(2) on a pid read from the daemon's own pid file.
+                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                    let t = Instant::now();
+                    while Path::new(&format!("/proc/{pid}")).exists()
+                        && t.elapsed() < Duration::from_secs(10)
+                    {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    if Path::new(&format!("/proc/{pid}")).exists() {
+                        // SAFETY: as above.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+            }
+        }
+        // Any mount of ours left (a failed test) is detached before removal.
+        let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+        for l in mounts.lines() {
+            if let Some(mp) = l.split_whitespace().nth(1) {
+                if mp.starts_with(&*self.fast.to_string_lossy()) {
+                    let _ = sh(&format!("umount -l {mp}"));
+                }
+            }
+        }
+        if std::env::var_os("TIERSTACK_KEEP").is_none() {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn job_id(o: &Output) -> String {
+    let text = String::from_utf8_lossy(&o.stdout);
+    text.split_whitespace()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn slurm_burst_buffer_end_to_end() {
+    if let Err(why) = ensure_slurm() {
+        skip(&why);
+        return;
+    }
+    let t0 = Instant::now();
+    let s = Slurm::start();
+    let (uid, gid) = user_id();
+    let home = s.root.join("home");
+
+    // pools hook: the pool SLURM accounts capacity against.
+    let o = Command::new(EXE)
+        .args(["slurm", "pools", "--pool-size", "2G"])
+        .output()
+        .expect("pools");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("pools json");
+    assert_eq!(v["pools"][0]["id"], "tierstack");
+    assert_eq!(v["pools"][0]["quantity"], 2u64 << 30);
+
+    // --- Round trip: stage in, the job checks in.bin and writes out.bin, stage out.
+    let src_dir = home.join("src");
+    fs::create_dir(&src_dir).expect("mkdir");
+    let src = src_dir.join("in.bin");
+    let input = random(5 << 20, 7);
+    fs::write(&src, &input).expect("write src");
+    let reference = home.join("ref.bin");
+    let output = random(3 << 20, 11);
+    fs::write(&reference, &output).expect("write ref");
+    for p in [&src_dir, &src, &reference] {
+        std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown");
+    }
+    let dst = home.join("dst");
+    let job = s.script(
+        "round.sh",
+        &format!(
+            "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1G stage_in={src} stage_out={dst}\nset -e\n\
+             echo dir=$TIERSTACK_DIR\ncmp \"$TIERSTACK_DIR/in.bin\" {src}\ncp {reference} \"$TIERSTACK_DIR/out.bin\"\necho job-ok\n",
+            src = src.display(),
+            dst = dst.display(),
+            reference = reference.display()
+        ),
+    );
+    let o = s.user(&format!(
+        "sbatch --wait -o {}/round-%j.out {}",
+        home.display(),
+        job.display()
+    ));
+    let out_files: Vec<String> = fs::read_dir(&home)
+        .expect("home")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("round-"))
+        .map(|e| fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    assert!(
+        o.status.success(),
+        "sbatch --wait: {} {} job output: {out_files:?}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        s.logs()
+    );
+    assert!(
+        out_files.iter().any(|t| t.contains("job-ok")),
+        "{out_files:?}"
+    );
+    let got = fs::read(dst.join("out.bin")).expect("DST/out.bin");
+    assert!(got == output, "DST/out.bin differs from what the job wrote");
+    let meta = fs::metadata(dst.join("out.bin")).expect("meta");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.uid(), uid, "out.bin belongs to the job's user");
+    s.no_buffers_left();
+    println!("round trip ok after {:.1} s", t0.elapsed().as_secs_f64());
+
+    // --- A bad directive makes sbatch fail with one line naming it.
+    let bad = s.script(
+        "bad.sh",
+        "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1G colour=red\ntrue\n",
+    );
+    let o = s.user(&format!("sbatch -o /dev/null {}", bad.display()));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "bad directive accepted");
+    assert!(err.contains("unknown key 'colour'"), "sbatch said: {err}");
+    let bad = s.script(
+        "bad2.sh",
+        "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1G stage_in=/nonexistent/x\ntrue\n",
+    );
+    let o = s.user(&format!("sbatch -o /dev/null {}", bad.display()));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("/nonexistent/x does not exist"),
+        "sbatch said: {err}"
+    );
+
+    // --- A source the job's user may not read (root's 0600 file): the job is held with the
+    // reason, scancel cleans up.
+    let secret = s.root.join("secret.bin");
+    fs::write(&secret, b"root only").expect("secret");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).expect("chmod");
+    let held = s.script(
+        "held.sh",
+        &format!(
+            "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1G stage_in={} stage_out={}\ntrue\n",
+            secret.display(),
+            home.join("dst2").display()
+        ),
+    );
+    let o = s.user(&format!("sbatch -o /dev/null {}", held.display()));
+    assert!(
+        o.status.success(),
+        "sbatch: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let id = job_id(&o);
+    let t = Instant::now();
+    let reason = loop {
+        let o = s.client(&format!("squeue -h -j {id} -o %r"));
+        let r = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if r.contains("cannot be read") {
+            break r;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(40),
+            "job {id} not held, reason '{r}'{}",
+            s.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    println!("held with reason: {reason}");
+    assert!(s.client(&format!("scancel {id}")).status.success());
+    s.wait_gone(&id, 60);
+    s.no_buffers_left();
+    assert!(!home.join("dst2").join("secret.bin").exists());
+    println!("all done after {:.1} s", t0.elapsed().as_secs_f64());
+}
