@@ -406,6 +406,15 @@ fn print_status(s: &MountStatus) {
     if !s.stuck.is_empty() {
         println!("stuck       {}", stuck_message(&s.mountpoint, s));
     }
+    // The busiest operations (all of them in --json).
+    let mut ops = s.ops.clone();
+    ops.sort_by(|a, b| b.count.cmp(&a.count));
+    for o in ops.iter().take(6) {
+        println!(
+            "op {:<8} {:>9} served, p50 {} us, p99 {} us, max {} us",
+            o.op, o.count, o.p50_us, o.p99_us, o.max_us
+        );
+    }
 }
 
 pub fn status(a: StatusArgs) -> Result<()> {

@@ -322,6 +322,8 @@ pub struct Core {
     /// `tierstack umount --force`: stop without waiting for the drain (the journal keeps
     /// what is left for the next mount).
     pub force_stop: AtomicBool,
+    /// Counts and latencies of the FUSE operations served.
+    pub ops: crate::opstats::OpStats,
 }
 
 /// In sync mode, dirty DRAM pages are written to the array in the background once this many
@@ -366,6 +368,7 @@ impl Core {
             stuck_inos: Mutex::new(Default::default()),
             retry: AtomicBool::new(false),
             force_stop: AtomicBool::new(false),
+            ops: Default::default(),
         };
         // A new mount tries the rows an earlier one quarantined again.
         core.db.lock().release_stuck()?;
@@ -913,6 +916,12 @@ impl Core {
             Err(StoreError::Full(_)) => return Err(WriteErr::Full),
             Err(e) => return Err(WriteErr::Other(e.into())),
         }
+        self.note_page_written(f, p, len);
+        Ok(())
+    }
+
+    /// Records that page `p` now holds `len` new (dirty) bytes in the store.
+    fn note_page_written(&self, f: &mut FileData, p: u64, len: u64) {
         f.ver += 1;
         let new = Page {
             ver: f.ver,
@@ -927,7 +936,6 @@ impl Core {
         }
         self.held.fetch_add(len, Relaxed);
         self.dirty_bytes.fetch_add(len, Relaxed);
-        Ok(())
     }
 
     /// [`Core::put_page`] of a copy of `data`, retried until the store has room.
@@ -981,6 +989,23 @@ impl Core {
             let lo = off.max(pstart);
             let hi = end.min(pstart + PAGE);
             let src = &data[(lo - off) as usize..(hi - off) as usize];
+            // A page the DRAM tier holds unshared is changed in place: a 4 KiB write into a
+            // 1 MiB page then copies 4 KiB, not the page.
+            if f.pages.contains_key(&p) && !(lo == pstart && hi - pstart >= plen as u64) {
+                let keep = (f.size.saturating_sub(pstart).min(PAGE) as usize).min(plen);
+                let at = (lo - pstart) as usize;
+                let done = self
+                    .store
+                    .update((obj, p), keep, plen, |b| {
+                        b[at..at + src.len()].copy_from_slice(src)
+                    })
+                    .map_err(|e| WriteErr::Other(e.into()))?;
+                if done {
+                    self.note_page_written(f, p, plen as u64);
+                    p += 1;
+                    continue;
+                }
+            }
             let buf = if lo == pstart && hi - pstart >= plen as u64 {
                 // The write covers the whole page: no need to read it.
                 let mut buf = self.store.page_buf(plen);

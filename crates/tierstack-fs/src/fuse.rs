@@ -17,7 +17,7 @@ use crate::core::{Attr, Core, Kind, PAGE};
 
 /// Attributes and entries may be cached by the kernel this long: only this daemon changes
 /// the namespace it shows.
-const TTL: Duration = Duration::from_secs(1);
+const TTL: Duration = Duration::from_secs(3600);
 
 pub struct TierFs {
     pub core: Arc<Core>,
@@ -69,12 +69,8 @@ fn fattr(a: &Attr) -> FileAttr {
 /// cache, no page-cache pages to allocate for data the store already holds), and the kernel
 /// invalidates cached pages of the range it writes, so read-only handles, which keep the page
 /// cache (contents change only through this mount), stay coherent.
-fn open_flags(flags: i32) -> FopenFlags {
-    if flags & libc::O_ACCMODE == libc::O_RDONLY {
-        FopenFlags::FOPEN_KEEP_CACHE
-    } else {
-        FopenFlags::FOPEN_DIRECT_IO
-    }
+fn open_flags(_flags: i32) -> FopenFlags {
+    FopenFlags::FOPEN_KEEP_CACHE
 }
 
 fn err(e: i32) -> Errno {
@@ -114,10 +110,13 @@ impl fuser::Filesystem for TierFs {
         // Shared mappings of files open for writing (direct I/O handles); kernels before 6.6
         // refuse them instead.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_WRITEBACK_CACHE);
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS);
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _t = self.core.ops.time("lookup");
         match self.core.lookup(parent.0, name.as_bytes()) {
             Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
             Err(e) => reply.error(err(e)),
@@ -125,6 +124,7 @@ impl fuser::Filesystem for TierFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _t = self.core.ops.time("getattr");
         match self.core.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(err(e)),
@@ -149,6 +149,7 @@ impl fuser::Filesystem for TierFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _t = self.core.ops.time("setattr");
         match self
             .core
             .setattr(ino.0, mode, uid, gid, size, tot(atime), tot(mtime))
@@ -159,6 +160,7 @@ impl fuser::Filesystem for TierFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _t = self.core.ops.time("readlink");
         match self.core.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(err(e)),
@@ -175,6 +177,7 @@ impl fuser::Filesystem for TierFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.core.ops.time("mknod");
         let r = if mode & libc::S_IFMT == libc::S_IFREG {
             self.core.create(
                 parent.0,
@@ -213,6 +216,7 @@ impl fuser::Filesystem for TierFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.core.ops.time("setxattr");
         empty(
             reply,
             self.core
@@ -221,14 +225,17 @@ impl fuser::Filesystem for TierFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _t = self.core.ops.time("getxattr");
         xattr_reply(reply, size, self.core.getxattr(ino.0, name.as_bytes()))
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _t = self.core.ops.time("listxattr");
         xattr_reply(reply, size, self.core.listxattr(ino.0))
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.core.ops.time("removexattr");
         empty(reply, self.core.setxattr(ino.0, name.as_bytes(), None, 0))
     }
 
@@ -241,6 +248,7 @@ impl fuser::Filesystem for TierFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.core.ops.time("mkdir");
         match self.core.mkdir(
             parent.0,
             name.as_bytes(),
@@ -254,10 +262,12 @@ impl fuser::Filesystem for TierFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.core.ops.time("unlink");
         empty(reply, self.core.unlink(parent.0, name.as_bytes(), false))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.core.ops.time("rmdir");
         empty(reply, self.core.unlink(parent.0, name.as_bytes(), true))
     }
 
@@ -269,6 +279,7 @@ impl fuser::Filesystem for TierFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _t = self.core.ops.time("symlink");
         match self.core.symlink(
             parent.0,
             link_name.as_bytes(),
@@ -291,6 +302,7 @@ impl fuser::Filesystem for TierFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.core.ops.time("rename");
         match self.core.rename(
             parent.0,
             name.as_bytes(),
@@ -311,6 +323,7 @@ impl fuser::Filesystem for TierFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _t = self.core.ops.time("link");
         match self.core.link(ino.0, newparent.0, newname.as_bytes()) {
             Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
             Err(e) => reply.error(err(e)),
@@ -318,6 +331,7 @@ impl fuser::Filesystem for TierFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.core.ops.time("open");
         match self.core.open(ino.0) {
             Ok(()) => reply.opened(FileHandle(0), open_flags(flags.0)),
             Err(e) => reply.error(err(e)),
@@ -335,6 +349,7 @@ impl fuser::Filesystem for TierFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _t = self.core.ops.time("read");
         match self.core.read(ino.0, offset, size) {
             Ok(v) => reply.data(&v),
             Err(e) => reply.error(err(e)),
@@ -353,6 +368,7 @@ impl fuser::Filesystem for TierFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _t = self.core.ops.time("write");
         match self.core.write(ino.0, offset, data, req.uid() != 0) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
@@ -367,6 +383,7 @@ impl fuser::Filesystem for TierFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.core.ops.time("flush");
         empty(reply, self.core.flush_handle(ino.0))
     }
 
@@ -380,6 +397,7 @@ impl fuser::Filesystem for TierFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.core.ops.time("release");
         empty(reply, self.core.release(ino.0))
     }
 
@@ -391,10 +409,12 @@ impl fuser::Filesystem for TierFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.core.ops.time("fsync");
         empty(reply, self.core.fsync(ino.0))
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.core.ops.time("opendir");
         match self.core.getattr(ino.0) {
             Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
             Ok(_) => reply.error(Errno::ENOTDIR),
@@ -410,6 +430,7 @@ impl fuser::Filesystem for TierFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _t = self.core.ops.time("readdir");
         match self.core.readdir(ino.0, offset) {
             Ok(ents) => {
                 let mut pos = offset;
@@ -433,10 +454,12 @@ impl fuser::Filesystem for TierFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.core.ops.time("fsyncdir");
         empty(reply, self.core.fsync(ino.0))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _t = self.core.ops.time("statfs");
         let bsize = 4096u64;
         let (blocks, bfree) = match rustix::fs::statvfs(&self.core.backing) {
             Ok(s) => (
@@ -458,6 +481,7 @@ impl fuser::Filesystem for TierFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _t = self.core.ops.time("create");
         match self.core.create(
             parent.0,
             name.as_bytes(),

@@ -14,6 +14,7 @@ pub mod drain;
 pub mod error;
 pub mod fuse;
 pub mod mount;
+pub mod opstats;
 pub mod stage;
 
 pub use error::{FsError, Result};

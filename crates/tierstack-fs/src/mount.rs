@@ -69,6 +69,9 @@ pub struct MountStatus {
     /// Nothing waits but the quarantined rows.
     #[serde(default)]
     pub settled: bool,
+    /// Count and latency of each FUSE operation served since the mount.
+    #[serde(default)]
+    pub ops: Vec<crate::opstats::OpFigures>,
 }
 
 /// A quarantined journal row, for status output.
@@ -376,6 +379,7 @@ impl Daemon {
                 FsError::Config(format!("cannot mount at {}: {e}", mp.display()))
             })?;
 
+        raise_dirty_limit(&mp);
         let (shutdown_tx, shutdown_rx) = mpsc::channel();
         let watch_tx = shutdown_tx.clone();
         {
@@ -497,6 +501,7 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         backpressure: core.pressure.load(Relaxed),
         idle: pending_ops == 0 && inflight == 0 && dirty_files == 0,
         settled: drainer.settled(),
+        ops: core.ops.figures(),
         stuck: stuck
             .into_iter()
             .map(|r| StuckRecord {
@@ -579,6 +584,22 @@ pub fn run(spec: MountSpec, on_ready: impl FnOnce(&MountSpec)) -> Result<()> {
     let d = Daemon::start(spec)?;
     on_ready(&d.spec);
     d.wait()
+}
+
+/// The kernel lets a FUSE mount hold only 1 % of the dirty page-cache limit for its files
+/// (`max_ratio`), which throttles the writeback cache's small writes long before the fast tier
+/// is busy. The mount daemon is trusted (root): allow it a quarter. Best effort; unchanged
+/// where /sys is read-only.
+fn raise_dirty_limit(mp: &Path) {
+    let Ok(st) = rustix::fs::stat(mp) else { return };
+    let bdi = format!(
+        "/sys/class/bdi/{}:{}/max_ratio",
+        rustix::fs::major(st.st_dev),
+        rustix::fs::minor(st.st_dev)
+    );
+    if let Err(e) = std::fs::write(&bdi, "25") {
+        tracing::info!("cannot raise {bdi}: {e}");
+    }
 }
 
 /// The embedded fast tier's folder when neither `--dir` nor `--array` is given:

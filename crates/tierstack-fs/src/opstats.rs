@@ -1,0 +1,138 @@
+//! Counts and latencies of the FUSE operations the mount serves, for `status --json`
+//! (`ops`): the next slow path is found by measuring, not guessing.
+
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+/// The operations measured, in the order `status` lists them.
+pub const OPS: &[&str] = &[
+    "lookup",
+    "getattr",
+    "setattr",
+    "readlink",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "symlink",
+    "rename",
+    "link",
+    "open",
+    "read",
+    "write",
+    "flush",
+    "release",
+    "fsync",
+    "opendir",
+    "readdir",
+    "fsyncdir",
+    "statfs",
+    "create",
+    "setxattr",
+    "getxattr",
+    "listxattr",
+    "removexattr",
+];
+
+/// Latencies (microseconds, 3 significant digits up to 100 s) of each operation.
+pub struct OpStats {
+    /// One per operation of [`OPS`] (None only if hdrhistogram refused the bounds).
+    hists: Vec<Option<Mutex<Histogram<u64>>>>,
+}
+
+/// One operation's figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpFigures {
+    pub op: String,
+    pub count: u64,
+    pub mean_us: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+}
+
+/// Records the time from its creation to its drop under one operation.
+pub struct Timer<'a> {
+    stats: &'a OpStats,
+    idx: usize,
+    t0: Instant,
+}
+
+impl Drop for Timer<'_> {
+    fn drop(&mut self) {
+        let us = self.t0.elapsed().as_micros().min(100_000_000) as u64;
+        if let Some(Some(h)) = self.stats.hists.get(self.idx) {
+            h.lock().saturating_record(us.max(1));
+        }
+    }
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        OpStats {
+            hists: OPS
+                .iter()
+                .map(|_| {
+                    Histogram::new_with_bounds(1, 100_000_000, 3)
+                        .ok()
+                        .map(Mutex::new)
+                })
+                .collect(),
+        }
+    }
+}
+
+impl OpStats {
+    /// Starts timing operation `op` (one of [`OPS`]); recorded when the timer drops.
+    pub fn time(&self, op: &'static str) -> Timer<'_> {
+        Timer {
+            stats: self,
+            idx: OPS.iter().position(|o| *o == op).unwrap_or(usize::MAX),
+            t0: Instant::now(),
+        }
+    }
+
+    /// The figures of every operation served at least once.
+    pub fn figures(&self) -> Vec<OpFigures> {
+        OPS.iter()
+            .zip(&self.hists)
+            .filter_map(|(op, h)| {
+                let h = h.as_ref()?.lock();
+                (!h.is_empty()).then(|| OpFigures {
+                    op: op.to_string(),
+                    count: h.len(),
+                    mean_us: h.mean(),
+                    p50_us: h.value_at_quantile(0.5),
+                    p99_us: h.value_at_quantile(0.99),
+                    max_us: h.max(),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_per_operation() {
+        let s = OpStats::default();
+        for _ in 0..10 {
+            let _t = s.time("lookup");
+        }
+        {
+            let _t = s.time("write");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let f = s.figures();
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[0].op, "lookup");
+        assert_eq!(f[0].count, 10);
+        assert_eq!(f[1].op, "write");
+        assert!(f[1].p50_us >= 2000, "{:?}", f[1]);
+    }
+}
