@@ -1,4 +1,5 @@
-//! Typed errors of the array layer.
+//! Typed errors of the array layer. This module depends on nothing else in the crate: `layout`
+//! and `format` depend on it (`format` -> `layout` -> `error`), never the other way round.
 
 use std::path::PathBuf;
 
@@ -16,7 +17,7 @@ pub enum ArrayError {
         source: std::io::Error,
     },
     #[error("on-disk format: {0}")]
-    Format(#[from] crate::format::FormatError),
+    Format(#[from] FormatError),
     #[error("no space left on the array ({0}); delete objects or create a larger array")]
     NoSpace(String),
     #[error("value of {0} bytes exceeds the maximum page of {1} bytes")]
@@ -29,6 +30,21 @@ pub enum ArrayError {
     Redundancy(String),
     #[error("descriptor {path}: {msg}")]
     Descriptor { path: PathBuf, msg: String },
+}
+
+/// A malformed on-disk structure, as the decoders of `format` report it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FormatError {
+    #[error("bad magic")]
+    Magic,
+    #[error("unsupported format version {0}")]
+    Version(u32),
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("truncated structure")]
+    Truncated,
+    #[error("invalid field: {0}")]
+    Field(&'static str),
 }
 
 pub type Result<T, E = ArrayError> = std::result::Result<T, E>;

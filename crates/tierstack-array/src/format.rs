@@ -2,6 +2,12 @@
 //! All integers are little-endian; every structure carries a crc32c. Decoders never panic on
 //! any input (they are fuzzed: see fuzz/).
 
+use crate::layout::{Level, BLOCK, MAX_DRIVES, MAX_VALUE};
+
+// Defined with the other errors (so that `error` depends on nothing else in the crate);
+// re-exported here, where the decoders return it.
+pub use crate::error::FormatError;
+
 /// Size of one superblock copy; two copies are kept at offsets 0 and SB_SIZE.
 pub const SB_SIZE: usize = 4096;
 pub const SB_MAGIC: &[u8; 8] = b"TSARRAY\x01";
@@ -14,20 +20,6 @@ pub const ENTRY_SIZE: usize = 40;
 pub const ENTRY_TOMBSTONE: u32 = 1;
 /// Footer flag: this segment was freed by the cleaner; ignore all of its stripes.
 pub const FOOTER_FREE: u32 = 1;
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum FormatError {
-    #[error("bad magic")]
-    Magic,
-    #[error("unsupported format version {0}")]
-    Version(u32),
-    #[error("checksum mismatch")]
-    Checksum,
-    #[error("truncated structure")]
-    Truncated,
-    #[error("invalid field: {0}")]
-    Field(&'static str),
-}
 
 /// State of one drive as recorded in the superblocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -183,13 +175,13 @@ impl Superblock {
         let rows = r.u64()?;
         let generation = r.u64()?;
         let created = r.u64()?;
-        if ndrives == 0 || ndrives as usize > crate::layout::MAX_DRIVES {
+        if ndrives == 0 || ndrives as usize > MAX_DRIVES {
             return Err(FormatError::Field("ndrives"));
         }
         if drive_index >= ndrives {
             return Err(FormatError::Field("drive_index"));
         }
-        if crate::layout::Level::from_number(level).is_none() {
+        if Level::from_number(level).is_none() {
             return Err(FormatError::Field("level"));
         }
         if !chunk.is_power_of_two() || !(4096..=(1 << 20)).contains(&chunk) {
@@ -348,10 +340,8 @@ pub fn decode_summary(tail: &[u8], max_blocks: u32) -> Result<(Footer, Vec<Entry
     for c in ents.chunks_exact(ENTRY_SIZE) {
         let e = Entry::decode(c)?;
         if !e.is_tombstone() {
-            let blocks = (e.len as u64).div_ceil(crate::layout::BLOCK as u64);
-            if e.len as usize > crate::layout::MAX_VALUE
-                || e.block as u64 + blocks > max_blocks as u64
-            {
+            let blocks = (e.len as u64).div_ceil(BLOCK as u64);
+            if e.len as usize > MAX_VALUE || e.block as u64 + blocks > max_blocks as u64 {
                 return Err(FormatError::Field("entry range"));
             }
         }

@@ -1,0 +1,352 @@
+//! The log-structured array: drives, superblocks, the append log of full stripes, the index,
+//! recovery, the cleaner, degraded reads, repair, rebuild and scrub.
+//!
+//! Lock order (never taken in the other direction): `writer` -> `index` -> `drives`.
+//! Readers take `index` (read) for the whole of a disk read, so the cleaner, which moves
+//! records under `index` (write) before it frees their segment, never frees data in use.
+//!
+//! This module holds the [`Array`] handle, its shared state (drives, index, writer, counters)
+//! and small helpers; the work is split by job:
+//!
+//! * `assemble`: preparing and locking drives, reading superblocks, `create` and `open`;
+//! * `recover`: rebuilding the index from the stripe summaries, torn stripes;
+//! * `read`: normal and degraded reads, reconstruction, repair on read, index queries;
+//! * `write`: the open stripe, sealing full stripes into the log, flush, segment allocation;
+//! * `clean`: the cleaner;
+//! * `rebuild`: failing and replacing drives, rebuild;
+//! * `scrub`: scrub and repair;
+//! * `status`: what `array show` prints, counters;
+//! * `stripe_io`: whole-stripe I/O to the drives, sync, superblocks.
+
+mod assemble;
+mod clean;
+mod read;
+mod rebuild;
+mod recover;
+mod scrub;
+mod status;
+mod stripe_io;
+mod write;
+
+pub use assemble::{prepare_drive, read_superblock_path};
+pub use scrub::ScrubReport;
+pub use status::{ArrayStatus, DriveStatus};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::error::{ArrayError, Result};
+use crate::format::{DriveState, Entry};
+use crate::image::StripeImage;
+use crate::io::{DriveFile, EngineKind, IoEngine};
+use crate::layout::{Geometry, Level, BLOCK, MAX_VALUE};
+
+/// Stripes written concurrently by background writers (the log's queue depth).
+const MAX_INFLIGHT: usize = 4;
+
+/// A key: object id and page number.
+pub type Key = (u64, u64);
+
+/// How to build and open an array.
+#[derive(Debug, Clone)]
+pub struct ArrayOptions {
+    pub engine: EngineKind,
+    pub queue_depth: u32,
+    /// Try O_DIRECT on every drive (falls back to buffered where the file system refuses).
+    pub direct: bool,
+    /// How long to wait for another owner to release the array's drives. A process killed
+    /// with I/O in flight keeps its drives locked until the kernel has completed that I/O.
+    pub lock_wait: Duration,
+}
+
+impl Default for ArrayOptions {
+    fn default() -> Self {
+        ArrayOptions {
+            engine: EngineKind::Uring,
+            queue_depth: 64,
+            direct: true,
+            lock_wait: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Parameters of `Array::create`.
+#[derive(Debug, Clone)]
+pub struct CreateParams {
+    pub level: Level,
+    pub chunk: usize,
+    pub groups: Option<usize>,
+    /// Size to create or grow file drives to; None uses the drives' current size.
+    pub size: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub struct DriveCounters {
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub csum_errors: AtomicU64,
+}
+
+struct Drive {
+    path: PathBuf,
+    file: Option<DriveFile>,
+    state: DriveState,
+    counters: Arc<DriveCounters>,
+}
+
+impl Drive {
+    fn readable(&self) -> bool {
+        self.state == DriveState::Online && self.file.is_some()
+    }
+    fn writable(&self) -> bool {
+        self.state != DriveState::Failed && self.file.is_some()
+    }
+}
+
+struct Drives {
+    list: Vec<Drive>,
+    generation: u64,
+    created: u64,
+    /// Rows of the rebuilding drive(s) done, for progress.
+    rebuild_done: u64,
+    rebuild_total: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SegState {
+    Free,
+    Open,
+    Sealed,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SegInfo {
+    state: SegState,
+    seq: u64,
+    stripes: u32,
+    live_blocks: u64,
+    live_recs: u64,
+}
+
+impl SegInfo {
+    fn add_live(&mut self, len: u32, sign: i64) {
+        let b = blocks_of(len as usize) as u64;
+        if sign > 0 {
+            self.live_blocks += b;
+            self.live_recs += 1;
+        } else {
+            self.live_blocks = self.live_blocks.saturating_sub(b);
+            self.live_recs = self.live_recs.saturating_sub(1);
+        }
+    }
+}
+
+/// Who is asking for log space: user writes leave the reserve to deletes and the cleaner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    User,
+    Delete,
+    Cleaner,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    seg: u32,
+    stripe: u32,
+    block: u32,
+    len: u32,
+    crc: u32,
+    version: u64,
+    pending: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tomb {
+    version: u64,
+    seg: u32,
+}
+
+struct Index {
+    map: HashMap<Key, Loc>,
+    tombs: HashMap<Key, Tomb>,
+    segs: Vec<SegInfo>,
+}
+
+/// For each key, the newest summary entry found on the drives and where: (entry, seg, stripe).
+type Newest = HashMap<Key, (Entry, u32, u32)>;
+
+impl Index {
+    /// Enters the newest entry of each key: a value into the map, a deletion into the tombs.
+    fn install(&mut self, best: Newest) {
+        for (k, (e, seg, s)) in best {
+            if e.is_tombstone() {
+                self.tombs.insert(
+                    k,
+                    Tomb {
+                        version: e.version,
+                        seg,
+                    },
+                );
+            } else {
+                self.segs[seg as usize].add_live(e.len, 1);
+                self.map.insert(
+                    k,
+                    Loc {
+                        seg,
+                        stripe: s,
+                        block: e.block,
+                        len: e.len,
+                        crc: e.crc,
+                        version: e.version,
+                        pending: false,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// A sealed stripe being written by a background thread while the next one fills.
+struct InFlight {
+    /// Computes the parity, writes the stripe and hands the image back for reuse.
+    handle: std::thread::JoinHandle<(Result<()>, StripeImage)>,
+    seg: u32,
+    stripe: u32,
+    entries: Vec<Entry>,
+}
+
+struct Writer {
+    seg: Option<u32>,
+    stripe: u32,
+    image: StripeImage,
+    spare: Vec<StripeImage>,
+    /// Sealed stripes being written, oldest first (at most [`MAX_INFLIGHT`]).
+    inflight: std::collections::VecDeque<InFlight>,
+    used_blocks: u32,
+    entries: Vec<Entry>,
+    dirty: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    user_bytes: AtomicU64,
+    cleaner_bytes: AtomicU64,
+    drive_bytes_written: AtomicU64,
+    stripes_written: AtomicU64,
+    pad_blocks: AtomicU64,
+    repaired: AtomicU64,
+    segments_cleaned: AtomicU64,
+}
+
+struct Inner {
+    geo: Geometry,
+    uuid: [u8; 16],
+    engine: Box<dyn IoEngine>,
+    drives: RwLock<Drives>,
+    writer: Mutex<Writer>,
+    index: RwLock<Index>,
+    seq: AtomicU64,
+    counters: Counters,
+    reserve: u64,
+    rebuilding: AtomicBool,
+}
+
+/// A handle to an open array. Cheap to clone; safe to share between threads.
+#[derive(Clone)]
+pub struct Array {
+    inner: Arc<Inner>,
+    /// Counts user handles (background stripe writers hold `inner` only).
+    handles: Arc<()>,
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn blocks_of(len: usize) -> u32 {
+    len.div_ceil(BLOCK) as u32
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> ArrayError {
+    ArrayError::Drive {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    }
+}
+
+fn check_tolerance(geo: &Geometry, list: &[Drive]) -> Result<()> {
+    for g in 0..geo.groups {
+        let lost = (0..geo.group_size)
+            .filter(|u| list[g * geo.group_size + u].state != DriveState::Online)
+            .count();
+        if lost > geo.m {
+            return Err(ArrayError::Redundancy(format!(
+                "group {g} has {lost} drives missing or failed and RAID {} tolerates {} per group",
+                geo.level, geo.m
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Array {
+    pub fn geometry(&self) -> &Geometry {
+        &self.inner.geo
+    }
+
+    pub fn uuid(&self) -> [u8; 16] {
+        self.inner.uuid
+    }
+
+    pub fn engine_name(&self) -> &'static str {
+        self.inner.engine.name()
+    }
+
+    /// Paths of the drives in index order.
+    pub fn drive_paths(&self) -> Vec<PathBuf> {
+        self.inner
+            .drives
+            .read()
+            .list
+            .iter()
+            .map(|d| d.path.clone())
+            .collect()
+    }
+
+    /// Largest value one key can hold.
+    pub fn max_value(&self) -> usize {
+        MAX_VALUE
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.inner.seq.fetch_add(1, Relaxed)
+    }
+}
+
+impl Drop for Array {
+    fn drop(&mut self) {
+        // The last handle flushes what was written; errors here cannot be reported.
+        if Arc::strong_count(&self.handles) == 1 {
+            let _ = self.flush();
+        }
+    }
+}

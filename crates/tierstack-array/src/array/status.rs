@@ -1,0 +1,139 @@
+//! Status: what `array show` prints, and the array's counters.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::format::DriveState;
+use crate::layout::BLOCK;
+
+use super::{check_tolerance, hex, Array, SegState, MAX_INFLIGHT};
+
+/// Per-drive line of [`ArrayStatus`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DriveStatus {
+    pub index: usize,
+    pub path: String,
+    pub state: DriveState,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub checksum_errors: u64,
+}
+
+/// What `array show` prints.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ArrayStatus {
+    pub uuid: String,
+    pub level: u32,
+    pub chunk: usize,
+    pub groups: usize,
+    pub group_size: usize,
+    pub drives_total: usize,
+    /// online | degraded | rebuilding | failed
+    pub state: String,
+    pub rebuild_percent: Option<f64>,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub objects: u64,
+    pub segments: u64,
+    pub free_segments: u64,
+    pub stripe_bytes: usize,
+    pub write_amplification: f64,
+    pub repaired: u64,
+    pub engine: String,
+    pub direct_io: bool,
+    pub generation: u64,
+    pub drives: Vec<DriveStatus>,
+}
+
+impl Array {
+    /// DRAM the array holds for stripe images at most: the open stripe and the stripes being
+    /// written, every drive's share with its redundancy.
+    pub fn buffer_bytes(&self) -> u64 {
+        let geo = &self.inner.geo;
+        ((MAX_INFLIGHT + 1) * geo.ndrives * geo.stripe_drive_bytes()) as u64
+    }
+
+    pub fn status(&self) -> ArrayStatus {
+        let geo = &self.inner.geo;
+        let drives = self.inner.drives.read();
+        let idx = self.inner.index.read();
+        let seg_bytes = geo.seg_stripes * geo.stripe_data() as u64;
+        let capacity = (geo.nsegs - self.inner.reserve) * seg_bytes;
+        let used: u64 = idx.map.values().map(|l| l.len as u64).sum();
+        let free_segments = idx
+            .segs
+            .iter()
+            .filter(|s| s.state == SegState::Free)
+            .count() as u64;
+        let live_blocks: u64 = idx.segs.iter().map(|s| s.live_blocks).sum();
+        let failed = drives
+            .list
+            .iter()
+            .filter(|d| d.state == DriveState::Failed)
+            .count();
+        let rebuilding = drives
+            .list
+            .iter()
+            .any(|d| d.state == DriveState::Rebuilding);
+        let state = if check_tolerance(geo, &drives.list).is_err() {
+            "failed"
+        } else if rebuilding {
+            "rebuilding"
+        } else if failed > 0 {
+            "degraded"
+        } else {
+            "online"
+        };
+        let c = &self.inner.counters;
+        let user = c.user_bytes.load(Relaxed);
+        let wa = if user == 0 {
+            1.0
+        } else {
+            (user + c.cleaner_bytes.load(Relaxed)) as f64 / user as f64
+        };
+        ArrayStatus {
+            uuid: hex(&self.inner.uuid),
+            level: geo.level.number(),
+            chunk: geo.chunk,
+            groups: geo.groups,
+            group_size: geo.group_size,
+            drives_total: geo.ndrives,
+            state: state.into(),
+            rebuild_percent: (rebuilding && drives.rebuild_total > 0)
+                .then(|| 100.0 * drives.rebuild_done as f64 / drives.rebuild_total as f64),
+            capacity_bytes: capacity,
+            used_bytes: used,
+            free_bytes: capacity.saturating_sub(live_blocks * BLOCK as u64),
+            objects: idx.map.len() as u64,
+            segments: geo.nsegs,
+            free_segments,
+            stripe_bytes: geo.stripe_data(),
+            write_amplification: wa,
+            repaired: c.repaired.load(Relaxed),
+            engine: self.inner.engine.name().into(),
+            direct_io: drives
+                .list
+                .iter()
+                .any(|d| d.file.as_ref().is_some_and(|f| f.direct)),
+            generation: drives.generation,
+            drives: drives
+                .list
+                .iter()
+                .enumerate()
+                .map(|(i, d)| DriveStatus {
+                    index: i,
+                    path: d.path.display().to_string(),
+                    state: d.state,
+                    read_errors: d.counters.read_errors.load(Relaxed),
+                    write_errors: d.counters.write_errors.load(Relaxed),
+                    checksum_errors: d.counters.csum_errors.load(Relaxed),
+                })
+                .collect(),
+        }
+    }
+
+    /// Bytes written to drives (data, parity and padding) since open.
+    pub fn drive_bytes_written(&self) -> u64 {
+        self.inner.counters.drive_bytes_written.load(Relaxed)
+    }
+}
