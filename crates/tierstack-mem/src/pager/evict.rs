@@ -1,0 +1,317 @@
+//! Eviction: the evictor thread keeps resident bytes under the high watermark, taking
+//! victims in clock (FIFO) order; clean pages are dropped, dirty ones write-protected, written
+//! to the store and released, each batch with one `MADV_DONTNEED` per run of adjacent pages
+//! (one `process_madvise` call for all of them where the kernel has it).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::region::{PageState, RegionCore};
+use super::Inner;
+
+/// Victims taken from the clock at a time.
+const EVICT_BATCH: usize = 64;
+
+impl Inner {
+    /// Makes room for `pages` more resident pages: wakes the evictor past the high watermark,
+    /// and evicts here when the budget itself would be passed.
+    pub(super) fn make_room(&self, pages: u64) {
+        let want = self.resident.load(Relaxed) + pages * self.page as u64;
+        if want > self.high {
+            *self.kick.lock() = true;
+            self.kick_cv.notify_one();
+        }
+        if want > self.budget {
+            self.counters.sync_evictions.fetch_add(1, Relaxed);
+            let target = self.budget.saturating_sub(pages * self.page as u64);
+            self.evict_to(target.min(self.low));
+        }
+    }
+
+    pub(super) fn evictor(&self) {
+        while !self.stop.load(Relaxed) {
+            {
+                let mut k = self.kick.lock();
+                if !*k {
+                    self.kick_cv.wait_for(&mut k, Duration::from_millis(20));
+                }
+                *k = false;
+            }
+            if self.resident.load(Relaxed) > self.high {
+                self.evict_to(self.low);
+            }
+        }
+    }
+
+    /// Evicts in clock order until resident bytes are at most `target` (or nothing is left to
+    /// evict).
+    fn evict_to(&self, target: u64) {
+        let page = self.page;
+        while self.resident.load(Relaxed) > target {
+            let mut batch: Vec<(Arc<RegionCore>, u32)> = Vec::new();
+            {
+                let mut clock = self.clock.lock();
+                let need = (self.resident.load(Relaxed) - target).div_ceil(page as u64) as usize;
+                while batch.len() < need.min(EVICT_BATCH) {
+                    let Some((w, i)) = clock.pop_front() else {
+                        break;
+                    };
+                    if let Some(c) = w.upgrade() {
+                        batch.push((c, i));
+                    }
+                }
+            }
+            if batch.is_empty() {
+                return;
+            }
+            // Group by region, pages in order (for runs of adjacent pages).
+            batch.sort_by_key(|(c, i)| (c.base, *i));
+            let mut start = 0;
+            while start < batch.len() {
+                let mut end = start + 1;
+                while end < batch.len() && Arc::ptr_eq(&batch[end].0, &batch[start].0) {
+                    end += 1;
+                }
+                let core = batch[start].0.clone();
+                let idxs: Vec<usize> = batch[start..end].iter().map(|(_, i)| *i as usize).collect();
+                self.evict_pages(&core, &idxs);
+                start = end;
+            }
+        }
+    }
+
+    fn evict_pages(&self, core: &Arc<RegionCore>, idxs: &[usize]) {
+        let page = self.page;
+        // Phase 1, under the lock: choose, and write-protect the dirty ones.
+        let mut clean = Vec::new();
+        let mut dirty = Vec::new();
+        {
+            let mut st = core.st.lock();
+            if st.dead {
+                return;
+            }
+            core.inflight.fetch_add(1, AcqRel);
+            let mut cand = Vec::new();
+            for &i in idxs {
+                st.queued[i] = false;
+                if st.pages[i] != PageState::Resident {
+                    continue;
+                }
+                if !st.dirty[i] {
+                    st.pages[i] = PageState::Evicting;
+                    clean.push(i);
+                } else {
+                    cand.push(i);
+                }
+            }
+            // Dirty victims are write-protected one run of adjacent pages at a time: one
+            // ioctl (and one TLB shootdown) per run, not per page.
+            for (a, n) in runs(&cand) {
+                let pa = core.base + a * page;
+                if self.uffd.write_protect(pa, n * page).is_ok() {
+                    for i in a..a + n {
+                        st.pages[i] = PageState::Evicting;
+                        dirty.push(i);
+                    }
+                } else {
+                    // Cannot stop writers: keep them.
+                    for i in a..a + n {
+                        st.queued[i] = true;
+                        self.clock
+                            .lock()
+                            .push_back((Arc::downgrade(core), i as u32));
+                    }
+                }
+            }
+        }
+        /// Ends the eviction's hold on the mapping, however the function returns.
+        struct Hold<'a>(&'a AtomicU64);
+        impl Drop for Hold<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, AcqRel);
+            }
+        }
+        let _hold = Hold(&core.inflight);
+        // Phase 2, no lock: write the dirty pages out (writers wait on the protection).
+        let mut written = Vec::with_capacity(dirty.len());
+        for &i in &dirty {
+            let pa = core.base + i * page;
+            // SAFETY: the page is resident and write-protected (state Evicting): no one
+            // writes it and the mapping stays until the region's drop, which marks the state
+            // dead first (checked below before the result is used).
+            let bytes = unsafe { std::slice::from_raw_parts(pa as *const u8, page) };
+            if bytes.iter().all(|&b| b == 0) {
+                let _ = self.store.remove((core.obj, i as u64));
+                written.push((i, Some(PageState::Zero)));
+            } else {
+                match self.store.put((core.obj, i as u64), bytes) {
+                    Ok(()) => {
+                        self.counters.bytes_out.fetch_add(page as u64, Relaxed);
+                        written.push((i, Some(PageState::Stored)));
+                    }
+                    Err(e) => {
+                        self.fail(format!(
+                            "cannot write a page out ({e}); it stays in DRAM over the budget"
+                        ));
+                        written.push((i, None));
+                    }
+                }
+            }
+        }
+        // Phase 3: the pages leave the mapping in one batched call, outside the lock (they
+        // stay `Evicting` meanwhile: a fault on one waits for the wake-up below); then the
+        // final states under the lock.
+        let mut gone: Vec<usize> = Vec::with_capacity(idxs.len());
+        {
+            let mut st = core.st.lock();
+            if st.dead {
+                for &(i, s) in &written {
+                    if s == Some(PageState::Stored) {
+                        let _ = self.store.remove((core.obj, i as u64));
+                    }
+                }
+                return;
+            }
+            if !clean.is_empty() {
+                let h = core.write_heat.load(Relaxed);
+                core.write_heat
+                    .store(h.saturating_sub(clean.len() as u32), Relaxed);
+            }
+            gone.extend_from_slice(&clean);
+            for &(i, s) in &written {
+                if s.is_some() {
+                    gone.push(i);
+                } else {
+                    st.pages[i] = PageState::Resident;
+                    st.queued[i] = true;
+                    self.clock
+                        .lock()
+                        .push_back((Arc::downgrade(core), i as u32));
+                }
+            }
+        }
+        gone.sort_unstable();
+        let ranges: Vec<(usize, usize)> = runs(&gone)
+            .into_iter()
+            .map(|(a, n)| (core.base + a * page, n * page))
+            .collect();
+        self.zapper.zap(&ranges);
+        self.counters.madvise_calls.fetch_add(1, Relaxed);
+        {
+            let mut st = core.st.lock();
+            if st.dead {
+                return;
+            }
+            for &i in &clean {
+                st.pages[i] = st.backed[i];
+                self.counters.clean_drops.fetch_add(1, Relaxed);
+            }
+            for &(i, s) in &written {
+                if let Some(s) = s {
+                    if s == PageState::Zero {
+                        self.counters.zero_evictions.fetch_add(1, Relaxed);
+                    }
+                    st.pages[i] = s;
+                }
+            }
+            st.resident -= gone.len() as u64 * page as u64;
+            self.resident
+                .fetch_sub(gone.len() as u64 * page as u64, Relaxed);
+            self.counters
+                .evictions
+                .fetch_add(gone.len() as u64, Relaxed);
+        }
+        // Writers blocked on the protection retry and fault the page back in.
+        for &(a, n) in &ranges {
+            let _ = self.uffd.wake(a, n);
+        }
+    }
+}
+
+/// Drops pages of this process's own mappings (`MADV_DONTNEED`).
+pub(super) struct Zapper {
+    /// A pidfd of this process for `process_madvise`, whose vector of ranges costs one TLB
+    /// flush in all (one `madvise` per scattered page costs one flush, an IPI to every CPU
+    /// running the program, each: 15 us a page measured here); None where the kernel has no
+    /// `process_madvise(MADV_DONTNEED)` (before 5.10, or refused).
+    pidfd: Option<std::os::fd::OwnedFd>,
+    vectored: AtomicBool,
+}
+
+impl Zapper {
+    pub(super) fn new() -> Zapper {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+        let pidfd = (fd >= 0).then(|| {
+            use std::os::fd::FromRawFd;
+            // SAFETY: `fd` is a descriptor we just opened and own.
+            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
+        });
+        Zapper {
+            vectored: AtomicBool::new(pidfd.is_some()),
+            pidfd,
+        }
+    }
+
+    /// Drops `(address, length)` ranges of our mappings; their contents must be saved.
+    fn zap(&self, ranges: &[(usize, usize)]) {
+        const IOV_MAX: usize = 1024;
+        if let (Some(fd), true) = (&self.pidfd, self.vectored.load(Relaxed)) {
+            use std::os::fd::AsRawFd;
+            let mut ok = true;
+            for chunk in ranges.chunks(IOV_MAX) {
+                let iov: Vec<libc::iovec> = chunk
+                    .iter()
+                    .map(|&(a, n)| libc::iovec {
+                        iov_base: a as *mut _,
+                        iov_len: n,
+                    })
+                    .collect();
+                let want: usize = chunk.iter().map(|&(_, n)| n).sum();
+                // SAFETY: process_madvise reads `iov.len()` iovecs describing ranges of our
+                // own mappings, whose contents the caller saved; it changes no memory of ours
+                // other than dropping those pages.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_process_madvise,
+                        fd.as_raw_fd(),
+                        iov.as_ptr(),
+                        iov.len(),
+                        libc::MADV_DONTNEED,
+                        0,
+                    )
+                };
+                if r < 0 || r as usize != want {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                return;
+            }
+            // Not supported here (or partly done): per-range madvise is idempotent.
+            self.vectored.store(false, Relaxed);
+        }
+        for &(a, n) in ranges {
+            // SAFETY: the range lies in one of our mappings and its contents were saved.
+            let _ =
+                unsafe { rustix::mm::madvise(a as *mut _, n, rustix::mm::Advice::LinuxDontNeed) };
+        }
+    }
+}
+
+/// Runs of adjacent numbers in a sorted list: (first, count).
+fn runs(v: &[usize]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i + 1;
+        while j < v.len() && v[j] == v[j - 1] + 1 {
+            j += 1;
+        }
+        out.push((v[i], j - i));
+        i = j;
+    }
+    out
+}

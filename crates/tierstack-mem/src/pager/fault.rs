@@ -1,0 +1,348 @@
+//! Fault handling: the fault-thread loop, routing of faults to the fault thread on the
+//! faulting thread's CPU (mailboxes, stealing of untaken mail), missing faults (zero fills and
+//! store reads) and write-protect faults (first writes of tracked-clean pages).
+
+use std::collections::VecDeque;
+use std::os::fd::AsFd;
+use std::sync::atomic::{
+    AtomicBool, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::uffd::{Event, FaultKind};
+use parking_lot::Mutex;
+
+use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX};
+use super::{fatal, Inner};
+
+/// A page fault to serve (read from the userfaultfd, or handed over by another thread).
+#[derive(Clone, Copy)]
+struct Fault {
+    kind: FaultKind,
+    addr: usize,
+    write: bool,
+}
+
+/// Faults handed to one fault thread: those of program threads on its CPU.
+#[derive(Default)]
+pub(super) struct Mailbox {
+    queue: Mutex<VecDeque<(Fault, Instant)>>,
+    len: std::sync::atomic::AtomicUsize,
+    /// The owner polls (rather than sleeps): only then is mail handed to it.
+    spinning: AtomicBool,
+    /// The owner waits for a store read: mail would wait for it, so none is handed to it.
+    busy: AtomicBool,
+}
+
+/// Mail another fault thread has not taken for this long is served by whoever sees it (the
+/// owner's CPU may be busy with another thread); a fault served across CPUs costs ~10 us
+/// more here, so waiting longer than that for the owner does not pay.
+const STEAL_AFTER: Duration = Duration::from_micros(15);
+
+impl Inner {
+    /// Fault thread loop (thread `me`). For 2 ms after each fault the thread polls without
+    /// sleeping, yielding its CPU to any other runnable thread between polls (a sleeping
+    /// thread costs a cross-CPU wake-up per fault, 60-90 us here; yielding keeps a program
+    /// thread that shares the CPU from waiting on the spin); then it sleeps in poll. Each
+    /// fault read goes to the fault thread of the faulting thread's CPU when that is known
+    /// and the thread polls; mail left untaken for [`STEAL_AFTER`] is served by any thread.
+    pub(super) fn serve(&self, me: usize) {
+        let mut last_fault = Instant::now();
+        self.mail[me].spinning.store(true, Release);
+        while !self.stop.load(Relaxed) {
+            if self.take_mail(me, STEAL_AFTER) {
+                last_fault = Instant::now();
+                continue;
+            }
+            if last_fault.elapsed() < Duration::from_millis(2) {
+                if !self.pending(0) {
+                    std::thread::yield_now();
+                    continue;
+                }
+            } else {
+                // Going to sleep: no more mail for this thread; whatever came meanwhile is
+                // served before (so nothing waits on a sleeping owner).
+                self.mail[me].spinning.store(false, Release);
+                if self.take_mail(me, Duration::ZERO) {
+                    self.mail[me].spinning.store(true, Release);
+                    last_fault = Instant::now();
+                    continue;
+                }
+                let ready = self.pending(100_000_000);
+                self.mail[me].spinning.store(true, Release);
+                if !ready {
+                    continue;
+                }
+            }
+            match self.uffd.read_event() {
+                Ok(Some(ev)) => {
+                    self.route(me, ev);
+                    last_fault = Instant::now();
+                }
+                Ok(None) => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        // Never leave a handed fault behind: its thread would sleep in it for good.
+        self.mail[me].spinning.store(false, Release);
+        self.take_mail(me, Duration::ZERO);
+    }
+
+    /// Serves the mail of thread `me`, and that of other threads waiting for at least
+    /// `steal_after`. Returns whether it served any.
+    fn take_mail(&self, me: usize, steal_after: Duration) -> bool {
+        let mut served = false;
+        for (j, m) in self.mail.iter().enumerate() {
+            if m.len.load(Acquire) == 0 {
+                continue;
+            }
+            let limit = if j == me { Duration::ZERO } else { steal_after };
+            loop {
+                let next = {
+                    let mut q = m.queue.lock();
+                    match q.front() {
+                        Some((_, at)) if at.elapsed() >= limit => {
+                            m.len.fetch_sub(1, AcqRel);
+                            q.pop_front().map(|(f, _)| f)
+                        }
+                        _ => None,
+                    }
+                };
+                let Some(f) = next else { break };
+                if j != me {
+                    self.counters.stolen.fetch_add(1, Relaxed);
+                }
+                self.fault(me, f);
+                served = true;
+            }
+        }
+        served
+    }
+
+    /// Whether a fault waits on the descriptor, waiting up to `timeout_ns` (below 1 s). A
+    /// zero timeout checks without taking the descriptor's wait-queue lock (a `read` takes
+    /// it, and the faulting thread needs it to queue its fault).
+    fn pending(&self, timeout_ns: i64) -> bool {
+        let fd = self.uffd.as_fd();
+        let mut pfd = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let ts = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: timeout_ns,
+        };
+        rustix::event::poll(&mut pfd, Some(&ts)).unwrap_or(0) > 0
+    }
+
+    /// Serves a fault read by thread `me`, or hands it to the fault thread on the faulting
+    /// thread's CPU.
+    fn route(&self, me: usize, ev: Event) {
+        // Fork, remap, remove and unmap events are not requested; only page faults come.
+        let Event::Pagefault {
+            kind,
+            addr,
+            write,
+            tid,
+        } = ev
+        else {
+            return;
+        };
+        let f = Fault { kind, addr, write };
+        let owner =
+            crate::cpu::cpu_of(tid).and_then(|c| self.thread_on_cpu.get(c).copied().flatten());
+        if let Some(j) = owner {
+            let m = &self.mail[j];
+            if j != me && m.spinning.load(Acquire) && !m.busy.load(Acquire) {
+                {
+                    // The count moves with the queue, under its lock.
+                    let mut q = m.queue.lock();
+                    q.push_back((f, Instant::now()));
+                    m.len.fetch_add(1, AcqRel);
+                }
+                self.counters.handed_over.fetch_add(1, Relaxed);
+                return;
+            }
+        }
+        self.fault(me, f);
+    }
+
+    fn fault(&self, me: usize, f: Fault) {
+        let Fault { kind, addr, write } = f;
+        let Some(core) = self.region_of(addr) else {
+            // Unmapped meanwhile: nothing to serve; never leave a thread asleep.
+            let pa = addr & !4095;
+            let _ = self.uffd.wake(pa, 4096);
+            return;
+        };
+        match kind {
+            FaultKind::Missing => self.on_missing(&core, addr, write, &self.mail[me].busy),
+            FaultKind::WriteProtected => self.on_wp(&core, addr),
+            // Not registered for minor faults.
+            FaultKind::Minor => {}
+        }
+    }
+
+    pub(super) fn charge(&self, bytes: u64) {
+        let now = self.resident.fetch_add(bytes, Relaxed) + bytes;
+        self.counters.peak_resident.fetch_max(now, Relaxed);
+    }
+
+    /// Reads a page from the store; None when its region was unmapped meanwhile (its pages
+    /// left the store). Any other failure stops the program: it must not see wrong data.
+    pub(super) fn read_page(&self, core: &RegionCore, idx: usize) -> Option<Vec<u8>> {
+        let r = self.store.get_uncached((core.obj, idx as u64));
+        if !matches!(r, Ok(Some(_))) && core.st.lock().dead {
+            return None;
+        }
+        match r {
+            Ok(Some(mut v)) => {
+                v.resize(self.page, 0);
+                Some(v)
+            }
+            Ok(None) => fatal(&format!(
+                "page {idx} of region {} is missing from the store",
+                core.obj
+            )),
+            Err(e) => fatal(&format!(
+                "cannot read page {idx} of region {} from the store: {e}",
+                core.obj
+            )),
+        }
+    }
+
+    /// Serves a missing fault; `busy` is raised while the store read is waited for.
+    fn on_missing(&self, core: &Arc<RegionCore>, addr: usize, write: bool, busy: &AtomicBool) {
+        let page = self.page;
+        let idx = (addr - core.base) / page;
+        let pa = core.base + idx * page;
+        self.counters.faults.fetch_add(1, Relaxed);
+        let entered = Instant::now();
+        self.make_room(1);
+        let mut st = core.st.lock();
+        match st.pages[idx] {
+            PageState::Resident => {
+                drop(st);
+                let _ = self.uffd.wake(pa, page);
+                return;
+            }
+            // Whoever is loading it wakes the waiters; a program that caught up with a
+            // prefetch pushes the stream's frontier further.
+            PageState::Loading => {
+                let pf = self.stream(&mut st, idx);
+                drop(st);
+                self.prefetch(core, pf);
+                return;
+            }
+            PageState::Evicting => return,
+            PageState::Zero => {
+                self.charge(page as u64);
+                // A private zero-filled page rather than the shared zero page: it can be
+                // write-protected atomically (tracked clean on a read) and a write does not
+                // take one copy-on-write fault per 4 KiB afterwards.
+                let tracked = self.place(pa, &self.zeros, !write);
+                self.counters.zero_fills.fetch_add(1, Relaxed);
+                self.mark_resident(core, &mut st, idx, PageState::Zero, !tracked);
+                let pf = self.stream(&mut st, idx);
+                drop(st);
+                let _ = self.uffd.wake(pa, page);
+                self.prefetch(core, pf);
+                return;
+            }
+            PageState::Stored => {}
+        }
+        st.pages[idx] = PageState::Loading;
+        self.charge(page as u64);
+        drop(st);
+        let t0 = Instant::now();
+        busy.store(true, Release);
+        let data = self.read_page(core, idx);
+        busy.store(false, Release);
+        let Some(data) = data else {
+            self.resident.fetch_sub(page as u64, Relaxed);
+            return;
+        };
+        let c = &self.counters;
+        c.store_reads.fetch_add(1, Relaxed);
+        c.store_read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        self.counters.bytes_in.fetch_add(page as u64, Relaxed);
+        let tracked = self.place(pa, &data, !write);
+        let mut st = core.st.lock();
+        if st.dead {
+            drop(st);
+            self.resident.fetch_sub(page as u64, Relaxed);
+            return;
+        }
+        self.mark_resident(core, &mut st, idx, PageState::Stored, !tracked);
+        let pf = self.stream(&mut st, idx);
+        drop(st);
+        // Timed up to the wake-up call: the woken thread, on this CPU, usually runs at once,
+        // so the call itself returns only when the program faults again.
+        self.counters
+            .store_fault_ns
+            .fetch_add(entered.elapsed().as_nanos() as u64, Relaxed);
+        let _ = self.uffd.wake(pa, page);
+        self.prefetch(core, pf);
+    }
+
+    /// Copies one page into place without waking, write-protected in the same step when
+    /// `protect` (so the first write is seen, even from a thread that was not waiting on this
+    /// page). Returns whether the page is write-protected (tracked clean).
+    pub(super) fn place(&self, pa: usize, data: &[u8], protect: bool) -> bool {
+        let page = self.page;
+        match self.uffd.copy(data, pa, protect) {
+            Ok(()) => protect,
+            Err(_) => {
+                // Part of the range exists already (or the region is being unmapped): copy
+                // 4 KiB at a time, ignoring what exists, and count the page dirty.
+                for off in (0..page).step_by(4096) {
+                    let _ = self.uffd.copy(&data[off..off + 4096], pa + off, false);
+                }
+                false
+            }
+        }
+    }
+
+    pub(super) fn mark_resident(
+        &self,
+        core: &Arc<RegionCore>,
+        st: &mut RState,
+        idx: usize,
+        backed: PageState,
+        dirty: bool,
+    ) {
+        st.pages[idx] = PageState::Resident;
+        st.backed[idx] = backed;
+        st.dirty[idx] = dirty;
+        st.resident += self.page as u64;
+        if !st.queued[idx] {
+            st.queued[idx] = true;
+            self.clock
+                .lock()
+                .push_back((Arc::downgrade(core), idx as u32));
+        }
+    }
+
+    fn on_wp(&self, core: &Arc<RegionCore>, addr: usize) {
+        self.counters.wp_faults.fetch_add(1, Relaxed);
+        let idx = (addr - core.base) / self.page;
+        let pa = core.base + idx * self.page;
+        let mut st = core.st.lock();
+        match st.pages[idx] {
+            PageState::Resident => {
+                st.dirty[idx] = true;
+                let h = core.write_heat.load(Relaxed);
+                core.write_heat.store((h + 2).min(WRITE_HEAT_MAX), Relaxed);
+                let _ = self.uffd.remove_write_protection(pa, self.page, true);
+            }
+            // The eviction wakes the writer once the page is gone; it then faults it back.
+            PageState::Evicting | PageState::Loading => {}
+            _ => {
+                drop(st);
+                let _ = self.uffd.wake(pa, self.page);
+            }
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The pager: one userfaultfd, fault threads, an evictor and one budget over all regions.
+//!
+//! This module holds the [`Pager`] itself (options, shared state, construction, teardown);
+//! the work is split by job:
+//!
+//! - `fault`: the fault-thread loop, routing of faults to the thread on the faulting CPU
+//!   (mailboxes), missing and write-protect faults;
+//! - `region`: [`Region`] (map, discard, unmap) and the per-region page state;
+//! - `readahead`: fault-stream detection and the prefetch threads;
+//! - `evict`: the evictor, victim selection, write-back and batched `MADV_DONTNEED`.
+
+mod evict;
+mod fault;
+mod readahead;
+mod region;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+
+use crate::uffd::Uffd;
+use parking_lot::{Condvar, Mutex, RwLock};
+use tierstack_store::{TieredStore, MAX_PAGE};
+
+use crate::{MemCounters, MemError, Result};
+
+use evict::Zapper;
+use fault::Mailbox;
+use readahead::{PrefetchJob, PREFETCH_BYTES, PREFETCH_THREADS};
+use region::{map_region, RegionCore};
+
+pub use region::Region;
+
+/// Options of a pager.
+#[derive(Debug, Clone)]
+pub struct PagerOptions {
+    /// Unit of faulting, eviction and I/O: a multiple of 4 KiB, at most 1 MiB.
+    pub page: usize,
+    /// Resident bytes of all regions together.
+    pub budget: u64,
+    /// Fault-handling threads; kept one per CPU when there are at least as many CPUs (see
+    /// [`default_fault_threads`]).
+    pub fault_threads: usize,
+    /// Bytes of regions the store can hold; `map` refuses more. None: no limit.
+    pub commit_limit: Option<u64>,
+}
+
+/// Options of a stand-alone region (a region with its own pager).
+#[derive(Debug, Clone)]
+pub struct RegionOptions {
+    pub page: usize,
+    pub budget: u64,
+    pub fault_threads: usize,
+}
+
+struct Inner {
+    prefetch_tx: Mutex<Option<std::sync::mpsc::Sender<PrefetchJob>>>,
+    uffd: Uffd,
+    page: usize,
+    /// One page of zeros (the source of zero fills).
+    zeros: Vec<u8>,
+    budget: u64,
+    high: u64,
+    low: u64,
+    store: Arc<TieredStore>,
+    regions: RwLock<BTreeMap<usize, Arc<RegionCore>>>,
+    clock: Mutex<VecDeque<(Weak<RegionCore>, u32)>>,
+    resident: AtomicU64,
+    committed: Mutex<u64>,
+    commit_limit: Option<u64>,
+    stop: AtomicBool,
+    counters: MemCounters,
+    kick: Mutex<bool>,
+    kick_cv: Condvar,
+    /// First error the pager hit (a page it could not write out stays resident).
+    failed: Mutex<Option<String>>,
+    /// Drops scattered ranges of our own mapping in one call with one TLB flush
+    /// (`process_madvise(MADV_DONTNEED)`); per-range `madvise` where the kernel lacks it.
+    zapper: Zapper,
+    /// One per fault thread.
+    mail: Vec<Mailbox>,
+    /// The fault thread pinned to each CPU.
+    thread_on_cpu: Vec<Option<usize>>,
+}
+
+/// The paging engine of a process: every region it maps shares its budget.
+pub struct Pager {
+    inner: Arc<Inner>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn check_page(page: usize) -> Result<()> {
+    if page == 0 || !page.is_multiple_of(4096) || page > MAX_PAGE {
+        return Err(MemError::Config(format!(
+            "page size {page} is not a multiple of 4 KiB up to {} KiB",
+            MAX_PAGE / 1024
+        )));
+    }
+    Ok(())
+}
+
+impl Pager {
+    pub fn new(store: Arc<TieredStore>, o: &PagerOptions) -> Result<Pager> {
+        check_page(o.page)?;
+        if o.budget < 4 * o.page as u64 {
+            return Err(MemError::Config(format!(
+                "budget {} is below four pages of {}",
+                o.budget, o.page
+            )));
+        }
+        let uffd = Uffd::open(crate::uffd::PAGER_FEATURES).map_err(|e| {
+            MemError::Uffd(format!(
+                "cannot create ({e}): run as root or allow /dev/userfaultfd"
+            ))
+        })?;
+        let page = o.page as u64;
+        // Watermarks close to the budget: under uniform access the hit rate is the share of
+        // the map that is resident, so every idle byte of budget costs faults. The gap
+        // (1 % of the budget, at least four prefetch windows, at most a tenth) leaves
+        // sequential streams room to read ahead (two windows gave a linear scan 20-30 % less)
+        // and lets the evictor work in batches.
+        let slack = (o.budget / 100)
+            .max(4 * PREFETCH_BYTES as u64)
+            .min(o.budget / 10)
+            .max(page);
+        // One fault thread per CPU where there are enough CPUs, each kept on its CPU: a
+        // program thread waiting in a fault then finds a fault thread on its own CPU, which
+        // keeps that CPU out of the idle state (on a virtual machine, waking a halted CPU
+        // costs tens of microseconds per fault). Faults of program threads that registered
+        // (`register_current_thread`) are handed to the fault thread of their CPU, which
+        // wakes them without an inter-processor interrupt.
+        let cpus = allowed_cpus();
+        let nthreads = o.fault_threads.max(1);
+        let pin: Vec<usize> = if nthreads <= cpus.len() {
+            cpus[..nthreads].to_vec()
+        } else {
+            Vec::new()
+        };
+        let mut thread_on_cpu = vec![None; pin.iter().max().map_or(0, |m| m + 1)];
+        for (i, &c) in pin.iter().enumerate() {
+            thread_on_cpu[c] = Some(i);
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<PrefetchJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        let inner = Arc::new(Inner {
+            prefetch_tx: Mutex::new(Some(tx)),
+            uffd,
+            page: o.page,
+            zeros: vec![0u8; o.page],
+            budget: o.budget,
+            high: o.budget.saturating_sub(slack).max(2 * page),
+            low: o.budget.saturating_sub(2 * slack).max(page),
+            store,
+            regions: RwLock::new(BTreeMap::new()),
+            clock: Mutex::new(VecDeque::new()),
+            resident: AtomicU64::new(0),
+            committed: Mutex::new(0),
+            commit_limit: o.commit_limit,
+            stop: AtomicBool::new(false),
+            counters: MemCounters::default(),
+            kick: Mutex::new(false),
+            kick_cv: Condvar::new(),
+            failed: Mutex::new(None),
+            zapper: Zapper::new(),
+            mail: (0..nthreads).map(|_| Mailbox::default()).collect(),
+            thread_on_cpu,
+        });
+        let mut threads = Vec::new();
+        let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
+            let h = std::thread::Builder::new()
+                .name(name)
+                .spawn(f)
+                .map_err(|e| MemError::Uffd(format!("cannot start a pager thread: {e}")))?;
+            threads.push(h);
+            Ok(())
+        };
+        for i in 0..nthreads {
+            let s = inner.clone();
+            let cpu = pin.get(i).copied();
+            spawn(
+                format!("ts-fault-{i}"),
+                Box::new(move || {
+                    // A dead fault thread would leave the program asleep in a fault forever.
+                    // A program waits in the fault for every read this thread makes.
+                    tierstack_store::poll_reads_on_this_thread(true);
+                    if let Some(cpu) = cpu {
+                        pin_to_cpu(cpu);
+                    }
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.serve(i)))
+                        .is_err()
+                    {
+                        fatal("a fault-handling thread panicked");
+                    }
+                }),
+            )?;
+        }
+        let s = inner.clone();
+        spawn("ts-evict".into(), Box::new(move || s.evictor()))?;
+        for i in 0..PREFETCH_THREADS {
+            let s = inner.clone();
+            let rx = rx.clone();
+            spawn(
+                format!("ts-prefetch-{i}"),
+                Box::new(move || {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.prefetcher(&rx)))
+                        .is_err()
+                    {
+                        fatal("a prefetch thread panicked");
+                    }
+                }),
+            )?;
+        }
+        Ok(Pager { inner, threads })
+    }
+
+    /// Maps `len` bytes (rounded up to whole pages) aligned to `align` (a power of two; the
+    /// mapping is at least page-aligned).
+    pub fn map(&self, len: usize, align: usize) -> Result<Region> {
+        map_region(&self.inner, len, align, None)
+    }
+
+    /// Resident bytes of all regions.
+    pub fn resident(&self) -> u64 {
+        self.inner.resident.load(Relaxed)
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.inner.budget
+    }
+
+    pub fn page(&self) -> usize {
+        self.inner.page
+    }
+
+    pub fn counters(&self) -> &MemCounters {
+        &self.inner.counters
+    }
+
+    /// Bytes of regions mapped now.
+    pub fn committed(&self) -> u64 {
+        *self.inner.committed.lock()
+    }
+
+    pub fn error(&self) -> Option<String> {
+        self.inner.failed.lock().clone()
+    }
+}
+
+impl Drop for Pager {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Relaxed);
+        self.inner.prefetch_tx.lock().take();
+        self.inner.kick_cv.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn fatal(msg: &str) -> ! {
+    // A page that cannot be read back must not be replaced by wrong data.
+    eprintln!("tierstack: fatal: {msg}; stopping the program rather than returning wrong data");
+    std::process::abort();
+}
+
+impl Inner {
+    fn fail(&self, msg: String) {
+        let mut f = self.failed.lock();
+        if f.is_none() {
+            eprintln!("tierstack: {msg}");
+            *f = Some(msg);
+        }
+    }
+
+    fn region_of(&self, addr: usize) -> Option<Arc<RegionCore>> {
+        let r = self.regions.read();
+        let (_, c) = r.range(..=addr).next_back()?;
+        (addr < c.base + c.len).then(|| c.clone())
+    }
+}
+
+/// Fault threads for a process: one per CPU it may run on, from 2 to 8.
+pub fn default_fault_threads() -> usize {
+    allowed_cpus().len().clamp(2, 8)
+}
+
+/// The CPUs this process may run on, in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills the zero-initialised set it is given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Keeps the calling thread on `cpu` (best effort).
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: sched_setaffinity reads the set it is given; it affects only this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}

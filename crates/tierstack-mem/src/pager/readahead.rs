@@ -1,0 +1,229 @@
+//! Read-ahead: fault streams with a constant stride (sequential, backwards, strided) are
+//! detected per region and the pages ahead of them mapped before the program reaches them
+//! (a window that doubles on each hit), read from the store by the prefetch threads.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::region::{PageState, RState, RegionCore, WRITE_HEAT_ON};
+use super::Inner;
+
+/// Largest prefetch window, in bytes (at least 16 pages).
+pub(super) const PREFETCH_BYTES: usize = 4 << 20;
+/// Fault streams remembered per region.
+pub(super) const STREAMS: usize = 4;
+/// Largest stride (in pages) taken for a stream.
+const MAX_STRIDE: i64 = 64;
+
+#[derive(Clone, Copy, Default)]
+pub(super) struct Stream {
+    /// Page of the last fault of the stream.
+    last: i64,
+    stride: i64,
+    /// Last page prefetched (or faulted) along the stream: the prefetch frontier.
+    ahead: i64,
+    /// Consecutive faults that followed the stride.
+    hits: u32,
+    window: u64,
+    used: u64,
+}
+
+/// A page to read ahead of a fault stream.
+pub(super) struct PrefetchJob {
+    core: Arc<RegionCore>,
+    idx: usize,
+}
+
+/// Threads that read prefetched pages in parallel (the store's reads are synchronous).
+pub(super) const PREFETCH_THREADS: usize = 8;
+
+impl Inner {
+    /// Follows the fault streams of the region; returns the pages to prefetch.
+    ///
+    /// A stream is a run of faults with a constant stride. A fault that continues it (at any
+    /// page up to one stride past its prefetch frontier, including a page still being
+    /// prefetched: the program has caught up with the reads) doubles the window and moves the
+    /// frontier to `window` strides past the fault, so reads stay in flight ahead of the
+    /// program instead of starting only when it reaches the end of the last window.
+    pub(super) fn stream(&self, st: &mut RState, idx: usize) -> Vec<usize> {
+        let i = idx as i64;
+        st.tick += 1;
+        let tick = st.tick;
+        let npages = st.pages.len() as i64;
+        let max_window = ((PREFETCH_BYTES / self.page) as u64)
+            .max(16)
+            .min((self.budget / self.page as u64 / 8).max(1));
+        let continues = |s: &Stream| {
+            if s.used == 0 || s.stride == 0 {
+                return false;
+            }
+            let d = i - s.last;
+            let sign = s.stride.signum();
+            d != 0
+                && d.signum() == sign
+                && d % s.stride == 0
+                && (i - s.ahead) * sign <= s.stride.abs()
+        };
+        if let Some(s) = st.streams.iter_mut().find(|s| continues(s)) {
+            s.hits += 1;
+            s.used = tick;
+            let sign = s.stride.signum();
+            // Pages the program went through without a fault were prefetched ones.
+            let passed = ((i - s.last) / s.stride - 1).max(0) as u64;
+            self.counters.prefetch_hits.fetch_add(passed, Relaxed);
+            s.last = i;
+            if s.stride != 1 && s.hits < 2 {
+                s.ahead = i;
+                return Vec::new();
+            }
+            s.window = (s.window * 2).clamp(1, max_window);
+            let target = i + s.stride * s.window as i64;
+            let mut p = if (s.ahead - i) * sign > 0 { s.ahead } else { i } + s.stride;
+            let mut out = Vec::new();
+            while (target - p) * sign >= 0 && p >= 0 && p < npages {
+                out.push(p as usize);
+                s.ahead = p;
+                p += s.stride;
+            }
+            return out;
+        }
+        // Near a stream's last fault: a (new) stride.
+        if let Some(s) = st
+            .streams
+            .iter_mut()
+            .find(|s| s.used > 0 && s.last != i && (i - s.last).abs() <= MAX_STRIDE)
+        {
+            s.stride = i - s.last;
+            s.last = i;
+            s.ahead = i;
+            s.hits = 0;
+            s.window = 1;
+            s.used = tick;
+            return Vec::new();
+        }
+        // A new stream in the least recently used slot.
+        if let Some(s) = st.streams.iter_mut().min_by_key(|s| s.used) {
+            *s = Stream {
+                last: i,
+                stride: 0,
+                ahead: i,
+                hits: 0,
+                window: 1,
+                used: tick,
+            };
+        }
+        Vec::new()
+    }
+
+    /// Maps the given pages ahead of a fault stream: read from the store outside the lock,
+    /// write-protected (clean), waking anybody who faulted on them meanwhile.
+    pub(super) fn prefetch(&self, core: &Arc<RegionCore>, pages: Vec<usize>) {
+        if pages.is_empty() {
+            return;
+        }
+        // Only while there is room under the high watermark; prefetch never forces eviction.
+        let room = self.high.saturating_sub(self.resident.load(Relaxed)) / self.page as u64;
+        let mut zeros = Vec::new();
+        let mut stored = Vec::new();
+        {
+            let mut st = core.st.lock();
+            for &j in pages.iter().take(room as usize) {
+                match st.pages[j] {
+                    PageState::Zero => zeros.push(j),
+                    PageState::Stored => stored.push(j),
+                    _ => continue,
+                }
+                st.pages[j] = PageState::Loading;
+            }
+            self.charge((zeros.len() + stored.len()) as u64 * self.page as u64);
+        }
+        // Zero pages at once, left writable (a stream that writes them takes no second
+        // fault; if they stay all-zero, eviction drops them without a write).
+        for &j in &zeros {
+            let _ = self.place(core.base + j * self.page, &self.zeros, false);
+        }
+        self.finish_loads(core, &zeros, PageState::Zero, &vec![false; zeros.len()]);
+        // Pages in the store: read in parallel by the prefetch threads.
+        let tx = self.prefetch_tx.lock().clone();
+        for j in stored {
+            let job = PrefetchJob {
+                core: core.clone(),
+                idx: j,
+            };
+            let job = match &tx {
+                Some(tx) => match tx.send(job) {
+                    Ok(()) => continue,
+                    Err(e) => e.0,
+                },
+                None => job,
+            };
+            self.load_one(job);
+        }
+    }
+
+    /// Reads one page of a prefetch from the store and maps it, write-protected (clean).
+    fn load_one(&self, job: PrefetchJob) {
+        let pa = job.core.base + job.idx * self.page;
+        let Some(data) = self.read_page(&job.core, job.idx) else {
+            self.resident.fetch_sub(self.page as u64, Relaxed);
+            return;
+        };
+        self.counters.bytes_in.fetch_add(self.page as u64, Relaxed);
+        // Each page mapped writable spends heat; each write-protect fault adds two. A stream
+        // that writes everything settles at two writable pages in three; one that stops
+        // writing is back to tracked (clean) pages within a few dozen pages.
+        let heat = job.core.write_heat.load(Relaxed);
+        let protect = heat < WRITE_HEAT_ON;
+        if !protect {
+            job.core.write_heat.store(heat - 1, Relaxed);
+        }
+        let tracked = self.place(pa, &data, protect);
+        self.finish_loads(&job.core, &[job.idx], PageState::Stored, &[tracked]);
+    }
+
+    /// Marks loaded pages resident (or undoes the charge if the region went away) and wakes
+    /// anybody who faulted on them meanwhile.
+    fn finish_loads(
+        &self,
+        core: &Arc<RegionCore>,
+        idxs: &[usize],
+        was: PageState,
+        tracked: &[bool],
+    ) {
+        if idxs.is_empty() {
+            return;
+        }
+        let page = self.page;
+        let mut st = core.st.lock();
+        if st.dead {
+            drop(st);
+            self.resident
+                .fetch_sub(idxs.len() as u64 * page as u64, Relaxed);
+            return;
+        }
+        for (&j, &t) in idxs.iter().zip(tracked) {
+            self.mark_resident(core, &mut st, j, was, !t);
+        }
+        drop(st);
+        self.counters
+            .prefetched
+            .fetch_add(idxs.len() as u64, Relaxed);
+        for &j in idxs {
+            let _ = self.uffd.wake(core.base + j * page, page);
+        }
+    }
+
+    pub(super) fn prefetcher(&self, rx: &Mutex<std::sync::mpsc::Receiver<PrefetchJob>>) {
+        while !self.stop.load(Relaxed) {
+            let job = rx.lock().recv_timeout(Duration::from_millis(50));
+            match job {
+                Ok(job) => self.load_one(job),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Regions: anonymous mappings registered with the pager's userfaultfd, their page states,
+//! mapping (`map_region`), discarding and unmapping.
+
+use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tierstack_store::TieredStore;
+
+use super::readahead::{Stream, STREAMS};
+use super::{Inner, Pager, PagerOptions, RegionOptions};
+use crate::{MemCounters, MemError, Result};
+
+/// Write heat at which prefetched pages are mapped writable, and its ceiling.
+pub(super) const WRITE_HEAT_ON: u32 = 16;
+pub(super) const WRITE_HEAT_MAX: u32 = 64;
+/// Store object ids of regions: unique in the process, so pagers may share a store.
+static NEXT_OBJ: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum PageState {
+    /// Never written, or evicted while all zero: served by the zero page.
+    Zero,
+    /// In the store.
+    Stored,
+    /// Being read from the store (by a fault or a prefetch); whoever set it maps and wakes.
+    Loading,
+    Resident,
+    /// Being written out by an eviction; writers wait in a write-protect fault.
+    Evicting,
+}
+
+pub(super) struct RState {
+    pub(super) pages: Vec<PageState>,
+    /// For a resident page: written since it came in.
+    pub(super) dirty: Vec<bool>,
+    /// For a resident page: what the store holds for it while it is clean (Zero or Stored).
+    pub(super) backed: Vec<PageState>,
+    /// In the clock queue.
+    pub(super) queued: Vec<bool>,
+    pub(super) resident: u64,
+    pub(super) streams: [Stream; STREAMS],
+    pub(super) tick: u64,
+    /// The region was unmapped; late fault and eviction work undoes itself.
+    pub(super) dead: bool,
+}
+
+pub(super) struct RegionCore {
+    /// Recent write-protect faults (+2 each): while the region is being written, prefetched
+    /// pages are mapped writable (dirty, -1 each) instead of taking a write-protect fault
+    /// each; clean evictions cool it down too.
+    pub(super) write_heat: std::sync::atomic::AtomicU32,
+    /// Evictions reading this region's pages outside the lock; drop waits for them.
+    pub(super) inflight: AtomicU64,
+    pub(super) obj: u64,
+    pub(super) base: usize,
+    pub(super) len: usize,
+    pub(super) st: Mutex<RState>,
+}
+
+/// A mapping paged by a [`Pager`]. Dropping it unmaps it and removes its pages from the store.
+pub struct Region {
+    core: Arc<RegionCore>,
+    inner: Arc<Inner>,
+    /// A stand-alone region owns its pager (dropped after the region).
+    _own: Option<Pager>,
+}
+
+pub(super) fn map_region(
+    inner: &Arc<Inner>,
+    len: usize,
+    align: usize,
+    own: Option<Pager>,
+) -> Result<Region> {
+    if !align.is_power_of_two() {
+        return Err(MemError::Config(format!(
+            "alignment {align} is not a power of two"
+        )));
+    }
+    let page = inner.page;
+    let npages = len.div_ceil(page).max(1);
+    let len = npages * page;
+    {
+        let mut c = inner.committed.lock();
+        if let Some(limit) = inner.commit_limit {
+            if *c + len as u64 > limit {
+                return Err(MemError::NoSpace {
+                    want: len as u64,
+                    committed: *c,
+                    limit,
+                });
+            }
+        }
+        *c += len as u64;
+    }
+    let uncommit = || *inner.committed.lock() -= len as u64;
+    let align = align.max(4096);
+    let extra = if align > 4096 { align } else { 0 };
+    // SAFETY: a fresh private anonymous mapping at an address the kernel chooses; nothing else
+    // refers to it until this function returns it.
+    let raw = unsafe {
+        rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            len + extra,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
+        )
+    };
+    let raw = match raw {
+        Ok(p) => p as usize,
+        Err(e) => {
+            uncommit();
+            return Err(MemError::Map(e.to_string()));
+        }
+    };
+    let base = raw.next_multiple_of(align);
+    // SAFETY: trimming the unaligned head and the tail of the mapping made above; only the
+    // aligned part [base, base+len) is kept and used.
+    unsafe {
+        if base > raw {
+            let _ = rustix::mm::munmap(raw as *mut _, base - raw);
+        }
+        let end = raw + len + extra;
+        if end > base + len {
+            let _ = rustix::mm::munmap((base + len) as *mut _, end - base - len);
+        }
+        // Forked children do not inherit the region (they could not page it): a child that
+        // touches it gets SIGSEGV instead of silently wrong data. Huge pages would defeat the
+        // page-sized faulting and eviction.
+        let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxDontFork);
+        let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxNoHugepage);
+    }
+    if let Err(e) = inner
+        .uffd
+        .register(base, len, crate::uffd::MODE_MISSING | crate::uffd::MODE_WP)
+    {
+        // SAFETY: unmapping the mapping created above, which nobody else uses yet.
+        let _ = unsafe { rustix::mm::munmap(base as *mut _, len) };
+        uncommit();
+        return Err(MemError::Uffd(format!("register: {e}")));
+    }
+    let core = Arc::new(RegionCore {
+        write_heat: std::sync::atomic::AtomicU32::new(0),
+        inflight: AtomicU64::new(0),
+        obj: NEXT_OBJ.fetch_add(1, Relaxed),
+        base,
+        len,
+        st: Mutex::new(RState {
+            pages: vec![PageState::Zero; npages],
+            dirty: vec![false; npages],
+            backed: vec![PageState::Zero; npages],
+            queued: vec![false; npages],
+            resident: 0,
+            streams: [Stream::default(); STREAMS],
+            tick: 0,
+            dead: false,
+        }),
+    });
+    inner.regions.write().insert(base, core.clone());
+    inner.counters.regions.fetch_add(1, Relaxed);
+    Ok(Region {
+        core,
+        inner: inner.clone(),
+        _own: own,
+    })
+}
+
+impl Region {
+    /// A region with a pager of its own (its budget is the region's).
+    pub fn new(store: Arc<TieredStore>, len: usize, o: &RegionOptions) -> Result<Region> {
+        let pager = Pager::new(
+            store,
+            &PagerOptions {
+                page: o.page,
+                budget: o.budget,
+                fault_threads: o.fault_threads,
+                commit_limit: None,
+            },
+        )?;
+        let inner = pager.inner.clone();
+        map_region(&inner, len, 4096, Some(pager))
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.core.base as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.core.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.core.len == 0
+    }
+
+    /// The store object that holds this region's pages.
+    pub fn obj(&self) -> u64 {
+        self.core.obj
+    }
+
+    /// Resident bytes of this region.
+    pub fn resident(&self) -> u64 {
+        self.core.st.lock().resident
+    }
+
+    /// Counters of the region's pager.
+    pub fn counters(&self) -> &MemCounters {
+        &self.inner.counters
+    }
+
+    /// The first error of the region's pager, if any.
+    pub fn error(&self) -> Option<String> {
+        self.inner.failed.lock().clone()
+    }
+
+    /// Releases the pages of `[off, off+len)` (whole pages inside it): they read as zeros
+    /// afterwards and leave the store. The address range stays mapped.
+    pub fn discard(&self, off: usize, len: usize) {
+        let page = self.inner.page;
+        let first = off.div_ceil(page);
+        let end = ((off + len).min(self.core.len)) / page;
+        if first >= end {
+            return;
+        }
+        let mut st = self.core.st.lock();
+        for i in first..end {
+            match st.pages[i] {
+                PageState::Resident => {
+                    st.resident -= page as u64;
+                    self.inner.resident.fetch_sub(page as u64, Relaxed);
+                    if st.backed[i] == PageState::Stored {
+                        let _ = self.inner.store.remove((self.core.obj, i as u64));
+                    }
+                    st.pages[i] = PageState::Zero;
+                }
+                PageState::Stored => {
+                    let _ = self.inner.store.remove((self.core.obj, i as u64));
+                    st.pages[i] = PageState::Zero;
+                }
+                // In flight: leave it to its owner (the range is being discarded by a
+                // program that no longer uses it).
+                _ => {}
+            }
+        }
+        let a = self.core.base + first * page;
+        // SAFETY: the pages lie in this region's mapping; their contents are discarded on the
+        // program's request.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                a as *mut _,
+                (end - first) * page,
+                rustix::mm::Advice::LinuxDontNeed,
+            )
+        };
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        let c = &self.core;
+        inner.regions.write().remove(&c.base);
+        c.st.lock().dead = true;
+        // An eviction may be copying one of our pages out: the mapping must outlive it.
+        while c.inflight.load(Acquire) > 0 {
+            std::thread::yield_now();
+        }
+        let _ = inner.uffd.unregister(c.base, c.len);
+        // SAFETY: the mapping was created by `map_region`; it is no longer registered and the
+        // Region (the only owner of the pointer) is being dropped.
+        let _ = unsafe { rustix::mm::munmap(c.base as *mut _, c.len) };
+        let mut st = c.st.lock();
+        inner.resident.fetch_sub(st.resident, Relaxed);
+        st.resident = 0;
+        // Every page that may have a copy in the store (also those a loader or an eviction
+        // still holds: they see `dead` and drop their work).
+        for (i, s) in st.pages.iter().enumerate() {
+            if *s != PageState::Zero {
+                let _ = inner.store.remove((c.obj, i as u64));
+            }
+        }
+        drop(st);
+        *inner.committed.lock() -= c.len as u64;
+    }
+}
