@@ -637,6 +637,27 @@ fn run_bounded(mut cmd: Command, what: &str, limit: Duration) -> Result<(bool, S
             out.try_clone().context("cannot duplicate a file handle")?,
         ))
         .stderr(Stdio::from(err));
+    // Descriptors inherited from SLURM (slurmscriptd reads the hook's output through a pipe
+    // until EOF) must not reach the children: the mount daemon outlives the hook and would
+    // hold that pipe open until SLURM's timeout.
+    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-
+    // safe system calls (close_range, fcntl) on the child's own descriptors.
+    unsafe {
+        cmd.pre_exec(|| {
+            let r = libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if r != 0 {
+                for fd in 3..4096 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| anyhow!("cannot start {what}: {e}: check the tierstack installation"))?;

@@ -227,7 +227,18 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
         }
     }
 
+    /// Teardown runs right after the job leaves the queue: wait for it (bounded).
     fn no_buffers_left(&self) {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(20)
+            && fs::read_dir(self.fast.join("jobs")).is_ok_and(|mut r| r.next().is_some())
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        println!(
+            "buffers gone {:.1} s after the check began",
+            t.elapsed().as_secs_f64()
+        );
         let jobs: Vec<_> = fs::read_dir(self.fast.join("jobs"))
             .map(|r| r.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
@@ -368,6 +379,13 @@ fn slurm_burst_buffer_end_to_end() {
     use std::os::unix::fs::MetadataExt;
     assert_eq!(meta.uid(), uid, "out.bin belongs to the job's user");
     s.no_buffers_left();
+    // No hook may sit until SLURM's timeout (60 s here).
+    assert!(
+        t0.elapsed() < Duration::from_secs(45),
+        "round trip took {:.1} s{}",
+        t0.elapsed().as_secs_f64(),
+        s.logs()
+    );
     println!("round trip ok after {:.1} s", t0.elapsed().as_secs_f64());
 
     // --- A bad directive makes sbatch fail with one line naming it.
@@ -430,4 +448,75 @@ fn slurm_burst_buffer_end_to_end() {
     s.no_buffers_left();
     assert!(!home.join("dst2").join("secret.bin").exists());
     println!("all done after {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// install is idempotent, refuses to overwrite a file it did not write, uninstall removes only
+/// its own files; a slurm.conf without the plugin line gets the exact line to add.
+#[test]
+fn install_and_uninstall() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let conf = d.path().join("etc");
+    fs::create_dir(&conf).expect("mkdir");
+    fs::write(conf.join("slurm.conf"), "ClusterName=x\n").expect("slurm.conf");
+    let fast = d.path().join("fast");
+    let install = || {
+        Command::new(EXE)
+            .args(["slurm", "install", "--conf-dir"])
+            .arg(&conf)
+            .arg("--fast-dir")
+            .arg(&fast)
+            .args(["--pool-size", "2G"])
+            .output()
+            .expect("install")
+    };
+    let o = install();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("BurstBufferType=burst_buffer/lua"), "{text}");
+    let lua = fs::read_to_string(conf.join("burst_buffer.lua")).expect("lua");
+    assert!(lua.contains(EXE) && lua.contains("2147483648") && !lua.contains('@'));
+    let o = install();
+    assert!(o.status.success());
+    assert_eq!(
+        fs::read_to_string(conf.join("burst_buffer.lua")).expect("lua"),
+        lua
+    );
+    // Bad input: one line, non-zero exit, nothing written.
+    let o = Command::new(EXE)
+        .args([
+            "slurm",
+            "install",
+            "--conf-dir",
+            "/nonexistent",
+            "--pool-size",
+            "2G",
+        ])
+        .output()
+        .expect("install");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.lines().count() == 1 && err.contains("not a folder"),
+        "{err}"
+    );
+    let o = Command::new(EXE)
+        .args(["slurm", "uninstall", "--conf-dir"])
+        .arg(&conf)
+        .output()
+        .expect("uninstall");
+    assert!(o.status.success());
+    assert!(!conf.join("burst_buffer.lua").exists() && !conf.join("burst_buffer.conf").exists());
+    assert!(conf.join("slurm.conf").exists());
+    // A burst_buffer.conf of the site's own is never overwritten.
+    fs::write(conf.join("burst_buffer.conf"), "StageInTimeout=5\n").expect("write");
+    let o = install();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("not written by tierstack"),
+        "{err}"
+    );
+    assert!(!conf.join("burst_buffer.lua").exists(), "half-installed");
+    assert_eq!(
+        fs::read_to_string(conf.join("burst_buffer.conf")).expect("conf"),
+        "StageInTimeout=5\n"
+    );
 }
