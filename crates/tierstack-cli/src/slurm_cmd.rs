@@ -40,8 +40,10 @@ use tierstack_bench::{fmt_size, parse_size};
 
 /// The pool name that job scripts must give with `capacity=`.
 pub const POOL: &str = "tierstack";
-/// Pool granularity reported to SLURM (capacity requests are rounded up to it).
-const GRANULARITY: u64 = 1 << 20;
+/// Pool granularity reported to SLURM. Measured on 22.05: with a granularity above 1 SLURM no
+/// longer holds jobs back when `quantity` bytes are taken (two 1500M jobs ran at once in a 2G
+/// pool with 1 MiB granularity), so quantity and capacity are plain bytes.
+const GRANULARITY: u64 = 1;
 /// First line of every file `install` writes: `uninstall` removes only files that carry it.
 const MARKER: &str = "tierstack slurm install";
 const LUA_TEMPLATE: &str = include_str!("../../../contrib/slurm/burst_buffer.lua");
@@ -1088,9 +1090,7 @@ fn data_out(id: &str, c: &Common) -> Result<()> {
     // The first stage_out is the mount's backing; the others get a copy of it.
     if s.stage_out.len() > 1 {
         let first = s.stage_out[0].clone();
-        let mut from = first.clone().into_os_string();
-        from.push("/");
-        for d in s.stage_out[1..].to_vec() {
+        for d in &s.stage_out[1..] {
             let mut to = d.clone().into_os_string();
             to.push("/");
             tierstack_as_user(
@@ -1235,7 +1235,7 @@ fn install(
     other_timeout: u64,
 ) -> Result<()> {
     let pool_bytes = parse_size(pool).map_err(|e| anyhow!("--pool-size: {e}"))?;
-    if pool_bytes < GRANULARITY {
+    if pool_bytes < 1 << 20 {
         bail!("--pool-size {pool} is smaller than 1M: give e.g. 2G");
     }
     if !conf.is_dir() {

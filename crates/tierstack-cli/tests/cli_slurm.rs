@@ -388,6 +388,61 @@ fn slurm_burst_buffer_end_to_end() {
     );
     println!("round trip ok after {:.1} s", t0.elapsed().as_secs_f64());
 
+    // --- A full pool keeps the next job pending (not failed) until the first one's buffer
+    // is torn down; without stage_in the buffer is scratch plus stage_out.
+    let mut ids = Vec::new();
+    for name in ["a", "b"] {
+        let job = s.script(
+            &format!("{name}.sh"),
+            &format!(
+                "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1500M stage_out={}\nset -e\nsleep 3\necho {name} > \"$TIERSTACK_DIR/{name}.txt\"\n",
+                home.join(format!("out-{name}")).display()
+            ),
+        );
+        let o = s.user(&format!("sbatch -o /dev/null {}", job.display()));
+        assert!(
+            o.status.success(),
+            "sbatch: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        ids.push(job_id(&o));
+    }
+    let t = Instant::now();
+    loop {
+        let a = s.client(&format!("squeue -h -j {} -o %T", ids[0]));
+        let b = s.client(&format!("squeue -h -j {} -o %T:%r", ids[1]));
+        let (a, b) = (
+            String::from_utf8_lossy(&a.stdout).trim().to_string(),
+            String::from_utf8_lossy(&b.stdout).trim().to_string(),
+        );
+        if a == "RUNNING" {
+            assert!(
+                b.starts_with("PENDING"),
+                "second job {b} while the first runs with the pool full"
+            );
+            println!("pool full: first job {a}, second {b}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "first job never ran: {a} / {b}{}",
+            s.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    s.wait_gone(&ids[0], 60);
+    s.wait_gone(&ids[1], 60);
+    for name in ["a", "b"] {
+        let got =
+            fs::read_to_string(home.join(format!("out-{name}/{name}.txt"))).unwrap_or_default();
+        assert_eq!(got, format!("{name}\n"), "job {name}'s output{}", s.logs());
+    }
+    s.no_buffers_left();
+    println!(
+        "pool-full case ok after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
     // --- A bad directive makes sbatch fail with one line naming it.
     let bad = s.script(
         "bad.sh",
