@@ -141,6 +141,11 @@ pub fn stage(a: StageArgs) -> Result<()> {
     bar.finish_and_clear();
     let r = r?;
     let secs = t.elapsed().as_secs_f64();
+    let notes = |v: &[stage::Skipped]| -> Vec<serde_json::Value> {
+        v.iter()
+            .map(|x| serde_json::json!({"path": x.path.to_string_lossy(), "reason": x.reason}))
+            .collect()
+    };
     if a.json {
         println!(
             "{}",
@@ -148,29 +153,66 @@ pub fn stage(a: StageArgs) -> Result<()> {
                 "direction": a.direction,
                 "files": r.files,
                 "bytes": r.bytes,
+                "sparse_bytes": r.sparse_bytes,
                 "dirs": r.dirs,
                 "symlinks": r.symlinks,
+                "hardlinks": r.hardlinks,
+                "specials": r.specials,
                 "verified": r.verified,
                 "read_back_bytes": r.read_back_bytes,
+                "skipped": notes(&r.skipped),
+                "hardlinks_copied": notes(&r.hardlinks_copied),
                 "seconds": secs,
                 "mb_s": if secs > 0.0 { r.bytes as f64 / 1e6 / secs } else { 0.0 },
             })
         );
     } else {
+        let mut extra = String::new();
+        if r.hardlinks > 0 {
+            extra += &format!(", {} hard links", r.hardlinks);
+        }
+        if r.specials > 0 {
+            extra += &format!(", {} special files", r.specials);
+        }
         println!(
-            "staged {} {} files ({}), {} links, {} directories in {:.2} s{}",
+            "staged {} {} files ({}{}), {} links{}, {} directories in {:.2} s{}{}{}",
             a.direction,
             r.files,
             tierstack_bench::fmt_size(r.bytes),
+            if r.sparse_bytes > 0 {
+                format!(
+                    ", {} of it holes",
+                    tierstack_bench::fmt_size(r.sparse_bytes)
+                )
+            } else {
+                String::new()
+            },
             r.symlinks,
+            extra,
             r.dirs,
             secs,
             if a.verify {
                 format!(", {} checksums verified", r.verified)
             } else {
                 String::new()
+            },
+            if r.hardlinks_copied.is_empty() {
+                String::new()
+            } else {
+                format!(", {} hard links copied as files", r.hardlinks_copied.len())
+            },
+            if r.skipped.is_empty() {
+                String::new()
+            } else {
+                format!(", {} skipped", r.skipped.len())
             }
         );
+        for x in &r.hardlinks_copied {
+            println!("copied, not linked: {}: {}", x.path.display(), x.reason);
+        }
+        for x in &r.skipped {
+            println!("skipped: {}: {}", x.path.display(), x.reason);
+        }
     }
     Ok(())
 }

@@ -11,15 +11,25 @@
 //! a copied tree are copied as links (never followed); links are created under a temporary
 //! name and renamed too. Directories get their source mode at the end.
 //!
+//! Sparse files stay sparse: only the data regions the source reports (`SEEK_DATA` /
+//! `SEEK_HOLE`) are read and written, and the copy is given the source's size, so its holes
+//! stay holes. Files that the source holds as several hard links (same `st_dev`/`st_ino`,
+//! `st_nlink > 1`) are copied once per stage; their other names become hard links to that copy
+//! (made under a temporary name and renamed into place), or separate copies, reported, where
+//! the destination refuses links. FIFOs, sockets and (as root) device nodes are recreated with
+//! `mknodat` (their mode, owner when root, and modification time), never opened; one that
+//! cannot be recreated is skipped and reported, and the stage goes on.
+//!
 //! With `verify`, each destination is read back after its rename and its xxh3-64 compared with
-//! the xxh3-64 of the source bytes computed while copying. With `read_back` (what `stage in`
-//! does), each destination is read back once so that a cache in front of it (the tierstack
-//! mount) holds it when the job starts; a verified copy is read back by the verification.
+//! the xxh3-64 of the source's logical content (holes hashed as zeros) computed while copying.
+//! With `read_back` (what `stage in` does), each destination is read back once so that a cache
+//! in front of it (the tierstack mount) holds it when the job starts; a verified copy is read
+//! back by the verification. Read-backs read the data regions only and hash holes as zeros.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -77,6 +87,80 @@ pub struct FileJob {
     pub len: u64,
     pub mode: u32,
     pub mtime: Option<SystemTime>,
+    /// The source's (`st_dev`, `st_ino`) when it has more than one hard link: names of one
+    /// inode within a stage are copied once and linked.
+    pub link_id: Option<(u64, u64)>,
+}
+
+/// A further name of a file already copied in this stage: a hard link to `target` (that
+/// copy's destination), or a copy of `file.src` where the destination refuses the link.
+#[derive(Debug, Clone)]
+pub struct HardLinkJob {
+    pub file: FileJob,
+    pub target: PathBuf,
+}
+
+/// The kind of a special file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecialKind {
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl SpecialKind {
+    fn of(ft: &fs::FileType) -> Option<SpecialKind> {
+        if ft.is_fifo() {
+            Some(SpecialKind::Fifo)
+        } else if ft.is_socket() {
+            Some(SpecialKind::Socket)
+        } else if ft.is_char_device() {
+            Some(SpecialKind::CharDevice)
+        } else if ft.is_block_device() {
+            Some(SpecialKind::BlockDevice)
+        } else {
+            None
+        }
+    }
+
+    /// What it is called in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpecialKind::Fifo => "FIFO",
+            SpecialKind::Socket => "socket",
+            SpecialKind::CharDevice => "character device",
+            SpecialKind::BlockDevice => "block device",
+        }
+    }
+
+    fn file_type(self) -> rustix::fs::FileType {
+        match self {
+            SpecialKind::Fifo => rustix::fs::FileType::Fifo,
+            SpecialKind::Socket => rustix::fs::FileType::Socket,
+            SpecialKind::CharDevice => rustix::fs::FileType::CharacterDevice,
+            SpecialKind::BlockDevice => rustix::fs::FileType::BlockDevice,
+        }
+    }
+
+    fn is_device(self) -> bool {
+        matches!(self, SpecialKind::CharDevice | SpecialKind::BlockDevice)
+    }
+}
+
+/// One FIFO, socket or device node to recreate (never opened, never copied as data).
+#[derive(Debug, Clone)]
+pub struct SpecialJob {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    pub kind: SpecialKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// The device number of a device node.
+    pub rdev: u64,
+    /// Modification time (seconds, nanoseconds).
+    pub mtime: (i64, i64),
 }
 
 /// One directory to create (and give `mode` at the end).
@@ -99,6 +183,8 @@ pub struct Plan {
     pub dirs: Vec<DirJob>,
     pub files: Vec<FileJob>,
     pub links: Vec<LinkJob>,
+    pub hardlinks: Vec<HardLinkJob>,
+    pub specials: Vec<SpecialJob>,
 }
 
 impl Plan {
@@ -128,8 +214,26 @@ pub struct Report {
     pub symlinks: u64,
     /// Files whose checksums were compared (and matched).
     pub verified: u64,
-    /// Bytes read back from the destinations (verification or cache fill).
+    /// Bytes read back from the destinations (verification or cache fill); holes are not read.
     pub read_back_bytes: u64,
+    /// Bytes of `bytes` left as holes (sparse files), neither read nor written.
+    pub sparse_bytes: u64,
+    /// Hard links created to files copied in this stage.
+    pub hardlinks: u64,
+    /// FIFOs, sockets and device nodes recreated.
+    pub specials: u64,
+    /// Source entries that could not be recreated (source path and why); the stage went on.
+    pub skipped: Vec<Skipped>,
+    /// Destinations that should have been hard links but were copied as separate files
+    /// because the destination refused the link (destination path and why).
+    pub hardlinks_copied: Vec<Skipped>,
+}
+
+/// A path and why it was not staged as asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -141,6 +245,7 @@ pub struct Report {
 pub fn plan_paths(src: &Path, dst: &Path) -> Result<Plan, StageError> {
     let mut plan = Plan::default();
     add_entry(&mut plan, src, dst, has_trailing_slash(dst))?;
+    group_hard_links(&mut plan);
     check_duplicates(&plan, |_| None)?;
     Ok(plan)
 }
@@ -209,6 +314,7 @@ fn add_entry(plan: &mut Plan, src: &Path, dst: &Path, dst_is_dir: bool) -> Resul
             len: meta.len(),
             mode: meta.permissions().mode() & 0o7777,
             mtime: meta.modified().ok(),
+            link_id: link_id(&meta),
         });
         Ok(())
     } else {
@@ -317,6 +423,7 @@ fn walk(plan: &mut Plan, src: &Path, dst: &Path) -> Result<(), StageError> {
                 )));
             }
             plan.files.push(FileJob {
+                link_id: link_id(&meta),
                 src: s,
                 dst: d,
                 len: meta.len(),
@@ -332,6 +439,24 @@ fn walk(plan: &mut Plan, src: &Path, dst: &Path) -> Result<(), StageError> {
             }
             let target = fs::read_link(&s).map_err(io_err("read the link", &s))?;
             plan.links.push(LinkJob { target, dst: d });
+        } else if let Some(kind) = SpecialKind::of(&ft) {
+            if existing.as_ref().is_some_and(|x| x.is_dir()) {
+                return Err(StageError::Refused(format!(
+                    "destination {} is a directory where the source has a {}: remove it",
+                    d.display(),
+                    kind.name()
+                )));
+            }
+            plan.specials.push(SpecialJob {
+                src: s,
+                dst: d,
+                kind,
+                mode: meta.mode() & 0o7777,
+                uid: meta.uid(),
+                gid: meta.gid(),
+                rdev: meta.rdev(),
+                mtime: (meta.mtime(), meta.mtime_nsec()),
+            });
         } else {
             return Err(StageError::Refused(format!(
                 "{} is not a regular file, directory or symbolic link (a device, FIFO or socket): remove it from the tree or stage with a manifest that leaves it out",
@@ -340,6 +465,33 @@ fn walk(plan: &mut Plan, src: &Path, dst: &Path) -> Result<(), StageError> {
         }
     }
     Ok(())
+}
+
+/// The (`st_dev`, `st_ino`) of a file with more than one hard link.
+fn link_id(meta: &fs::Metadata) -> Option<(u64, u64)> {
+    (meta.nlink() > 1).then(|| (meta.dev(), meta.ino()))
+}
+
+/// Turns every further name (another source path) of an inode already planned into a hard
+/// link to the first name's destination.
+fn group_hard_links(plan: &mut Plan) {
+    let mut first: HashMap<(u64, u64), usize> = HashMap::new();
+    for f in std::mem::take(&mut plan.files) {
+        if let Some(id) = f.link_id {
+            match first.get(&id) {
+                Some(&i) if plan.files[i].src != f.src => {
+                    let target = plan.files[i].dst.clone();
+                    plan.hardlinks.push(HardLinkJob { file: f, target });
+                    continue;
+                }
+                Some(_) => {}
+                None => {
+                    first.insert(id, plan.files.len());
+                }
+            }
+        }
+        plan.files.push(f);
+    }
 }
 
 /// Refuses a plan in which two entries write the same destination. `line_of` names the
@@ -353,7 +505,9 @@ fn check_duplicates(
         .files
         .iter()
         .map(|f| f.dst.as_path())
-        .chain(plan.links.iter().map(|l| l.dst.as_path()));
+        .chain(plan.links.iter().map(|l| l.dst.as_path()))
+        .chain(plan.hardlinks.iter().map(|h| h.file.dst.as_path()))
+        .chain(plan.specials.iter().map(|x| x.dst.as_path()));
     for d in all {
         if seen.insert(d, ()).is_some() {
             let at = line_of(d)
@@ -619,7 +773,7 @@ pub fn plan_manifest(src_root: &Path, dst_root: &Path, text: &str) -> Result<Pla
     let mut plan = Plan::default();
     let mut line_of: HashMap<PathBuf, usize> = HashMap::new();
     for (line, (sp, dp, into)) in resolved {
-        let before = (plan.files.len(), plan.links.len());
+        let before = (plan.files.len(), plan.links.len(), plan.specials.len());
         add_entry(&mut plan, &sp, &dp, into).map_err(|e| match e {
             StageError::Refused(msg) => StageError::Manifest {
                 line,
@@ -634,7 +788,11 @@ pub fn plan_manifest(src_root: &Path, dst_root: &Path, text: &str) -> Result<Pla
         for l in &plan.links[before.1..] {
             line_of.entry(l.dst.clone()).or_insert(line);
         }
+        for x in &plan.specials[before.2..] {
+            line_of.entry(x.dst.clone()).or_insert(line);
+        }
     }
+    group_hard_links(&mut plan);
     check_duplicates(&plan, |d| line_of.get(d).copied())?;
     Ok(plan)
 }
@@ -670,37 +828,148 @@ impl Drop for TmpGuard {
     }
 }
 
+/// Zeros hashed for the holes of sparse files.
+static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
+
+/// Feeds `n` zero bytes (a hole) to `h`.
+fn hash_zeros(h: &mut Xxh3, mut n: u64) {
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        h.update(&ZEROS[..k]);
+        n -= k as u64;
+    }
+}
+
+/// The next data region `[start, end)` of `f` at or after `from` and before `size`, as the
+/// file system reports it (`SEEK_DATA`/`SEEK_HOLE`); `None` when only holes remain. A file
+/// system that cannot tell has all of it as data.
+fn next_data(f: &File, from: u64, size: u64) -> io::Result<Option<(u64, u64)>> {
+    use rustix::fs::SeekFrom;
+    use rustix::io::Errno;
+    if from >= size {
+        return Ok(None);
+    }
+    let start = match rustix::fs::seek(f, SeekFrom::Data(from)) {
+        Ok(s) => s,
+        // No data at or after `from`.
+        Err(Errno::NXIO) => return Ok(None),
+        Err(Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS) => return Ok(Some((from, size))),
+        Err(e) => return Err(e.into()),
+    };
+    if start >= size {
+        return Ok(None);
+    }
+    let end = match rustix::fs::seek(f, SeekFrom::Hole(start)) {
+        Ok(e) => e.min(size),
+        Err(Errno::NXIO | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS) => size,
+        Err(e) => return Err(e.into()),
+    };
+    // Never an empty region (the caller moves on to `end`).
+    Ok(Some((start, if end > start { end } else { size })))
+}
+
+/// Reads at `off` until `buf` is full or the end of the file.
+fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], off + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// What reading a file's data regions found.
+struct Scan {
+    /// The file's size (data and holes).
+    size: u64,
+    /// Bytes read (the data regions).
+    data: u64,
+    /// xxh3-64 of the whole logical content (holes as zeros), if asked.
+    hash: Option<u64>,
+}
+
+/// Reads the data regions of `f` up to its size at open, in chunks, handing each to `sink`
+/// (offset, bytes); holes are skipped (hashed as zeros). A file that shrinks while it is read
+/// is taken as holding zeros from where it ended.
+fn scan(
+    f: &File,
+    path: &Path,
+    what: &'static str,
+    hash: bool,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &AtomicBool,
+    mut sink: impl FnMut(u64, &[u8]) -> Result<(), StageError>,
+) -> Result<Scan, StageError> {
+    let size = f.metadata().map_err(io_err(what, path))?.len();
+    let mut hasher = hash.then(Xxh3::new);
+    let mut buf = vec![0u8; CHUNK];
+    let mut pos = 0u64;
+    let mut data = 0u64;
+    'regions: while let Some((start, end)) = next_data(f, pos, size).map_err(io_err(what, path))? {
+        if let Some(h) = hasher.as_mut() {
+            hash_zeros(h, start - pos);
+        }
+        progress(start - pos);
+        pos = start;
+        while pos < end {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(StageError::Cancelled);
+            }
+            let want = (end - pos).min(CHUNK as u64) as usize;
+            let n = read_full_at(f, &mut buf[..want], pos).map_err(io_err(what, path))?;
+            if n == 0 {
+                break 'regions;
+            }
+            if let Some(h) = hasher.as_mut() {
+                h.update(&buf[..n]);
+            }
+            sink(pos, &buf[..n])?;
+            pos += n as u64;
+            data += n as u64;
+            progress(n as u64);
+            if n < want {
+                break 'regions;
+            }
+        }
+    }
+    if let Some(h) = hasher.as_mut() {
+        hash_zeros(h, size - pos);
+    }
+    progress(size - pos);
+    Ok(Scan {
+        size,
+        data,
+        hash: hasher.map(|h| h.digest()),
+    })
+}
+
+/// Copies one file (its data regions; holes stay holes) to a temporary name, sets its mode
+/// and modification time, fsyncs it and renames it into place.
 fn copy_file(
     job: &FileJob,
     hash: bool,
     progress: &(dyn Fn(u64) + Sync),
     cancel: &AtomicBool,
-) -> Result<Option<u64>, StageError> {
-    let mut src = File::open(&job.src).map_err(io_err("open", &job.src))?;
+) -> Result<Scan, StageError> {
+    let src = File::open(&job.src).map_err(io_err("open", &job.src))?;
     let tmp = tmp_name(&job.dst);
-    let mut out = OpenOptions::new()
+    let out = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&tmp)
         .map_err(io_err("create", &tmp))?;
     let mut guard = TmpGuard(Some(tmp.clone()));
-    let mut hasher = hash.then(Xxh3::new);
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(StageError::Cancelled);
-        }
-        let n = read_full(&mut src, &mut buf).map_err(io_err("read", &job.src))?;
-        if n == 0 {
-            break;
-        }
-        if let Some(h) = hasher.as_mut() {
-            h.update(&buf[..n]);
-        }
-        out.write_all(&buf[..n]).map_err(io_err("write", &tmp))?;
-        progress(n as u64);
-    }
+    let copied = scan(&src, &job.src, "read", hash, progress, cancel, |off, b| {
+        out.write_all_at(b, off).map_err(io_err("write", &tmp))
+    })?;
+    // The size, so that trailing holes (and a source that shrank) read as zeros.
+    out.set_len(copied.size)
+        .map_err(io_err("set the size of", &tmp))?;
     out.set_permissions(fs::Permissions::from_mode(job.mode))
         .map_err(io_err("set the mode of", &tmp))?;
     if let Some(t) = job.mtime {
@@ -711,49 +980,20 @@ fn copy_file(
     drop(out);
     fs::rename(&tmp, &job.dst).map_err(io_err("rename into place", &job.dst))?;
     guard.0 = None;
-    Ok(hasher.map(|h| h.digest()))
+    Ok(copied)
 }
 
-/// Reads until `buf` is full or the end of the file.
-fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-/// Reads `path` to its end; returns (bytes, xxh3 if asked).
+/// Reads the data regions of `path` (holes hashed as zeros, not read); returns (bytes read,
+/// xxh3 of the whole logical content if asked).
 fn read_back(
     path: &Path,
     hash: bool,
     progress: &(dyn Fn(u64) + Sync),
     cancel: &AtomicBool,
 ) -> Result<(u64, Option<u64>), StageError> {
-    let mut f = File::open(path).map_err(io_err("read back", path))?;
-    let mut hasher = hash.then(Xxh3::new);
-    let mut buf = vec![0u8; CHUNK];
-    let mut total = 0u64;
-    loop {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(StageError::Cancelled);
-        }
-        let n = read_full(&mut f, &mut buf).map_err(io_err("read back", path))?;
-        if n == 0 {
-            break;
-        }
-        if let Some(h) = hasher.as_mut() {
-            h.update(&buf[..n]);
-        }
-        total += n as u64;
-        progress(n as u64);
-    }
-    Ok((total, hasher.map(|h| h.digest())))
+    let f = File::open(path).map_err(io_err("read back", path))?;
+    let r = scan(&f, path, "read back", hash, progress, cancel, |_, _| Ok(()))?;
+    Ok((r.data, r.hash))
 }
 
 fn make_link(job: &LinkJob) -> Result<(), StageError> {
@@ -765,8 +1005,199 @@ fn make_link(job: &LinkJob) -> Result<(), StageError> {
     Ok(())
 }
 
+/// What copying one file (and reading it back) did.
+#[derive(Default)]
+struct Copy {
+    bytes: u64,
+    sparse: u64,
+    read_back: u64,
+    verified: bool,
+}
+
+/// Copies one file and, as asked, reads it back and compares checksums.
+fn copy_one(
+    job: &FileJob,
+    opts: &Options,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &AtomicBool,
+) -> Result<Copy, StageError> {
+    let c = copy_file(job, opts.verify, progress, cancel)?;
+    let mut r = Copy {
+        bytes: job.len,
+        sparse: c.size - c.data,
+        ..Copy::default()
+    };
+    if opts.verify || opts.read_back {
+        let (n, got) = read_back(&job.dst, opts.verify, progress, cancel)?;
+        r.read_back = n;
+        if let (Some(w), Some(g)) = (c.hash, got) {
+            if w != g {
+                return Err(StageError::Verify {
+                    dst: job.dst.clone(),
+                    want: w,
+                    got: g,
+                });
+            }
+            r.verified = true;
+        }
+    }
+    Ok(r)
+}
+
+fn add_copy(report: &mut Report, c: &Copy) {
+    report.files += 1;
+    report.bytes += c.bytes;
+    report.sparse_bytes += c.sparse;
+    report.read_back_bytes += c.read_back;
+    report.verified += u64::from(c.verified);
+}
+
+/// Errors of `link(2)` that mean the destination does not take (this) hard link.
+fn link_refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EPERM
+                | libc::EXDEV
+                | libc::EMLINK
+                | libc::EOPNOTSUPP
+                | libc::ENOSYS
+                | libc::EINVAL
+        )
+    )
+}
+
+/// Makes `job.file.dst` a hard link to `target` (under a temporary name, renamed into
+/// place). `Ok(Err(reason))` when the destination refuses the link.
+fn make_hard_link(
+    job: &HardLinkJob,
+    target: &Path,
+    verify: bool,
+) -> Result<Result<(), String>, StageError> {
+    let dst = &job.file.dst;
+    let tmp = tmp_name(dst);
+    if let Err(e) = fs::hard_link(target, &tmp) {
+        if link_refused(&e) {
+            return Ok(Err(format!(
+                "the destination refused a hard link to {} ({e}): copied as a separate file",
+                target.display()
+            )));
+        }
+        return Err(io_err("create the hard link", &tmp)(e));
+    }
+    let mut guard = TmpGuard(Some(tmp.clone()));
+    fs::rename(&tmp, dst).map_err(io_err("rename into place", dst))?;
+    guard.0 = None;
+    if verify {
+        let a = fs::symlink_metadata(target).map_err(io_err("read back", target))?;
+        let b = fs::symlink_metadata(dst).map_err(io_err("read back", dst))?;
+        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+            return Err(StageError::Refused(format!(
+                "verify failed for the hard link {}: it is not the same file as {}; run the stage again",
+                dst.display(),
+                target.display()
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Recreates a FIFO, socket or device node under a temporary name (mode, owner when root,
+/// modification time) and renames it into place; never opens it. `Err(reason)` when it cannot
+/// be recreated (nothing is left behind).
+fn make_special(job: &SpecialJob, root: bool) -> Result<(), String> {
+    use rustix::fs::{AtFlags, Gid, Mode, Timespec, Timestamps, Uid, CWD, UTIME_OMIT};
+    let kind = job.kind.name();
+    if job.kind.is_device() && !root {
+        return Err(format!(
+            "a {kind} ({}:{}) can only be recreated by root: stage as root to recreate it",
+            rustix::fs::major(job.rdev),
+            rustix::fs::minor(job.rdev)
+        ));
+    }
+    let tmp = tmp_name(&job.dst);
+    rustix::fs::mknodat(
+        CWD,
+        &tmp,
+        job.kind.file_type(),
+        Mode::from_raw_mode(0o600),
+        job.rdev,
+    )
+    .map_err(|e| {
+        let e = io::Error::from(e);
+        format!("the destination refused to create the {kind} (mknod: {e})")
+    })?;
+    let mut guard = TmpGuard(Some(tmp.clone()));
+    if root {
+        rustix::fs::chownat(
+            CWD,
+            &tmp,
+            Some(Uid::from_raw(job.uid)),
+            Some(Gid::from_raw(job.gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| {
+            format!(
+                "cannot give the {kind} its owner {}:{} ({})",
+                job.uid,
+                job.gid,
+                io::Error::from(e)
+            )
+        })?;
+    }
+    // After the owner: chown clears set-ID bits. The mode of mknod is cut by the umask.
+    rustix::fs::chmodat(CWD, &tmp, Mode::from_raw_mode(job.mode), AtFlags::empty()).map_err(
+        |e| {
+            format!(
+                "cannot give the {kind} its mode {:o} ({})",
+                job.mode,
+                io::Error::from(e)
+            )
+        },
+    )?;
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: job.mtime.0,
+            tv_nsec: job.mtime.1,
+        },
+    };
+    rustix::fs::utimensat(CWD, &tmp, &times, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| {
+        format!(
+            "cannot set the modification time of the {kind} ({})",
+            io::Error::from(e)
+        )
+    })?;
+    fs::rename(&tmp, &job.dst).map_err(|e| format!("cannot rename the {kind} into place ({e})"))?;
+    guard.0 = None;
+    Ok(())
+}
+
+/// Checks that `job.dst` is a special file of the source's kind, permission bits and (device
+/// nodes) device number. (Set-ID bits are not compared: the kernel may drop them for a user
+/// outside the node's group, and they mean nothing on these files.)
+fn verify_special(job: &SpecialJob) -> Result<(), StageError> {
+    let m = fs::symlink_metadata(&job.dst).map_err(io_err("read back", &job.dst))?;
+    let same = SpecialKind::of(&m.file_type()) == Some(job.kind)
+        && m.mode() & 0o1777 == job.mode & 0o1777
+        && (!job.kind.is_device() || m.rdev() == job.rdev);
+    if same {
+        Ok(())
+    } else {
+        Err(StageError::Refused(format!(
+            "verify failed for {}: it is not a {} with mode {:o} like its source; run the stage again",
+            job.dst.display(),
+            job.kind.name(),
+            job.mode
+        )))
+    }
+}
+
 /// Carries out a plan with `opts.jobs` threads. `progress` is called with each run of bytes
-/// copied or read back; setting `cancel` stops the copy at the next chunk.
+/// copied or read back (holes included); setting `cancel` stops the copy at the next chunk.
 pub fn execute(
     plan: &Plan,
     opts: &Options,
@@ -783,11 +1214,8 @@ pub fn execute(
     order.sort_by_key(|f| std::cmp::Reverse(f.len));
     let next = AtomicUsize::new(0);
     let failed: Mutex<Option<StageError>> = Mutex::new(None);
+    let done: Mutex<Report> = Mutex::new(Report::default());
     let stop = AtomicBool::new(false);
-    let files = AtomicU64::new(0);
-    let bytes = AtomicU64::new(0);
-    let verified = AtomicU64::new(0);
-    let read_bytes = AtomicU64::new(0);
     let halt = |e: StageError| {
         stop.store(true, Ordering::Relaxed);
         let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
@@ -808,35 +1236,11 @@ pub fn execute(
                 }
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = order.get(i) else { return };
-                let want = match copy_file(job, opts.verify, progress, cancel) {
-                    Ok(h) => h,
+                match copy_one(job, opts, progress, cancel) {
+                    Ok(c) => add_copy(&mut done.lock().unwrap_or_else(|p| p.into_inner()), &c),
                     Err(e) => {
                         halt(e);
                         return;
-                    }
-                };
-                files.fetch_add(1, Ordering::Relaxed);
-                bytes.fetch_add(job.len, Ordering::Relaxed);
-                if opts.verify || opts.read_back {
-                    match read_back(&job.dst, opts.verify, progress, cancel) {
-                        Ok((n, got)) => {
-                            read_bytes.fetch_add(n, Ordering::Relaxed);
-                            if let (Some(w), Some(g)) = (want, got) {
-                                if w != g {
-                                    halt(StageError::Verify {
-                                        dst: job.dst.clone(),
-                                        want: w,
-                                        got: g,
-                                    });
-                                    return;
-                                }
-                                verified.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        Err(e) => {
-                            halt(e);
-                            return;
-                        }
                     }
                 }
             });
@@ -845,10 +1249,46 @@ pub fn execute(
     if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
-    report.files = files.into_inner();
-    report.bytes = bytes.into_inner();
-    report.verified = verified.into_inner();
-    report.read_back_bytes = read_bytes.into_inner();
+    let done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+    report.files = done.files;
+    report.bytes = done.bytes;
+    report.sparse_bytes = done.sparse_bytes;
+    report.verified = done.verified;
+    report.read_back_bytes = done.read_back_bytes;
+    // Further names of files copied above: hard links to their copies. Where the destination
+    // refuses a link (another file system below a destination directory, no links at all),
+    // the name is copied, and later names of the inode try that copy too.
+    let mut copies: HashMap<&Path, Vec<PathBuf>> = HashMap::new();
+    for h in &plan.hardlinks {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(StageError::Cancelled);
+        }
+        let targets = copies
+            .entry(h.target.as_path())
+            .or_insert_with(|| vec![h.target.clone()]);
+        let mut refused = None;
+        for t in targets.iter() {
+            match make_hard_link(h, t, opts.verify)? {
+                Ok(()) => {
+                    refused = None;
+                    break;
+                }
+                Err(reason) => refused = Some(reason),
+            }
+        }
+        match refused {
+            None => report.hardlinks += 1,
+            Some(reason) => {
+                let c = copy_one(&h.file, opts, progress, cancel)?;
+                add_copy(&mut report, &c);
+                targets.push(h.file.dst.clone());
+                report.hardlinks_copied.push(Skipped {
+                    path: h.file.dst.clone(),
+                    reason,
+                });
+            }
+        }
+    }
     for l in &plan.links {
         if cancel.load(Ordering::Relaxed) {
             return Err(StageError::Cancelled);
@@ -866,6 +1306,24 @@ pub fn execute(
             }
         }
         report.symlinks += 1;
+    }
+    let root = rustix::process::geteuid().is_root();
+    for x in &plan.specials {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(StageError::Cancelled);
+        }
+        match make_special(x, root) {
+            Ok(()) => {
+                if opts.verify {
+                    verify_special(x)?;
+                }
+                report.specials += 1;
+            }
+            Err(reason) => report.skipped.push(Skipped {
+                path: x.src.clone(),
+                reason,
+            }),
+        }
     }
     // Directory modes last (deepest first), so a read-only source directory does not stop
     // its own copy.
@@ -974,6 +1432,98 @@ mod tests {
         );
         // Duplicate destinations.
         let e = plan_manifest(&src, &dst, "a x\nsub/b x\n").unwrap_err();
+        assert!(e.to_string().contains("written twice"), "{e}");
+    }
+
+    #[test]
+    fn sparse_copy_hashes_the_logical_content() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("s");
+        let f = File::create(&src).unwrap();
+        let size = 64 * CHUNK as u64 + 3;
+        f.set_len(size).unwrap();
+        f.write_all_at(&[1u8; 100], 7).unwrap();
+        f.write_all_at(&[2u8; 10_000], 40 * CHUNK as u64 - 5)
+            .unwrap();
+        drop(f);
+        let job = FileJob {
+            src: src.clone(),
+            dst: t.path().join("d"),
+            len: size,
+            mode: 0o640,
+            mtime: None,
+            link_id: None,
+        };
+        let done = AtomicU64::new(0);
+        let progress = |n: u64| {
+            done.fetch_add(n, Ordering::Relaxed);
+        };
+        let c = copy_file(&job, true, &progress, &AtomicBool::new(false)).unwrap();
+        let whole = fs::read(&src).unwrap();
+        assert_eq!(c.hash, Some(xxhash_rust::xxh3::xxh3_64(&whole)));
+        assert_eq!(c.size, size);
+        assert!(c.data < size / 4, "{}", c.data);
+        assert_eq!(done.load(Ordering::Relaxed), size);
+        assert_eq!(fs::read(&job.dst).unwrap(), whole);
+        let (sm, dm) = (fs::metadata(&src).unwrap(), fs::metadata(&job.dst).unwrap());
+        assert!(
+            dm.blocks() <= sm.blocks() + 16,
+            "{} {}",
+            dm.blocks(),
+            sm.blocks()
+        );
+        let (n, h) = read_back(&job.dst, true, &|_| {}, &AtomicBool::new(false)).unwrap();
+        assert_eq!((n < size / 4, h), (true, c.hash));
+        // All holes, and empty.
+        for len in [0, 5 * CHUNK as u64] {
+            let f = File::create(&src).unwrap();
+            f.set_len(len).unwrap();
+            drop(f);
+            let c = copy_file(&job, true, &|_| {}, &AtomicBool::new(false)).unwrap();
+            assert_eq!(
+                c.hash,
+                Some(xxhash_rust::xxh3::xxh3_64(&vec![0u8; len as usize]))
+            );
+            assert_eq!(fs::metadata(&job.dst).unwrap().len(), len);
+        }
+    }
+
+    #[test]
+    fn plans_hard_links_and_special_files() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        fs::create_dir_all(&src).unwrap();
+        fs::write(src.join("a"), b"x").unwrap();
+        fs::hard_link(src.join("a"), src.join("b")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            src.join("p"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let dst = t.path().join("dst");
+        let plan = plan_paths(&src, &dst).unwrap();
+        assert_eq!(plan.files.len(), 1);
+        assert_eq!(plan.hardlinks.len(), 1);
+        assert_eq!(plan.hardlinks[0].target, dst.join("a"));
+        assert_eq!(plan.specials.len(), 1);
+        assert_eq!(plan.specials[0].kind, SpecialKind::Fifo);
+        let opts = Options {
+            jobs: 2,
+            verify: true,
+            read_back: false,
+        };
+        let r = execute(&plan, &opts, &|_| {}, &AtomicBool::new(false)).unwrap();
+        assert_eq!((r.files, r.hardlinks, r.specials), (1, 1, 1));
+        assert!(r.skipped.is_empty() && r.hardlinks_copied.is_empty());
+        // The same source named twice in a manifest is copied twice, not linked.
+        let plan = plan_manifest(&src, &dst, "a x\na y\nb z\n").unwrap();
+        assert_eq!((plan.files.len(), plan.hardlinks.len()), (2, 1));
+        // A FIFO (in a tree) and a file writing one destination.
+        let e = plan_manifest(&src, &dst, ". t\na t/p\n").unwrap_err();
         assert!(e.to_string().contains("written twice"), "{e}");
     }
 }
