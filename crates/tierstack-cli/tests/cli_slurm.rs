@@ -443,6 +443,14 @@ fn slurm_burst_buffer_end_to_end() {
         t0.elapsed().as_secs_f64()
     );
 
+    // scontrol show bbstat runs the get_status hook.
+    let o = s.client("scontrol show bbstat");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("pool tierstack:") && text.contains("2.0 GiB"),
+        "bbstat: {text}"
+    );
+
     // --- A bad directive makes sbatch fail with one line naming it.
     let bad = s.script(
         "bad.sh",
