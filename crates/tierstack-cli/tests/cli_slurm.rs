@@ -272,6 +272,21 @@ impl Drop for Slurm {
                 }
             }
         }
+        // slurmstepd processes of our jobs can outlive slurmd (waiting to report to it): ours
+        // are those whose working folder is under our scratch folder.
+        if let Ok(rd) = fs::read_dir("/proc") {
+            for e in rd.flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                    continue;
+                };
+                let comm = fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+                let cwd = fs::read_link(e.path().join("cwd")).unwrap_or_default();
+                if comm.trim() == "slurmstepd" && cwd.starts_with(&self.root) {
+                    // SAFETY: kill(2) on a slurmstepd of this test's own jobs.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
         // Any mount of ours left (a failed test) is detached before removal.
         let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
         for l in mounts.lines() {
