@@ -2,6 +2,7 @@
 
 pub mod array;
 pub mod checkpoint;
+pub mod io;
 pub mod mem;
 pub mod plot;
 pub mod table;

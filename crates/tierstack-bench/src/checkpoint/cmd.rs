@@ -106,7 +106,7 @@ pub(super) fn tool(name: &str, args: &[&str], what: &str) -> Result<String> {
 }
 
 /// Mount points (decoded) listed in /proc/self/mounts.
-pub(super) fn mount_points() -> Vec<PathBuf> {
+pub(crate) fn mount_points() -> Vec<PathBuf> {
     let text = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     text.lines()
         .filter_map(|l| l.split_whitespace().nth(1))

@@ -20,8 +20,8 @@
 //! - `throttle`: the loop-device ext4 file system and the blkio/io cgroup that throttles it;
 //! - here: the configuration, the run of the benchmark, its report and table.
 
-mod cmd;
-mod mounted;
+pub(crate) mod cmd;
+pub(crate) mod mounted;
 mod throttle;
 mod writer;
 

@@ -10,17 +10,17 @@ use std::time::{Duration, Instant};
 use super::cmd::{is_mounted, run_cmd, tool};
 use super::{monotonic_ns, CheckpointError, Result};
 
-pub(super) struct Mounted {
+pub(crate) struct Mounted {
     exe: PathBuf,
     mnt: PathBuf,
-    pub(super) daemon_pid: Option<u32>,
+    pub(crate) daemon_pid: Option<u32>,
     /// The fsync mode `status` names.
-    pub(super) mode: Option<String>,
+    pub(crate) mode: Option<String>,
     active: bool,
 }
 
 impl Mounted {
-    pub(super) fn mount(
+    pub(crate) fn mount(
         exe: &Path,
         backing: &Path,
         mnt: &Path,
@@ -60,7 +60,7 @@ impl Mounted {
         Ok(me)
     }
 
-    pub(super) fn status(&self) -> Result<serde_json::Value> {
+    pub(crate) fn status(&self) -> Result<serde_json::Value> {
         let out = run_cmd(
             Command::new(&self.exe)
                 .arg("status")
@@ -77,7 +77,7 @@ impl Mounted {
     }
 
     /// `drain --wait`, then until `status` says no byte is dirty.
-    pub(super) fn drain_wait(&self, cancel: &AtomicBool, timeout: Duration) -> Result<()> {
+    pub(crate) fn drain_wait(&self, cancel: &AtomicBool, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         run_cmd(
             Command::new(&self.exe)
@@ -116,7 +116,7 @@ impl Mounted {
 
     /// `tierstack umount` (drains, then unmounts); if that fails, a lazy unmount and the end
     /// of the daemon this benchmark started.
-    pub(super) fn close(&mut self) -> Result<()> {
+    pub(crate) fn close(&mut self) -> Result<()> {
         if !self.active {
             return Ok(());
         }
