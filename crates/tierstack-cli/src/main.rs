@@ -2,6 +2,7 @@
 
 mod array_cmd;
 mod demo;
+mod io_cmd;
 mod mem_cmd;
 mod mount_cmd;
 mod run_cmd;
@@ -72,6 +73,9 @@ enum BenchCmd {
     /// Seed 004's experiment: N processes each write and fsync one file, straight into the
     /// backing directory and through a tierstack mount; output time, drain time, speedup.
     Checkpoint(stage_cmd::BenchCheckpointArgs),
+    /// Seed 001's IOR-style sweep, transfer size x MPI ranks (mpirun), straight into a folder
+    /// and through a tierstack mount over it: IOR's summary table, grids, mount / plain.
+    Io(io_cmd::BenchIoArgs),
     /// Internal: one writer process of `bench checkpoint` (takes its spec as JSON).
     #[command(hide = true)]
     CheckpointWriter { spec: String },
@@ -129,6 +133,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::MemWorker { spec }) => mem_cmd::worker(&spec),
         Cmd::Bench(BenchCmd::Checkpoint(a)) => stage_cmd::bench_checkpoint(a),
         Cmd::Bench(BenchCmd::CheckpointWriter { spec }) => stage_cmd::checkpoint_writer(&spec),
+        Cmd::Bench(BenchCmd::Io(a)) => io_cmd::bench(a),
         Cmd::Run(a) => run_cmd::run(a),
         Cmd::Mount(a) => mount_cmd::mount(a),
         Cmd::Status(a) => mount_cmd::status(a),

@@ -189,6 +189,19 @@ pub fn stats(v: &[f64]) -> Stats {
 
 const MIB: f64 = 1048576.0;
 
+/// A size as the options take it: `128K`, `16M`, `1G`, or bytes.
+pub fn short_size(b: u64) -> String {
+    if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
+        format!("{}G", b >> 30)
+    } else if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
+        format!("{}M", b >> 20)
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
+        format!("{}K", b >> 10)
+    } else {
+        format!("{b}")
+    }
+}
+
 /// One point of the sweep on one target: IOR's summary figures for write and read.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
@@ -229,10 +242,7 @@ pub struct Row {
 
 impl Row {
     /// Builds a row from the rank program's phase lines.
-    pub fn from_phases(
-        base: RowBase,
-        lines: &[PhaseLine],
-    ) -> std::result::Result<Row, String> {
+    pub fn from_phases(base: RowBase, lines: &[PhaseLine]) -> std::result::Result<Row, String> {
         let mut w = Vec::new();
         let mut r = Vec::new();
         let mut errors = 0;
@@ -457,12 +467,12 @@ fn check(cfg: &Config) -> Result<()> {
         return bad("--block needs sizes above 0, e.g. --block 128K,1M,16M".into());
     }
     for &b in &cfg.blocks {
-        if cfg.size_per_rank == 0 || cfg.size_per_rank % b != 0 {
+        if cfg.size_per_rank == 0 || !cfg.size_per_rank.is_multiple_of(b) {
             return bad(format!(
                 "--size-per-rank {} is not a multiple of --block {}: each rank writes whole transfers; give e.g. --size-per-rank {}",
-                crate::fmt_size(cfg.size_per_rank),
-                crate::fmt_size(b),
-                crate::fmt_size(b * (cfg.size_per_rank / b).max(1))
+                short_size(cfg.size_per_rank),
+                short_size(b),
+                short_size(b * (cfg.size_per_rank / b).max(1))
             ));
         }
     }
@@ -553,7 +563,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
                 progress(
                     done,
                     total,
-                    &format!("{name}: {ranks} ranks, {}", crate::fmt_size(block)),
+                    &format!("{name}: {ranks} ranks, {}", short_size(block)),
                 );
                 let point = root.join(format!("t{test_id}"));
                 mkdir(&point)?;
@@ -645,11 +655,9 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
     };
     // Plain rows first, then the mount's, each in sweep order.
     rows.sort_by_key(|r| (r.target != "plain", r.test_id));
-    let drain_seconds = cfg.mount.then(|| {
-        rows.iter()
-            .filter_map(|r| r.drain_seconds)
-            .sum::<f64>()
-    });
+    let drain_seconds = cfg
+        .mount
+        .then(|| rows.iter().filter_map(|r| r.drain_seconds).sum::<f64>());
     Ok(Report {
         rows,
         host: host(&mpi),
@@ -761,7 +769,14 @@ mod tests {
         let row = Row::from_phases(base.clone(), &l).unwrap();
         assert_eq!(row.read_errors, 1);
         assert_eq!(row.write_s, vec![1.0]);
-        assert!(Row::from_phases(RowBase { reps: 2, ..base.clone() }, &l).is_err());
+        assert!(Row::from_phases(
+            RowBase {
+                reps: 2,
+                ..base.clone()
+            },
+            &l
+        )
+        .is_err());
         assert!(Row::from_phases(RowBase { ranks: 2, ..base }, &l).is_err());
         assert!(parse_phase_lines("IORANK {bad").is_err());
     }
@@ -796,7 +811,10 @@ mod tests {
             timeout: Duration::from_secs(60),
         };
         let e = check(&cfg).unwrap_err().to_string();
-        assert!(e.contains("not a multiple of --block") && !e.contains('\n'), "{e}");
+        assert!(
+            e.contains("not a multiple of --block") && !e.contains('\n'),
+            "{e}"
+        );
         let e = check(&Config {
             ranks: vec![0],
             ..cfg.clone()

@@ -143,18 +143,6 @@ pub fn parse_summary(text: &str) -> Result<Vec<SummaryLine>, String> {
     Ok(out)
 }
 
-fn size_label(b: u64) -> String {
-    if b >= 1 << 30 && b % (1 << 30) == 0 {
-        format!("{}G", b >> 30)
-    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{}M", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
-        format!("{}K", b >> 10)
-    } else {
-        format!("{b}")
-    }
-}
-
 fn axes(rows: &[&Row]) -> (Vec<usize>, Vec<u64>) {
     let mut ranks: Vec<usize> = rows.iter().map(|r| r.ranks).collect();
     ranks.sort_unstable();
@@ -168,7 +156,7 @@ fn axes(rows: &[&Row]) -> (Vec<usize>, Vec<u64>) {
 /// A ranks × block grid of `value` (seed 001's tables).
 fn grid(title: &str, rows: &[&Row], value: impl Fn(&Row) -> Option<f64>, prec: usize) -> String {
     let (ranks, blocks) = axes(rows);
-    let labels: Vec<String> = blocks.iter().map(|b| size_label(*b)).collect();
+    let labels: Vec<String> = blocks.iter().map(|b| super::short_size(*b)).collect();
     let mut header: Vec<&str> = vec!["ranks"];
     header.extend(labels.iter().map(String::as_str));
     let body: Vec<Vec<String>> = ranks
@@ -322,7 +310,7 @@ pub fn render_csv(r: &Report) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Row, RowBase, PhaseLine};
+    use super::super::{PhaseLine, Row, RowBase};
     use super::*;
 
     fn row() -> Row {
@@ -361,7 +349,11 @@ mod tests {
             SUMMARY_HEADER.split_whitespace().count()
         );
         // IOR's layout: operation in 9, then 10-wide figures.
-        assert!(lines[2].starts_with("write         256.00     256.00     256.00       0.00"), "{}", lines[2]);
+        assert!(
+            lines[2].starts_with("write         256.00     256.00     256.00       0.00"),
+            "{}",
+            lines[2]
+        );
         let p = parse_summary(&text).unwrap();
         assert_eq!(p.len(), 2);
         assert_eq!(p[0].operation, "write");
