@@ -408,7 +408,7 @@ fn print_status(s: &MountStatus) {
     }
     // The busiest operations (all of them in --json).
     let mut ops = s.ops.clone();
-    ops.sort_by(|a, b| b.count.cmp(&a.count));
+    ops.sort_by_key(|o| std::cmp::Reverse(o.count));
     for o in ops.iter().take(6) {
         println!(
             "op {:<8} {:>9} served, p50 {} us, p99 {} us, max {} us",

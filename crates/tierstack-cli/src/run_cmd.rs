@@ -41,6 +41,10 @@ pub struct RunArgs {
     /// Print one summary line at exit (peak RSS, faults, prefetch, evictions, bytes moved).
     #[arg(long)]
     pub stats: bool,
+    /// Print one JSON object at exit on stderr (stdout is the program's): exit status, peak
+    /// RSS, budget, allowance, bytes over it, paged processes, faults, bytes paged.
+    #[arg(long)]
+    pub json: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -75,6 +79,101 @@ fn preload_lib() -> Result<PathBuf> {
         "cannot find libtierstack_preload.so next to {}: build it with `cargo build --release` or set TIERSTACK_PRELOAD",
         exe.display()
     )
+}
+
+/// Finds `program` the way `execvp` does (a name without `/` is looked up in PATH).
+fn resolve(program: &std::ffi::OsStr) -> Option<PathBuf> {
+    let p = Path::new(program);
+    if p.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return Some(p.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(p))
+            .find(|c| c.is_file())
+    })
+}
+
+/// How a program file is started, as far as the preload shim is concerned.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Linkage {
+    /// An ELF program with an interpreter (ld.so): LD_PRELOAD applies.
+    Dynamic,
+    /// An ELF program without an interpreter: LD_PRELOAD cannot apply.
+    Static,
+    /// A script: its interpreter is what runs.
+    Script(PathBuf),
+    /// Not something we can tell (the exec will say).
+    Unknown,
+}
+
+/// Reads the start of a program file and tells its [`Linkage`].
+pub fn linkage(path: &Path) -> Linkage {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(1 << 16);
+    let ok = std::fs::File::open(path)
+        .and_then(|f| f.take(1 << 20).read_to_end(&mut head))
+        .is_ok();
+    if !ok {
+        return Linkage::Unknown;
+    }
+    if let Some(rest) = head.strip_prefix(b"#!") {
+        let line = rest.split(|b| *b == b'\n').next().unwrap_or_default();
+        let interp = String::from_utf8_lossy(line);
+        return match interp.split_whitespace().next() {
+            Some(i) => Linkage::Script(PathBuf::from(i)),
+            None => Linkage::Unknown,
+        };
+    }
+    let Ok(header) = goblin::elf::Elf::parse_header(&head) else {
+        return Linkage::Unknown;
+    };
+    let ctx = goblin::container::Ctx::new(
+        if header.e_ident[goblin::elf::header::EI_CLASS] == goblin::elf::header::ELFCLASS64 {
+            goblin::container::Container::Big
+        } else {
+            goblin::container::Container::Little
+        },
+        if header.e_ident[goblin::elf::header::EI_DATA] == goblin::elf::header::ELFDATA2MSB {
+            goblin::container::Endian::Big
+        } else {
+            goblin::container::Endian::Little
+        },
+    );
+    match goblin::elf::program_header::ProgramHeader::parse(
+        &head,
+        header.e_phoff as usize,
+        header.e_phnum as usize,
+        ctx,
+    ) {
+        Ok(phs)
+            if phs
+                .iter()
+                .any(|ph| ph.p_type == goblin::elf::program_header::PT_INTERP) =>
+        {
+            Linkage::Dynamic
+        }
+        Ok(_) => Linkage::Static,
+        Err(_) => Linkage::Unknown,
+    }
+}
+
+/// Refuses a program the preload shim cannot reach (statically linked), naming the options.
+fn check_linkage(program: &std::ffi::OsStr) -> Result<()> {
+    let Some(mut path) = resolve(program) else {
+        return Ok(());
+    };
+    // A script runs its interpreter (one level, as the kernel does).
+    if let Linkage::Script(i) = linkage(&path) {
+        path = i;
+    }
+    if linkage(&path) == Linkage::Static {
+        bail!(
+            "{} is statically linked (no ELF interpreter), so tierstack's LD_PRELOAD shim cannot manage its memory and --dram would not be enforced: run a dynamically linked build of it (e.g. for Go, CGO_ENABLED=1 with -linkmode=external), or run it under kernel swap with a memory cgroup (e.g. `systemd-run --scope -p MemoryMax=SIZE -p MemorySwapMax=infinity CMD`)",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 fn free_space(dir: &Path) -> Option<u64> {
@@ -123,6 +222,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let Some(program) = a.cmd.first() else {
         bail!("no command given: use `tierstack run --dram 4G -- ./program ARGS`");
     };
+    check_linkage(program)?;
     if let Err(e) = tierstack_mem::uffd::available() {
         bail!("userfaultfd is not usable by this user ({e}): run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1` or access to /dev/userfaultfd");
     }
@@ -180,9 +280,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         cmd.env("TIERSTACK_DIR", &run_dir.0)
             .env("TIERSTACK_STORE", store.to_string());
     }
-    if a.stats {
-        cmd.env("TIERSTACK_STATS_DIR", &run_dir.0);
-    }
+    // Every process reports its pager's figures at exit (the end-of-run check needs them).
+    cmd.env("TIERSTACK_STATS_DIR", &run_dir.0);
     // The program gets Ctrl-C itself; we wait for it and clean up.
     // SAFETY: ignoring SIGINT/SIGQUIT in this process; the child resets them before exec.
     unsafe {
@@ -198,8 +297,42 @@ pub fn run(a: RunArgs) -> Result<()> {
         .spawn()
         .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
     let (code, max_rss) = wait_child(child.id())?;
+    let st = collect_stats(&run_dir.0);
     if a.stats {
-        eprintln!("{}", stats_line(&run_dir.0, max_rss, code));
+        eprintln!("{}", stats_line(&st, max_rss, code));
+    }
+    let over = max_rss.saturating_sub(dram + RSS_ALLOWANCE);
+    if a.json {
+        let g = |k: &str| st.sum.get(k).copied().unwrap_or(0);
+        eprintln!(
+            "{}",
+            serde_json::json!({
+                "exit": code,
+                "peak_rss_bytes": max_rss,
+                "budget_bytes": dram,
+                "allowance_bytes": RSS_ALLOWANCE,
+                "over_budget_bytes": over,
+                "paged_processes": st.procs,
+                "peak_resident_bytes": g("peak_resident"),
+                "faults": g("faults"),
+                "bytes_paged_in": g("bytes_in"),
+                "bytes_paged_out": g("bytes_out"),
+            })
+        );
+    }
+    if over > 0 {
+        eprintln!(
+            "tierstack: warning: peak RSS {} passed --dram {} by {} more than the {} allowance: memory grew outside tierstack's management ({}); see `tierstack run --help`",
+            fmt_size(max_rss),
+            fmt_size(dram),
+            fmt_size(over),
+            fmt_size(RSS_ALLOWANCE),
+            if st.procs == 0 {
+                "no process made an allocation of --threshold or more: lower --threshold, or the program reserves and commits address space itself (JVM, V8)"
+            } else {
+                "allocations below --threshold, or address space the program's runtime reserves and commits itself (JVM, V8)"
+            }
+        );
     }
     drop(run_dir);
     if code != 0 {
@@ -236,8 +369,18 @@ pub fn wait_child(pid: u32) -> Result<(i32, u64)> {
     Ok((code, ru.ru_maxrss.max(0) as u64 * 1024))
 }
 
-/// One line: the program's peak RSS and the sums of its processes' counters.
-fn stats_line(dir: &Path, peak_rss: u64, code: i32) -> String {
+/// What `run` lets a process hold above `--dram` before it warns: tierstack's own threads,
+/// stacks and buffers, the program's allocations below `--threshold`, and its code.
+pub const RSS_ALLOWANCE: u64 = 192 << 20;
+
+/// The figures every paged process of a run left in the run folder, added up.
+struct RunStats {
+    procs: u64,
+    budget: u64,
+    sum: std::collections::BTreeMap<String, u64>,
+}
+
+fn collect_stats(dir: &Path) -> RunStats {
     let mut procs = 0u64;
     let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
     let mut budget = 0u64;
@@ -268,7 +411,13 @@ fn stats_line(dir: &Path, peak_rss: u64, code: i32) -> String {
             }
         }
     }
-    let g = |k: &str| sum.get(k).copied().unwrap_or(0);
+    RunStats { procs, budget, sum }
+}
+
+/// One line: the program's peak RSS and the sums of its processes' counters.
+fn stats_line(st: &RunStats, peak_rss: u64, code: i32) -> String {
+    let (procs, budget) = (st.procs, st.budget);
+    let g = |k: &str| st.sum.get(k).copied().unwrap_or(0);
     format!(
         "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} handed_over={} stolen={}",
         fmt_size(peak_rss),

@@ -382,3 +382,185 @@ fn bad_options_get_one_line_and_nothing_is_created() {
     assert_eq!(std::fs::read_dir(t.path()).expect("dir").count(), 0);
     assert!(!missing.exists());
 }
+
+/// Runs `cmd` natively and under `tierstack run --dram 256M`, each bounded by a timeout (a
+/// hang is a failure, not a stuck test), and returns (native stdout, tierstack run output).
+fn native_and_run(cmd: &[&str], dir: &Path, secs: u64) -> (String, Run) {
+    let native = Command::new("timeout")
+        .arg(secs.to_string())
+        .args(cmd)
+        .output()
+        .expect("run natively");
+    assert!(native.status.success(), "{cmd:?} fails natively");
+    let mut args = vec!["--dram", "256M", "--json", "--"];
+    args.extend_from_slice(cmd);
+    let out = Command::new("timeout")
+        .arg(secs.to_string())
+        .arg(BIN)
+        .arg("run")
+        .arg("--dir")
+        .arg(dir)
+        .args(&args)
+        .output()
+        .expect("run tierstack");
+    let r = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    };
+    assert_ne!(
+        r.code, 124,
+        "{cmd:?} hung under tierstack run: {}",
+        r.stderr
+    );
+    (String::from_utf8_lossy(&native.stdout).into(), r)
+}
+
+/// The `--json` line of a run.
+fn run_json(stderr: &str) -> serde_json::Value {
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("{\"allowance_bytes\""))
+        .unwrap_or_else(|| panic!("no --json line in {stderr}"));
+    serde_json::from_str(line).expect("json")
+}
+
+/// Issue 19's battery: MADV_DONTNEED reads zeros (also for ranges not on page boundaries),
+/// memset + partial munmap, mprotect with the program's own SIGSEGV handler, mmap(MAP_FIXED)
+/// over part of a block, realloc/calloc/pipes, on blocks three times the budget: the same
+/// answers as natively, none hangs. fork: the child never sees wrong data (it gets SIGSEGV
+/// touching the parent's paged block; paging it is not built yet).
+#[test]
+fn memory_semantics_battery() {
+    let Some(b) = build("cc", "semantics.c", &[]) else {
+        return;
+    };
+    let exe = b.exe.to_str().expect("utf8");
+    for case in ["dontneed", "guard", "fixed", "grow"] {
+        let (native, r) = native_and_run(&[exe, case, "768"], &b.dir, 300);
+        assert_eq!(r.code, 0, "{case}: {}", r.stderr);
+        assert_eq!(r.stdout, native, "{case} differs: {}", r.stderr);
+        let j = run_json(&r.stderr);
+        assert_eq!(j["over_budget_bytes"], 0, "{case}: {j}");
+        assert!(
+            j["faults"].as_u64().unwrap_or(0) > 0,
+            "{case}: nothing paged: {j}"
+        );
+    }
+    let (native, r) = native_and_run(&[exe, "fork", "768"], &b.dir, 300);
+    assert_eq!(r.code, 0, "fork: {}", r.stderr);
+    let parent = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("fork "))
+            .map(str::to_string)
+    };
+    let child = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("child "))
+            .map(str::to_string)
+    };
+    match child(&r.stdout) {
+        // The child read the parent's block: exactly what it reads natively.
+        Some(c) => assert_eq!(Some(c), child(&native), "{}", r.stdout),
+        None => assert!(
+            r.stdout.contains("child_status=SIGSEGV"),
+            "the child neither read the right data nor stopped: {}",
+            r.stdout
+        ),
+    }
+    assert!(
+        parent(&r.stdout).is_some_and(|l| l.ends_with("parent_first=90")),
+        "the parent's block changed: {}",
+        r.stdout
+    );
+}
+
+/// Issue 19: Node.js with an 800 MB Float64Array read at random gives its native answer
+/// within the budget plus the allowance, and does not hang (skipped without node).
+#[test]
+fn node_with_an_800_mb_array() {
+    let guard = serial();
+    if !usable() || Command::new("node").arg("--version").output().is_err() {
+        eprintln!("SKIP: node not installed");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let script = programs().join("node_random.js");
+    let (native, r) = native_and_run(&["node", script.to_str().expect("utf8")], tmp.path(), 600);
+    drop(guard);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, native);
+    let j = run_json(&r.stderr);
+    assert_eq!(j["over_budget_bytes"], 0, "{j}");
+    assert!(
+        j["bytes_paged_out"].as_u64().unwrap_or(0) > 0,
+        "nothing paged: {j}"
+    );
+}
+
+/// Issue 19: a statically linked program (Go's default) is refused up front with a message
+/// that says so, before anything runs (skipped without a Go toolchain).
+#[test]
+fn a_static_go_binary_is_refused_up_front() {
+    let _g = serial();
+    if Command::new("go").arg("version").output().is_err() {
+        eprintln!("SKIP: go not installed");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let exe = tmp.path().join("staticgo");
+    let st = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(programs().join("StaticGo.go"))
+        .env("CGO_ENABLED", "0")
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOCACHE", tmp.path().join("gocache"))
+        .env("HOME", tmp.path())
+        .status()
+        .expect("go build");
+    if !st.success() {
+        eprintln!("SKIP: go build failed");
+        return;
+    }
+    let r = run(
+        &["--dram", "256M", "--", exe.to_str().expect("utf8")],
+        tmp.path(),
+    );
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("statically linked"), "{}", r.stderr);
+    assert!(r.stdout.is_empty(), "it ran: {}", r.stdout);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+}
+
+/// Issue 19: a program whose memory grows outside tierstack's management (the JVM commits
+/// its reserved heap itself) is reported at exit with a warning and in --json, never
+/// silently (skipped without java).
+#[test]
+fn unmanaged_growth_is_reported() {
+    let _g = serial();
+    if !usable() || Command::new("java").arg("-version").output().is_err() {
+        eprintln!("SKIP: java not installed");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("Big.java");
+    std::fs::write(
+        &src,
+        "public class Big { public static void main(String[] a) { long[] x = new long[100_000_000]; for (int i = 0; i < x.length; i += 512) x[i] = i; long s = 0; for (int i = 0; i < x.length; i += 4096) s += x[i]; System.out.println(\"sum \" + s); } }",
+    )
+    .expect("write");
+    let (native, r) = native_and_run(
+        &["java", "-Xmx1200m", src.to_str().expect("utf8")],
+        tmp.path(),
+        300,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, native);
+    let j = run_json(&r.stderr);
+    let over = j["over_budget_bytes"].as_u64().unwrap_or(0);
+    if over > 0 {
+        assert!(r.stderr.contains("warning: peak RSS"), "{}", r.stderr);
+    }
+}

@@ -603,7 +603,106 @@ pub unsafe extern "C" fn mmap(
             Got::Fallback => {}
         }
     }
+    // A fixed mapping over part of a region replaces those pages: they stop being the
+    // region's (never evicted, never read back) before the kernel maps something else there.
+    if flags & libc::MAP_FIXED != 0 && !FORKED.load(Relaxed) {
+        if let Some((base, off, olen)) = overlap(addr as usize, len) {
+            let _b = Busy::enter();
+            if let Some(e) = ENGINE.lock().clone() {
+                if let Some(r) = e.regions.lock().get(&base) {
+                    r.forget(off, olen);
+                }
+            }
+        }
+    }
     libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void
+}
+
+/// The part of `[a, a+len)` that lies in a region: (region base, offset, length).
+fn overlap(a: usize, len: usize) -> Option<(usize, usize, usize)> {
+    let high = HIGH.load(Acquire);
+    (0..high).find_map(|i| {
+        let b = BASES[i].load(Acquire);
+        let l = LENS[i].load(Acquire);
+        if b == 0 || b == usize::MAX {
+            return None;
+        }
+        let lo = a.max(b);
+        let hi = a.saturating_add(len).min(b + l);
+        (lo < hi).then_some((b, lo - b, hi - lo))
+    })
+}
+
+/// Makes `[off, off+len)` of region `base` read as zeros and leave the store, as
+/// `MADV_DONTNEED` does natively: whole tierstack pages are discarded, the bytes of pages only
+/// partly in the range are zeroed in place.
+///
+/// # Safety
+/// The range must lie in the live region `base`.
+unsafe fn zero_range(base: usize, off: usize, len: usize) {
+    let _b = Busy::enter();
+    let Some(e) = ENGINE.lock().clone() else {
+        return;
+    };
+    let page = e.pager.page();
+    let first = off.div_ceil(page) * page;
+    let end = ((off + len) / page) * page;
+    let regions = e.regions.lock();
+    let Some(r) = regions.get(&base) else { return };
+    // SAFETY (caller): every byte range below lies inside the region's mapping; a page that
+    // is not resident faults in (served by the pager) before it is zeroed.
+    if first < end {
+        r.discard(first, end - first);
+        if off < first {
+            std::ptr::write_bytes((base + off) as *mut u8, 0, first - off);
+        }
+        if end < off + len {
+            std::ptr::write_bytes((base + end) as *mut u8, 0, off + len - end);
+        }
+    } else {
+        // Within one page: its bytes are zeroed in place.
+        std::ptr::write_bytes((base + off) as *mut u8, 0, len);
+    }
+}
+
+/// # Safety
+/// C `madvise`. On a region, `MADV_DONTNEED`, `MADV_FREE` and `MADV_REMOVE` make the range read
+/// as zeros (and leave the store); advice that would change how the kernel pages it
+/// (huge pages, merging, fork inheritance, ...) is accepted and ignored, since tierstack pages
+/// the region; anything else goes to the kernel.
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+    let a = addr as usize;
+    if !FORKED.load(Relaxed) {
+        if let Some((base, off, olen)) = overlap(a, len) {
+            match advice {
+                libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE => {
+                    zero_range(base, off, olen);
+                    // The part outside the region (if any) is the kernel's.
+                    if off == 0 && a < base {
+                        libc::syscall(libc::SYS_madvise, addr, base - a, advice);
+                    }
+                    return 0;
+                }
+                libc::MADV_NORMAL
+                | libc::MADV_RANDOM
+                | libc::MADV_SEQUENTIAL
+                | libc::MADV_WILLNEED
+                | libc::MADV_HUGEPAGE
+                | libc::MADV_NOHUGEPAGE
+                | libc::MADV_MERGEABLE
+                | libc::MADV_UNMERGEABLE
+                | libc::MADV_DONTFORK
+                | libc::MADV_DOFORK
+                | libc::MADV_DONTDUMP
+                | libc::MADV_DODUMP
+                | libc::MADV_COLD
+                | libc::MADV_PAGEOUT => return 0,
+                _ => {}
+            }
+        }
+    }
+    libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int
 }
 
 /// # Safety

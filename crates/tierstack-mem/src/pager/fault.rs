@@ -223,8 +223,23 @@ impl Inner {
         let mut st = core.st.lock();
         match st.pages[idx] {
             PageState::Resident => {
+                // Usually a race with whoever just placed the page. If the kernel dropped it
+                // behind the pager's back (an madvise that bypassed the shim), it reads as
+                // zeros, as natively, and stays dirty so no later write to it is lost on
+                // eviction; either way the thread is woken, never left faulting for ever.
+                let a4 = addr & !4095;
+                if self.uffd.zeropage(a4, 4096).is_ok() {
+                    st.dirty[idx] = true;
+                }
                 drop(st);
                 let _ = self.uffd.wake(pa, page);
+                return;
+            }
+            PageState::Foreign => {
+                drop(st);
+                // What is left of a page the program mapped over: zeros, not paged.
+                let _ = self.uffd.zeropage(addr & !4095, 4096);
+                let _ = self.uffd.wake(addr & !4095, 4096);
                 return;
             }
             // Whoever is loading it wakes the waiters; a program that caught up with a

@@ -28,6 +28,10 @@ pub(super) enum PageState {
     Resident,
     /// Being written out by an eviction; writers wait in a write-protect fault.
     Evicting,
+    /// The program mapped something else over (part of) the page (`mmap(MAP_FIXED)`): it is
+    /// no longer paged (never evicted, never read back); a fault in what is left of it gets
+    /// zeros.
+    Foreign,
 }
 
 pub(super) struct RState {
@@ -211,6 +215,48 @@ impl Region {
     /// The first error of the region's pager, if any.
     pub fn error(&self) -> Option<String> {
         self.inner.failed.lock().clone()
+    }
+
+    /// Stops paging every page that `[off, off+len)` touches: the program maps something
+    /// else there (`mmap(MAP_FIXED)`), which an eviction must never drop. Their copies leave
+    /// the store and DRAM accounting; the pages become [`PageState::Foreign`].
+    pub fn forget(&self, off: usize, len: usize) {
+        let page = self.inner.page;
+        let first = off / page;
+        let end = (off + len).min(self.core.len).div_ceil(page);
+        for i in first..end {
+            // A page only partly mapped over keeps its other bytes: they must be in place
+            // (not only in the store) before the page stops being paged.
+            let partial = i * page < off || (i + 1) * page > off + len;
+            loop {
+                let mut st = self.core.st.lock();
+                match st.pages[i] {
+                    PageState::Loading | PageState::Evicting => {
+                        drop(st);
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    PageState::Resident => {
+                        st.resident -= page as u64;
+                        self.inner.resident.fetch_sub(page as u64, Relaxed);
+                        if st.backed[i] == PageState::Stored {
+                            let _ = self.inner.store.remove((self.core.obj, i as u64));
+                        }
+                    }
+                    PageState::Stored => {
+                        if partial {
+                            if let Some(data) = self.inner.read_page(&self.core, i) {
+                                self.inner.place(self.core.base + i * page, &data, false);
+                            }
+                        }
+                        let _ = self.inner.store.remove((self.core.obj, i as u64));
+                    }
+                    PageState::Zero | PageState::Foreign => {}
+                }
+                st.pages[i] = PageState::Foreign;
+                break;
+            }
+        }
     }
 
     /// Releases the pages of `[off, off+len)` (whole pages inside it): they read as zeros

@@ -1,0 +1,152 @@
+/* Memory-semantics battery for `tierstack run` (issue 19): each case works on blocks several
+ * times the budget the test gives and prints one line that must be the same natively and
+ * under tierstack run. Usage: semantics CASE MIB */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static size_t MB;
+
+static uint64_t sum(const unsigned char *p, size_t n) {
+    uint64_t s = 0;
+    for (size_t i = 0; i < n; i += 4096) s = s * 31 + p[i] + p[i + 4095];
+    return s;
+}
+
+/* MADV_DONTNEED on a private anonymous block: the range reads as zeros afterwards, also
+ * for a range that does not start or end on a 64 KiB boundary. */
+static int dontneed(void) {
+    size_t n = MB << 20;
+    unsigned char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 2;
+    memset(p, 0xAB, n);
+    size_t off = (n / 3) & ~(size_t)4095, len = (n / 4) & ~(size_t)4095;
+    if (madvise(p + off + 4096, len, MADV_DONTNEED) != 0) return 3;
+    size_t zeros = 0, ab = 0;
+    for (size_t i = 0; i < n; i += 512) {
+        if (p[i] == 0) zeros++;
+        else if (p[i] == 0xAB) ab++;
+    }
+    /* then memset all of it and unmap a part in the middle, and use the rest */
+    memset(p, 7, n);
+    size_t cut = (n / 2) & ~(size_t)4095;
+    if (munmap(p + cut, 8 << 20) != 0) return 4;
+    uint64_t s = sum(p, cut) + sum(p + cut + (8 << 20), n - cut - (8 << 20));
+    printf("dontneed zeros=%zu ab=%zu sum=%llu\n", zeros, ab, (unsigned long long)s);
+    return 0;
+}
+
+static sigjmp_buf jb;
+static volatile int caught;
+static void on_segv(int sig) {
+    (void)sig;
+    caught++;
+    siglongjmp(jb, 1);
+}
+
+/* mprotect(PROT_READ) on part of a block, a write to it, the program's own SIGSEGV handler
+ * with siglongjmp (guard pages, garbage collectors, JITs). */
+static int guard(void) {
+    size_t n = MB << 20;
+    /* page-aligned natively too, so the output does not depend on malloc's alignment */
+    unsigned char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 2;
+    memset(p, 1, n);
+    unsigned char *g = (unsigned char *)(((uintptr_t)p + (n / 2)) & ~(uintptr_t)4095);
+    if (mprotect(g, 1 << 20, PROT_READ) != 0) return 3;
+    signal(SIGSEGV, on_segv);
+    for (int k = 0; k < 3; k++) {
+        if (sigsetjmp(jb, 1) == 0) {
+            g[k * 4096] = 9; /* faults */
+        }
+    }
+    mprotect(g, 1 << 20, PROT_READ | PROT_WRITE);
+    g[0] = 5;
+    printf("guard caught=%d first=%d mid=%d sum=%llu\n", caught, p[0], g[0],
+           (unsigned long long)sum(p, n & ~(size_t)4095));
+    return 0;
+}
+
+/* mmap(MAP_FIXED) over part of a large block (how runtimes commit reserved space). */
+static int fixed(void) {
+    size_t n = MB << 20;
+    unsigned char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 2;
+    memset(p, 3, n);
+    size_t off = ((n / 4) & ~(size_t)4095) + 8192, len = 16 << 20;
+    unsigned char *q = mmap(p + off, len, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (q != p + off) return 3;
+    int fresh = q[0] == 0 && q[len - 1] == 0;
+    memset(q, 4, len);
+    /* touch everything again, twice the budget's worth, so evictions run over it */
+    volatile unsigned char x = 0;
+    for (int r = 0; r < 2; r++)
+        for (size_t i = 0; i < n; i += 4096) x += p[i];
+    printf("fixed fresh=%d sum=%llu inner=%d\n", fresh, (unsigned long long)sum(p, n),
+           q[len / 2]);
+    return 0;
+}
+
+/* realloc growth, calloc zeros, read()/write() through paged memory. */
+static int grow(void) {
+    size_t n = MB << 20;
+    unsigned char *p = calloc(1, n / 2);
+    if (!p) return 2;
+    size_t nz = 0;
+    for (size_t i = 0; i < n / 2; i += 4096) nz += p[i] != 0;
+    memset(p, 2, n / 2);
+    p = realloc(p, n);
+    if (!p) return 3;
+    memset(p + n / 2, 6, n / 2);
+    int fd[2];
+    if (pipe(fd) != 0) return 4;
+    if (write(fd[1], p + n / 2 - 2, 4) != 4) return 5;
+    unsigned char b[4];
+    if (read(fd[0], b, 4) != 4) return 6;
+    printf("grow nonzero=%zu pipe=%d%d%d%d sum=%llu\n", nz, b[0], b[1], b[2], b[3],
+           (unsigned long long)sum(p, n));
+    return 0;
+}
+
+/* fork: the child reads the parent's block and writes to it privately. */
+static int forked(void) {
+    size_t n = MB << 20;
+    unsigned char *p = malloc(n);
+    if (!p) return 2;
+    memset(p, 0x5A, n);
+    fflush(stdout);
+    pid_t c = fork();
+    if (c == 0) {
+        uint64_t s = sum(p, n & ~(size_t)4095);
+        memset(p, 1, 4096);
+        printf("child sum=%llu\n", (unsigned long long)s);
+        fflush(stdout);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(c, &st, 0);
+    printf("fork child_status=%s parent_first=%d\n",
+           WIFEXITED(st) ? "exit" : (WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV ? "SIGSEGV" : "other"),
+           p[0]);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 1;
+    MB = strtoull(argv[2], 0, 10);
+    const char *c = argv[1];
+    if (!strcmp(c, "dontneed")) return dontneed();
+    if (!strcmp(c, "guard")) return guard();
+    if (!strcmp(c, "fixed")) return fixed();
+    if (!strcmp(c, "grow")) return grow();
+    if (!strcmp(c, "fork")) return forked();
+    return 1;
+}
