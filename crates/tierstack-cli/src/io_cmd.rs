@@ -70,6 +70,9 @@ pub struct BenchIoArgs {
     /// Print one CSV line per row instead of the tables.
     #[arg(long)]
     pub csv: bool,
+    /// Also draw the write and read heat maps (ranks x block, one panel per target) as PNG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 pub fn bench(a: BenchIoArgs) -> Result<()> {
@@ -82,6 +85,11 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
     let size_per_rank = parse_size(&a.size_per_rank).map_err(anyhow::Error::msg)?;
     if let Some(d) = &a.dram {
         parse_size(d).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(p) = &a.plot {
+        // A missing font or folder fails now, not after the sweep.
+        tierstack_bench::plot::check_font().map_err(anyhow::Error::msg)?;
+        tierstack_bench::plot::check_target(p).map_err(anyhow::Error::msg)?;
     }
     if a.timeout == 0 {
         anyhow::bail!("--timeout 0 is out of range: give seconds, e.g. --timeout 600");
@@ -120,6 +128,9 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
     let r = io::run(&cfg, &cancel, &progress);
     bar.finish_and_clear();
     let r = r?;
+    if let Some(p) = &a.plot {
+        io::plot_io(p, &r).map_err(anyhow::Error::msg)?;
+    }
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else if a.csv {

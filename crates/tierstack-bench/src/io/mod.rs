@@ -17,10 +17,12 @@
 //! job sees (its bandwidth) against when the data is safe in the backing.
 //!
 //! - `mpi`: finding MPI, building the rank program, bounded `mpirun`;
+//! - `plot`: the heat maps of `--plot`;
 //! - `report`: the IOR summary table, the grid tables, CSV, and parsing the summary back;
 //! - here: configuration, the sweep, the arithmetic.
 
 mod mpi;
+mod plot;
 mod report;
 
 use std::fs;
@@ -35,6 +37,7 @@ use crate::checkpoint::mounted::Mounted;
 use crate::checkpoint::CheckpointError;
 
 pub use mpi::{find as find_mpi, Mpi, RANK_SOURCE};
+pub use plot::plot_io;
 pub use report::{parse_summary, render, render_csv, render_summary, SummaryLine};
 
 /// What can go wrong in `bench io`; every message names the problem and the fix.
