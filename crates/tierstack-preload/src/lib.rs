@@ -401,77 +401,93 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 /// C `calloc`.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
-    let Some(total) = n.checked_mul(size) else {
-        set_errno(libc::ENOMEM);
-        return std::ptr::null_mut();
-    };
-    if wants_region(total) {
-        // Regions start as zero pages.
-        return alloc(total, 16, false);
+    // SAFETY: the program calls this as C `calloc`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        let Some(total) = n.checked_mul(size) else {
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        };
+        if wants_region(total) {
+            // Regions start as zero pages.
+            return alloc(total, 16, false);
+        }
+        __libc_calloc(n, size)
     }
-    __libc_calloc(n, size)
 }
 
 /// # Safety
 /// C `free`: `p` is NULL or came from this allocator.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    if p.is_null() || free_region(p as usize) {
-        return;
+    // SAFETY: the program calls this as C `free`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        if p.is_null() || free_region(p as usize) {
+            return;
+        }
+        __libc_free(p)
     }
-    __libc_free(p)
 }
 
 /// # Safety
 /// C `realloc`.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
-    if p.is_null() {
-        return malloc(size);
-    }
-    if let Some(len) = region_len(p as usize) {
-        if size == 0 {
-            free(p);
-            return std::ptr::null_mut();
+    // SAFETY: the program calls this as C `realloc`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        if p.is_null() {
+            return malloc(size);
         }
-        if size <= len {
-            return p;
-        }
-        let q = malloc(size);
-        if q.is_null() {
-            return q;
-        }
-        std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, len);
-        free(p);
-        return q;
-    }
-    if wants_region(size) {
-        let old = real_usable_size(p);
-        match new_region(size, 16) {
-            Got::Region(q) => {
-                std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
-                __libc_free(p);
-                return q;
-            }
-            Got::NoMemory => {
-                set_errno(libc::ENOMEM);
+        if let Some(len) = region_len(p as usize) {
+            if size == 0 {
+                free(p);
                 return std::ptr::null_mut();
             }
-            Got::Fallback => {}
+            if size <= len {
+                return p;
+            }
+            let q = malloc(size);
+            if q.is_null() {
+                return q;
+            }
+            std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, len);
+            free(p);
+            return q;
         }
+        if wants_region(size) {
+            let old = real_usable_size(p);
+            match new_region(size, 16) {
+                Got::Region(q) => {
+                    std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
+                    __libc_free(p);
+                    return q;
+                }
+                Got::NoMemory => {
+                    set_errno(libc::ENOMEM);
+                    return std::ptr::null_mut();
+                }
+                Got::Fallback => {}
+            }
+        }
+        __libc_realloc(p, size)
     }
-    __libc_realloc(p, size)
 }
 
 /// # Safety
 /// C `reallocarray`.
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
-    match n.checked_mul(size) {
-        Some(t) => realloc(p, t),
-        None => {
-            set_errno(libc::ENOMEM);
-            std::ptr::null_mut()
+    // SAFETY: the program calls this as C `reallocarray`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        match n.checked_mul(size) {
+            Some(t) => realloc(p, t),
+            None => {
+                set_errno(libc::ENOMEM);
+                std::ptr::null_mut()
+            }
         }
     }
 }
@@ -484,15 +500,19 @@ pub unsafe extern "C" fn posix_memalign(
     align: size_t,
     size: size_t,
 ) -> c_int {
-    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
-        return libc::EINVAL;
+    // SAFETY: the program calls this as C `posix_memalign`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
+            return libc::EINVAL;
+        }
+        let p = alloc(size, align, false);
+        if p.is_null() {
+            return libc::ENOMEM;
+        }
+        *out = p;
+        0
     }
-    let p = alloc(size, align, false);
-    if p.is_null() {
-        return libc::ENOMEM;
-    }
-    *out = p;
-    0
 }
 
 /// # Safety
@@ -510,27 +530,37 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
 /// C `memalign`.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
-    aligned_alloc(align, size)
+    // SAFETY: the program calls this as C `memalign`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe { aligned_alloc(align, size) }
 }
 
 /// # Safety
 /// C `valloc`.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
-    if wants_region(size) {
-        return alloc(size, 4096, false);
+    // SAFETY: the program calls this as C `valloc`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        if wants_region(size) {
+            return alloc(size, 4096, false);
+        }
+        __libc_valloc(size)
     }
-    __libc_valloc(size)
 }
 
 /// # Safety
 /// C `pvalloc`.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
-    if wants_region(size) {
-        return alloc(size, 4096, false);
+    // SAFETY: the program calls this as C `pvalloc`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        if wants_region(size) {
+            return alloc(size, 4096, false);
+        }
+        __libc_pvalloc(size)
     }
-    __libc_pvalloc(size)
 }
 
 /// The next definition of `name` after this library's (glibc's), looked up once into `cache`;
@@ -546,25 +576,33 @@ fn next_symbol(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
 }
 
 unsafe fn real_usable_size(p: *mut c_void) -> usize {
-    type F = unsafe extern "C" fn(*mut c_void) -> size_t;
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    let f = next_symbol(&REAL, c"malloc_usable_size");
-    if f == 0 {
-        return 0;
+    // SAFETY: the caller upholds this function's `# Safety` contract, which covers
+    // every call and pointer access below.
+    unsafe {
+        type F = unsafe extern "C" fn(*mut c_void) -> size_t;
+        static REAL: AtomicUsize = AtomicUsize::new(0);
+        let f = next_symbol(&REAL, c"malloc_usable_size");
+        if f == 0 {
+            return 0;
+        }
+        // SAFETY: `f` is glibc's malloc_usable_size, found by dlsym.
+        let real: F = std::mem::transmute::<usize, F>(f);
+        real(p)
     }
-    // SAFETY: `f` is glibc's malloc_usable_size, found by dlsym.
-    let real: F = std::mem::transmute::<usize, F>(f);
-    real(p)
 }
 
 /// # Safety
 /// C `malloc_usable_size`.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
-    if p.is_null() {
-        return 0;
+    // SAFETY: the program calls this as C `malloc_usable_size`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        if p.is_null() {
+            return 0;
+        }
+        region_len(p as usize).unwrap_or_else(|| real_usable_size(p))
     }
-    region_len(p as usize).unwrap_or_else(|| real_usable_size(p))
 }
 
 fn anonymous_private(addr: *mut c_void, prot: c_int, flags: c_int, fd: c_int) -> bool {
@@ -593,29 +631,33 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    if anonymous_private(addr, prot, flags, fd) && wants_region(len) {
-        match new_region(len, 4096) {
-            Got::Region(p) => return p,
-            Got::NoMemory => {
-                set_errno(libc::ENOMEM);
-                return libc::MAP_FAILED;
+    // SAFETY: the program calls this as C `mmap`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        if anonymous_private(addr, prot, flags, fd) && wants_region(len) {
+            match new_region(len, 4096) {
+                Got::Region(p) => return p,
+                Got::NoMemory => {
+                    set_errno(libc::ENOMEM);
+                    return libc::MAP_FAILED;
+                }
+                Got::Fallback => {}
             }
-            Got::Fallback => {}
         }
-    }
-    // A fixed mapping over part of a region replaces those pages: they stop being the
-    // region's (never evicted, never read back) before the kernel maps something else there.
-    if flags & libc::MAP_FIXED != 0 && !FORKED.load(Relaxed) {
-        if let Some((base, off, olen)) = overlap(addr as usize, len) {
-            let _b = Busy::enter();
-            if let Some(e) = ENGINE.lock().clone() {
-                if let Some(r) = e.regions.lock().get(&base) {
-                    r.forget(off, olen);
+        // A fixed mapping over part of a region replaces those pages: they stop being the
+        // region's (never evicted, never read back) before the kernel maps something else there.
+        if flags & libc::MAP_FIXED != 0 && !FORKED.load(Relaxed) {
+            if let Some((base, off, olen)) = overlap(addr as usize, len) {
+                let _b = Busy::enter();
+                if let Some(e) = ENGINE.lock().clone() {
+                    if let Some(r) = e.regions.lock().get(&base) {
+                        r.forget(off, olen);
+                    }
                 }
             }
         }
+        libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void
     }
-    libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void
 }
 
 /// The part of `[a, a+len)` that lies in a region: (region base, offset, length).
@@ -640,28 +682,32 @@ fn overlap(a: usize, len: usize) -> Option<(usize, usize, usize)> {
 /// # Safety
 /// The range must lie in the live region `base`.
 unsafe fn zero_range(base: usize, off: usize, len: usize) {
-    let _b = Busy::enter();
-    let Some(e) = ENGINE.lock().clone() else {
-        return;
-    };
-    let page = e.pager.page();
-    let first = off.div_ceil(page) * page;
-    let end = ((off + len) / page) * page;
-    let regions = e.regions.lock();
-    let Some(r) = regions.get(&base) else { return };
-    // SAFETY (caller): every byte range below lies inside the region's mapping; a page that
-    // is not resident faults in (served by the pager) before it is zeroed.
-    if first < end {
-        r.discard(first, end - first);
-        if off < first {
-            std::ptr::write_bytes((base + off) as *mut u8, 0, first - off);
+    // SAFETY: the caller upholds this function's `# Safety` contract, which covers
+    // every call and pointer access below.
+    unsafe {
+        let _b = Busy::enter();
+        let Some(e) = ENGINE.lock().clone() else {
+            return;
+        };
+        let page = e.pager.page();
+        let first = off.div_ceil(page) * page;
+        let end = ((off + len) / page) * page;
+        let regions = e.regions.lock();
+        let Some(r) = regions.get(&base) else { return };
+        // SAFETY (caller): every byte range below lies inside the region's mapping; a page that
+        // is not resident faults in (served by the pager) before it is zeroed.
+        if first < end {
+            r.discard(first, end - first);
+            if off < first {
+                std::ptr::write_bytes((base + off) as *mut u8, 0, first - off);
+            }
+            if end < off + len {
+                std::ptr::write_bytes((base + end) as *mut u8, 0, off + len - end);
+            }
+        } else {
+            // Within one page: its bytes are zeroed in place.
+            std::ptr::write_bytes((base + off) as *mut u8, 0, len);
         }
-        if end < off + len {
-            std::ptr::write_bytes((base + end) as *mut u8, 0, off + len - end);
-        }
-    } else {
-        // Within one page: its bytes are zeroed in place.
-        std::ptr::write_bytes((base + off) as *mut u8, 0, len);
     }
 }
 
@@ -672,37 +718,41 @@ unsafe fn zero_range(base: usize, off: usize, len: usize) {
 /// the region; anything else goes to the kernel.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
-    let a = addr as usize;
-    if !FORKED.load(Relaxed) {
-        if let Some((base, off, olen)) = overlap(a, len) {
-            match advice {
-                libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE => {
-                    zero_range(base, off, olen);
-                    // The part outside the region (if any) is the kernel's.
-                    if off == 0 && a < base {
-                        libc::syscall(libc::SYS_madvise, addr, base - a, advice);
+    // SAFETY: the program calls this as C `madvise`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        let a = addr as usize;
+        if !FORKED.load(Relaxed) {
+            if let Some((base, off, olen)) = overlap(a, len) {
+                match advice {
+                    libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE => {
+                        zero_range(base, off, olen);
+                        // The part outside the region (if any) is the kernel's.
+                        if off == 0 && a < base {
+                            libc::syscall(libc::SYS_madvise, addr, base - a, advice);
+                        }
+                        return 0;
                     }
-                    return 0;
+                    libc::MADV_NORMAL
+                    | libc::MADV_RANDOM
+                    | libc::MADV_SEQUENTIAL
+                    | libc::MADV_WILLNEED
+                    | libc::MADV_HUGEPAGE
+                    | libc::MADV_NOHUGEPAGE
+                    | libc::MADV_MERGEABLE
+                    | libc::MADV_UNMERGEABLE
+                    | libc::MADV_DONTFORK
+                    | libc::MADV_DOFORK
+                    | libc::MADV_DONTDUMP
+                    | libc::MADV_DODUMP
+                    | libc::MADV_COLD
+                    | libc::MADV_PAGEOUT => return 0,
+                    _ => {}
                 }
-                libc::MADV_NORMAL
-                | libc::MADV_RANDOM
-                | libc::MADV_SEQUENTIAL
-                | libc::MADV_WILLNEED
-                | libc::MADV_HUGEPAGE
-                | libc::MADV_NOHUGEPAGE
-                | libc::MADV_MERGEABLE
-                | libc::MADV_UNMERGEABLE
-                | libc::MADV_DONTFORK
-                | libc::MADV_DOFORK
-                | libc::MADV_DONTDUMP
-                | libc::MADV_DODUMP
-                | libc::MADV_COLD
-                | libc::MADV_PAGEOUT => return 0,
-                _ => {}
             }
         }
+        libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int
     }
-    libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int
 }
 
 /// # Safety
@@ -716,33 +766,39 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    mmap(addr, len, prot, flags, fd, off)
+    // SAFETY: the program calls this as C `mmap64`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
 
 /// # Safety
 /// C `munmap`.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
-    let a = addr as usize;
-    if let Some((_, base, rlen)) = slot_containing(a) {
-        if FORKED.load(Relaxed) {
-            return 0;
-        }
-        if a == base && len >= rlen {
-            free_region(a);
-        } else {
-            // Part of a region: its pages are released, the range stays reserved until the
-            // whole region is unmapped.
-            let _b = Busy::enter();
-            if let Some(e) = ENGINE.lock().clone() {
-                if let Some(r) = e.regions.lock().get(&base) {
-                    r.discard(a - base, len);
+    // SAFETY: the program calls this as C `munmap`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        let a = addr as usize;
+        if let Some((_, base, rlen)) = slot_containing(a) {
+            if FORKED.load(Relaxed) {
+                return 0;
+            }
+            if a == base && len >= rlen {
+                free_region(a);
+            } else {
+                // Part of a region: its pages are released, the range stays reserved until the
+                // whole region is unmapped.
+                let _b = Busy::enter();
+                if let Some(e) = ENGINE.lock().clone() {
+                    if let Some(r) = e.regions.lock().get(&base) {
+                        r.discard(a - base, len);
+                    }
                 }
             }
+            return 0;
         }
-        return 0;
+        libc::syscall(libc::SYS_munmap, addr, len) as c_int
     }
-    libc::syscall(libc::SYS_munmap, addr, len) as c_int
 }
 
 /// # Safety
@@ -755,37 +811,41 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new_addr: *mut c_void,
 ) -> *mut c_void {
-    let a = old as usize;
-    if let Some(rlen) = region_len(a) {
-        if FORKED.load(Relaxed) || flags & libc::MREMAP_FIXED != 0 {
-            set_errno(libc::EINVAL);
-            return libc::MAP_FAILED;
-        }
-        if new_len <= rlen {
-            if new_len < old_len.min(rlen) {
-                munmap(
-                    (a + new_len.next_multiple_of(4096)) as *mut c_void,
-                    rlen - new_len.min(rlen),
-                );
+    // SAFETY: the program calls this as C `mremap`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        let a = old as usize;
+        if let Some(rlen) = region_len(a) {
+            if FORKED.load(Relaxed) || flags & libc::MREMAP_FIXED != 0 {
+                set_errno(libc::EINVAL);
+                return libc::MAP_FAILED;
             }
-            return old;
-        }
-        if flags & libc::MREMAP_MAYMOVE == 0 {
-            set_errno(libc::ENOMEM);
-            return libc::MAP_FAILED;
-        }
-        let q = match new_region(new_len, 4096) {
-            Got::Region(q) => q,
-            Got::NoMemory | Got::Fallback => {
+            if new_len <= rlen {
+                if new_len < old_len.min(rlen) {
+                    munmap(
+                        (a + new_len.next_multiple_of(4096)) as *mut c_void,
+                        rlen - new_len.min(rlen),
+                    );
+                }
+                return old;
+            }
+            if flags & libc::MREMAP_MAYMOVE == 0 {
                 set_errno(libc::ENOMEM);
                 return libc::MAP_FAILED;
             }
-        };
-        std::ptr::copy_nonoverlapping(old as *const u8, q as *mut u8, old_len.min(rlen));
-        free_region(a);
-        return q;
+            let q = match new_region(new_len, 4096) {
+                Got::Region(q) => q,
+                Got::NoMemory | Got::Fallback => {
+                    set_errno(libc::ENOMEM);
+                    return libc::MAP_FAILED;
+                }
+            };
+            std::ptr::copy_nonoverlapping(old as *const u8, q as *mut u8, old_len.min(rlen));
+            free_region(a);
+            return q;
+        }
+        libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void
     }
-    libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void
 }
 
 type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
@@ -820,21 +880,25 @@ pub unsafe extern "C" fn pthread_create(
     routine: StartRoutine,
     arg: *mut c_void,
 ) -> c_int {
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    let f = next_symbol(&REAL, c"pthread_create");
-    if f == 0 {
-        return libc::EAGAIN;
+    // SAFETY: the program calls this as C `pthread_create`; the calls and pointer
+    // accesses below rely on its arguments following that C contract.
+    unsafe {
+        static REAL: AtomicUsize = AtomicUsize::new(0);
+        let f = next_symbol(&REAL, c"pthread_create");
+        if f == 0 {
+            return libc::EAGAIN;
+        }
+        // SAFETY: `f` is glibc's pthread_create, found by dlsym.
+        let real: PthreadCreate = std::mem::transmute::<usize, PthreadCreate>(f);
+        if THRESHOLD.load(Relaxed) == 0 {
+            return real(thread, attr, routine, arg);
+        }
+        let start = Box::into_raw(Box::new(Start { routine, arg }));
+        let rc = real(thread, attr, registered_start, start as *mut c_void);
+        if rc != 0 {
+            // SAFETY: the thread was not created; the box is still ours.
+            drop(Box::from_raw(start));
+        }
+        rc
     }
-    // SAFETY: `f` is glibc's pthread_create, found by dlsym.
-    let real: PthreadCreate = std::mem::transmute::<usize, PthreadCreate>(f);
-    if THRESHOLD.load(Relaxed) == 0 {
-        return real(thread, attr, routine, arg);
-    }
-    let start = Box::into_raw(Box::new(Start { routine, arg }));
-    let rc = real(thread, attr, registered_start, start as *mut c_void);
-    if rc != 0 {
-        // SAFETY: the thread was not created; the box is still ours.
-        drop(Box::from_raw(start));
-    }
-    rc
 }
