@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Small I/O through a tierstack mount at its defaults vs a plain folder on the same disk
+# (issue 18's workloads): fio 4 KiB random writes (2 jobs x 128 MiB, without and with an
+# fsync every 64 writes) and 5,000 x (create + 100-byte write + close), stat, unlink from one
+# Python process. Needs root, fio and python3. Usage: smallio.sh [WORKDIR]
+set -euo pipefail
+T=${TIERSTACK:-$(dirname "$0")/../../target/release/tierstack}
+W=${1:-/tmp/ts-smallio}
+rm -rf "$W"; mkdir -p "$W/plain" "$W/back" "$W/mnt"
+fio4k() { # DIR [EXTRA]
+  fio --name=rw --directory="$1" --rw=randwrite --bs=4k --size=128M --numjobs=2 \
+      --ioengine=psync --group_reporting ${2:-} --output-format=terse --terse-version=3 \
+    | awk -F';' '{printf "%.1f", $48/1024}'
+  rm -f "$1"/rw.*
+}
+meta() { # DIR
+  python3 - "$1" <<'PY'
+import os, sys, time
+d = sys.argv[1]; n = 5000
+os.makedirs(d, exist_ok=True)
+t = time.time()
+for i in range(n):
+    fd = os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b"x" * 100); os.close(fd)
+c = n / (time.time() - t); t = time.time()
+for i in range(n): os.stat(f"{d}/f{i}")
+s = n / (time.time() - t); t = time.time()
+for i in range(n): os.unlink(f"{d}/f{i}")
+u = n / (time.time() - t)
+print(f"{c:.0f} {s:.0f} {u:.0f}")
+PY
+}
+p1=$(fio4k "$W/plain"); p2=$(fio4k "$W/plain" --fsync=64); read -r pc ps pu < <(meta "$W/plain/m")
+"$T" mount "$W/back" "$W/mnt" --dir "$W/fast" >/dev/null
+m1=$(fio4k "$W/mnt"); m2=$(fio4k "$W/mnt" --fsync=64); read -r mc ms mu < <(meta "$W/mnt/m")
+"$T" umount "$W/mnt" >/dev/null
+printf "%-40s %12s %12s %7s\n" workload plain mount ratio
+r() { awk -v a="$2" -v b="$3" -v n="$1" 'BEGIN{printf "%-40s %12s %12s %7.2f\n", n, a, b, b/a}'; }
+r "fio 4K randwrite 2 jobs (MiB/s)" "$p1" "$m1"
+r "fio 4K randwrite, fsync/64 (MiB/s)" "$p2" "$m2"
+r "create+100B write+close (/s)" "$pc" "$mc"
+r "stat (/s)" "$ps" "$ms"
+r "unlink (/s)" "$pu" "$mu"
+rm -rf "$W"
