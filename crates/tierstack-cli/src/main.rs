@@ -1,13 +1,17 @@
 //! The `tierstack` command.
 
 mod array_cmd;
+mod cost_cmd;
 mod demo;
+mod doctor_cmd;
 mod io_cmd;
 mod mem_cmd;
+mod metrics;
 mod mount_cmd;
 mod run_cmd;
 mod slurm_cmd;
 mod stage_cmd;
+mod top_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,7 +52,18 @@ enum Cmd {
     Slurm(slurm_cmd::SlurmCmd),
     /// Internal: the mount daemon (takes its spec as JSON).
     #[command(hide = true)]
-    MountDaemon { spec: String },
+    MountDaemon {
+        spec: String,
+        /// Serve Prometheus metrics at ADDR:PORT (from `mount --metrics`).
+        #[arg(long)]
+        metrics: Option<String>,
+    },
+    /// Live view of every tierstack mount and `run` on this host (`q` quits).
+    Top(top_cmd::TopArgs),
+    /// Check this host for what tierstack needs and seed 002's tuning advice.
+    Doctor(doctor_cmd::DoctorArgs),
+    /// Seed 002's server cost model: relative cost, saving, cost per unit of work.
+    Cost(cost_cmd::CostArgs),
     /// A tour of the product on file drives in a temporary folder: `run`, `mount`, `array`.
     Demo {
         /// Run one part only.
@@ -141,7 +156,10 @@ fn main() -> ExitCode {
         Cmd::Umount(a) => mount_cmd::umount(a),
         Cmd::Stage(a) => stage_cmd::stage(a),
         Cmd::Slurm(c) => slurm_cmd::run(c),
-        Cmd::MountDaemon { spec } => mount_cmd::daemon(&spec),
+        Cmd::MountDaemon { spec, metrics } => mount_cmd::daemon(&spec, metrics.as_deref()),
+        Cmd::Top(a) => top_cmd::run(a),
+        Cmd::Doctor(a) => doctor_cmd::run(a),
+        Cmd::Cost(a) => cost_cmd::run(a),
         Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),
     };
     match res {

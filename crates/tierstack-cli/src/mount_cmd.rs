@@ -59,6 +59,9 @@ pub struct MountArgs {
     /// Files drained in parallel.
     #[arg(long, default_value_t = 4)]
     pub drain_jobs: usize,
+    /// Serve Prometheus metrics at ADDR:PORT (`GET /metrics`), from the mount daemon.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Args)]
@@ -281,7 +284,13 @@ pub fn mount(a: MountArgs) -> Result<()> {
             .unwrap_or(4)
             .clamp(4, 16),
     };
+    if let Some(m) = &a.metrics {
+        crate::metrics::check_addr(m)?;
+    }
     if a.foreground {
+        if let Some(m) = &a.metrics {
+            crate::metrics::serve_mount(m, &spec.mountpoint)?;
+        }
         return fsmount::run(spec, |s| {
             println!(
                 "mounted {} at {} (pid {}, foreground)",
@@ -292,10 +301,10 @@ pub fn mount(a: MountArgs) -> Result<()> {
         })
         .map_err(|e| anyhow!("{e}"));
     }
-    spawn_daemon(&spec)
+    spawn_daemon(&spec, a.metrics.as_deref())
 }
 
-fn spawn_daemon(spec: &MountSpec) -> Result<()> {
+fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the tierstack executable")?;
     let json = serde_json::to_string(spec)?;
     let rd = fsmount::run_dir();
@@ -305,11 +314,11 @@ fn spawn_daemon(spec: &MountSpec) -> Result<()> {
         .with_context(|| format!("cannot create {}", log_path.display()))?;
     let log2 = log.try_clone()?;
     let mut cmd = Command::new(exe);
-    cmd.arg("mount-daemon")
-        .arg(json)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2);
+    cmd.arg("mount-daemon").arg(json);
+    if let Some(m) = metrics {
+        cmd.arg("--metrics").arg(m);
+    }
+    cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
     // SAFETY: the closure runs in the forked child before exec and only calls setsid(2),
     // which is async-signal-safe; it touches no memory of the parent.
     unsafe {
@@ -590,8 +599,11 @@ pub fn umount(a: UmountArgs) -> Result<()> {
 }
 
 /// Internal: the mount daemon (spawned by `tierstack mount`); takes its spec as JSON.
-pub fn daemon(spec: &str) -> Result<()> {
+pub fn daemon(spec: &str, metrics: Option<&str>) -> Result<()> {
     let spec: MountSpec = serde_json::from_str(spec).context("bad mount-daemon spec")?;
+    if let Some(m) = metrics {
+        crate::metrics::serve_mount(m, &spec.mountpoint)?;
+    }
     fsmount::run(spec, |s| {
         tracing::info!(
             "mounted {} at {}",

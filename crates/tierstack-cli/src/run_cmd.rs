@@ -45,6 +45,9 @@ pub struct RunArgs {
     /// RSS, budget, allowance, bytes over it, paged processes, faults, bytes paged.
     #[arg(long)]
     pub json: bool,
+    /// Serve Prometheus metrics at ADDR:PORT (`GET /metrics`) while the program runs.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -227,6 +230,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         bail!("userfaultfd is not usable by this user ({e}): run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1` or access to /dev/userfaultfd");
     }
     let lib = preload_lib()?;
+    let metrics_listener = a.metrics.as_deref().map(crate::metrics::bind).transpose()?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(&a.cmd[1..]);
     let mut preload = lib.into_os_string();
@@ -296,6 +300,28 @@ pub fn run(a: RunArgs) -> Result<()> {
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
+    // `tierstack top` finds the run through this record (removed when `_reg` drops).
+    let rec = crate::top_cmd::RunRecord {
+        tierstack_pid: std::process::id(),
+        pid: child.id(),
+        cmd: a
+            .cmd
+            .iter()
+            .map(|c| c.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
+        dram_bytes: dram,
+        page_bytes: page,
+        started: crate::top_cmd::now_unix(),
+        stats_dir: run_dir.0.clone(),
+        metrics: a.metrics.clone(),
+    };
+    let _reg = crate::top_cmd::register_run(&rec);
+    if let Some(l) = metrics_listener {
+        if let Err(e) = crate::metrics::serve_run(l, rec) {
+            eprintln!("tierstack: warning: {e}; the run goes on without metrics");
+        }
+    }
     let (code, max_rss) = wait_child(child.id())?;
     let st = collect_stats(&run_dir.0);
     if a.stats {
@@ -334,6 +360,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         );
     }
+    drop(_reg);
     drop(run_dir);
     if code != 0 {
         std::process::exit(code);

@@ -1,0 +1,1098 @@
+//! `tierstack top`: a live view of every tierstack process on the host, with no daemon of its
+//! own.
+//!
+//! Processes are found in the runtime folder `tierstack_fs::mount::run_dir()`
+//! (`/run/tierstack`, or `$TIERSTACK_RUN_DIR`):
+//!
+//! - each mount has its control socket there (`<hash>.sock`), which answers `status`;
+//! - each `tierstack run` writes `run/<pid>.json` there when its program starts (the
+//!   [`RunRecord`]: program pid, command, DRAM budget, run folder) and removes it at exit.
+//!
+//! Figures that the processes do not report themselves come from /proc and /sys: the I/O of
+//! a mount's daemon and of a run's program (`/proc/PID/io`), a program's resident memory, and
+//! the read/write throughput and IOPS of each block device that holds a drive of theirs
+//! (`/sys/dev/block/MAJ:MIN/stat`, the same counters as iostat; shared by everything on that
+//! device). A run's pager counters (faults, bytes paged) are written by each process of the
+//! program when it exits, so they show up for exited processes only.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use tierstack_bench::fmt_size;
+use tierstack_fs::mount::{self as fsmount, MountStatus, TierUse};
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Print plain text frames (as `top -b`) instead of the interactive view.
+    #[arg(long)]
+    pub batch: bool,
+    /// Stop after this many frames (batch mode; the interactive view runs until `q`).
+    #[arg(long, short = 'n')]
+    pub iterations: Option<u64>,
+    /// Time between frames (e.g. 1s, 500ms, 2).
+    #[arg(long, short = 'd', default_value = "1s")]
+    pub interval: String,
+    /// One JSON object per frame, one per line (implies --batch).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `tierstack run` leaves in `run_dir()/run/<tierstack pid>.json` while its program runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The `tierstack run` process.
+    pub tierstack_pid: u32,
+    /// The program it started.
+    pub pid: u32,
+    pub cmd: String,
+    pub dram_bytes: u64,
+    pub page_bytes: u64,
+    /// Unix seconds.
+    pub started: u64,
+    /// Where the program's processes write their pager counters at exit.
+    pub stats_dir: PathBuf,
+    /// `--metrics` address, if any.
+    #[serde(default)]
+    pub metrics: Option<String>,
+}
+
+/// The folder of the run records.
+pub fn runs_dir() -> PathBuf {
+    fsmount::run_dir().join("run")
+}
+
+/// Removes the run record when dropped.
+pub struct RunRegistration(PathBuf);
+
+impl Drop for RunRegistration {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Writes the run record (best effort: a runtime folder this user cannot write only hides the
+/// run from `top`).
+pub fn register_run(rec: &RunRecord) -> Option<RunRegistration> {
+    let dir = runs_dir();
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        tracing::info!(
+            "cannot create {}: {e}; `tierstack top` will not list this run",
+            dir.display()
+        );
+        return None;
+    }
+    let path = dir.join(format!("{}.json", rec.tierstack_pid));
+    let tmp = dir.join(format!(".{}.json.tmp", rec.tierstack_pid));
+    let ok = serde_json::to_vec(rec)
+        .ok()
+        .and_then(|b| std::fs::write(&tmp, b).ok())
+        .and_then(|_| std::fs::rename(&tmp, &path).ok())
+        .is_some();
+    if !ok {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::info!(
+            "cannot write {}; `tierstack top` will not list this run",
+            path.display()
+        );
+        return None;
+    }
+    Some(RunRegistration(path))
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z ") && !s.contains(") X "))
+        .unwrap_or(false)
+}
+
+/// The counters of /proc/PID/io (bytes that reached the block layer, and all bytes).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcIo {
+    pub rchar: u64,
+    pub wchar: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+pub fn proc_io(pid: u32) -> Option<ProcIo> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let mut io = ProcIo::default();
+    for l in text.lines() {
+        let mut it = l.split(':');
+        let (Some(k), Some(v)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let v: u64 = v.trim().parse().unwrap_or(0);
+        match k {
+            "rchar" => io.rchar = v,
+            "wchar" => io.wchar = v,
+            "read_bytes" => io.read_bytes = v,
+            "write_bytes" => io.write_bytes = v,
+            _ => {}
+        }
+    }
+    Some(io)
+}
+
+/// Resident memory of a process (VmRSS), bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let l = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = l.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Counters of one block device (/sys/dev/block/MAJ:MIN/stat).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DevCounters {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+}
+
+fn dev_name(majmin: &str) -> String {
+    std::fs::read_to_string(format!("/sys/dev/block/{majmin}/uevent"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("DEVNAME=").map(|s| s.to_string()))
+        })
+        .unwrap_or_else(|| majmin.to_string())
+}
+
+pub fn dev_counters(majmin: &str) -> Option<DevCounters> {
+    let t = std::fs::read_to_string(format!("/sys/dev/block/{majmin}/stat")).ok()?;
+    let f: Vec<u64> = t
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    if f.len() < 7 {
+        return None;
+    }
+    Some(DevCounters {
+        reads: f[0],
+        read_bytes: f[2] * 512,
+        writes: f[4],
+        write_bytes: f[6] * 512,
+    })
+}
+
+/// Regular files a process holds open under `under` (all of them if None), with the block
+/// device (MAJ:MIN) each lies on.
+pub fn open_files(pid: u32, under: Option<&Path>) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return out;
+    };
+    let mut seen = BTreeSet::new();
+    for e in rd.flatten() {
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        if !target.is_absolute() || under.is_some_and(|u| !target.starts_with(u)) {
+            continue;
+        }
+        let Ok(md) = std::fs::metadata(&target) else {
+            continue;
+        };
+        if !md.is_file() || !seen.insert(target.clone()) {
+            continue;
+        }
+        let dev = md.dev();
+        let majmin = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+        out.push((target, majmin));
+    }
+    out
+}
+
+/// One look at a mount.
+#[derive(Debug, Clone)]
+struct MountSample {
+    status: MountStatus,
+    io: Option<ProcIo>,
+    /// Block devices (MAJ:MIN) of the daemon's open files outside the mount and backing.
+    devices: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone)]
+struct RunSample {
+    rec: RunRecord,
+    alive: bool,
+    rss: Option<u64>,
+    io: Option<ProcIo>,
+    devices: BTreeSet<String>,
+    exited: u64,
+    counters: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    t: Instant,
+    mounts: Vec<MountSample>,
+    runs: Vec<RunSample>,
+    devs: BTreeMap<String, DevCounters>,
+    /// Control sockets that did not answer (a daemon gone or busy).
+    silent: Vec<PathBuf>,
+}
+
+/// Mounts that answer in the runtime folder.
+pub fn mounts() -> (Vec<MountStatus>, Vec<PathBuf>) {
+    let mut ok = Vec::new();
+    let mut silent = Vec::new();
+    let Ok(rd) = std::fs::read_dir(fsmount::run_dir()) else {
+        return (ok, silent);
+    };
+    let mut socks: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .collect();
+    socks.sort();
+    for s in socks {
+        match status_at(&s) {
+            Some(st) => ok.push(st),
+            None => silent.push(s),
+        }
+    }
+    ok.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
+    (ok, silent)
+}
+
+/// `status` from a control socket path (bounded: 2 s).
+fn status_at(sock: &Path) -> Option<MountStatus> {
+    use std::io::{BufRead, BufReader};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"{\"cmd\":\"status\"}\n").ok()?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).ok()?;
+    serde_json::from_str(&line).ok()
+}
+
+fn read_runs() -> Vec<RunRecord> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(runs_dir()) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let Some(rec) = std::fs::read(&p)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<RunRecord>(&b).ok())
+        else {
+            continue;
+        };
+        if !alive(rec.tierstack_pid) {
+            // Left behind by a `tierstack run` that was killed: not a live run.
+            continue;
+        }
+        out.push(rec);
+    }
+    out.sort_by_key(|r| r.tierstack_pid);
+    out
+}
+
+/// Sums the pager counters the exited processes of a run left in its run folder.
+pub fn run_counters(dir: &Path) -> (u64, BTreeMap<String, u64>) {
+    let mut n = 0;
+    let mut sum = BTreeMap::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return (n, sum);
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let Some(v) = std::fs::read(&p)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        else {
+            continue;
+        };
+        n += 1;
+        if let Some(o) = v["stats"].as_object() {
+            for (k, x) in o {
+                *sum.entry(k.clone()).or_insert(0) += x.as_u64().unwrap_or(0);
+            }
+        }
+    }
+    (n, sum)
+}
+
+fn sample() -> Sample {
+    let (sts, silent) = mounts();
+    let mut devs = BTreeMap::new();
+    let mut ms = Vec::new();
+    for st in sts {
+        let devices: BTreeSet<String> = open_files(st.pid, None)
+            .into_iter()
+            .filter(|(p, _)| !p.starts_with(&st.mountpoint) && !p.starts_with(&st.backing))
+            .map(|(_, d)| d)
+            .collect();
+        ms.push(MountSample {
+            io: proc_io(st.pid),
+            status: st,
+            devices,
+        });
+    }
+    let mut rs = Vec::new();
+    for rec in read_runs() {
+        let devices: BTreeSet<String> = open_files(rec.pid, Some(&rec.stats_dir))
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect();
+        let (exited, counters) = run_counters(&rec.stats_dir);
+        rs.push(RunSample {
+            alive: alive(rec.pid),
+            rss: rss_bytes(rec.pid),
+            io: proc_io(rec.pid),
+            devices,
+            exited,
+            counters,
+            rec,
+        });
+    }
+    for d in ms
+        .iter()
+        .flat_map(|m| m.devices.iter())
+        .chain(rs.iter().flat_map(|r| r.devices.iter()))
+    {
+        if let Some(c) = dev_counters(d) {
+            devs.insert(d.clone(), c);
+        }
+    }
+    Sample {
+        t: Instant::now(),
+        mounts: ms,
+        runs: rs,
+        devs,
+        silent,
+    }
+}
+
+/// One frame of `top`, as printed by `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Frame {
+    pub time: u64,
+    pub interval_s: f64,
+    pub mounts: Vec<MountView>,
+    pub runs: Vec<RunView>,
+    pub devices: Vec<DeviceView>,
+    /// Control sockets in the runtime folder that did not answer.
+    pub silent_sockets: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OpView {
+    pub op: String,
+    pub count: u64,
+    pub per_s: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MountView {
+    pub mountpoint: PathBuf,
+    pub backing: PathBuf,
+    pub pid: u32,
+    pub mode: String,
+    pub tiers: Vec<TierUse>,
+    pub dirty_bytes: u64,
+    pub dirty_files: u64,
+    pub pending_ops: u64,
+    pub drains_in_flight: usize,
+    pub drain_bytes_per_s: f64,
+    pub drained_bytes: u64,
+    /// dirty_bytes / drain rate, when the drain moves.
+    pub drain_eta_s: Option<f64>,
+    pub backpressure: bool,
+    pub stuck: usize,
+    pub stuck_first: Option<String>,
+    pub last_error: Option<String>,
+    /// The daemon's own I/O (its drives, journal and the drain's writes to BACKING).
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    pub ops: Vec<OpView>,
+    pub devices: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunView {
+    pub tierstack_pid: u32,
+    pub pid: u32,
+    pub cmd: String,
+    pub alive: bool,
+    pub uptime_s: u64,
+    pub dram_budget_bytes: u64,
+    pub page_bytes: u64,
+    pub rss_bytes: Option<u64>,
+    /// The program's block I/O (its paging to the drives in its run folder, and its own I/O).
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    /// Processes of the program that have exited and left their pager counters.
+    pub exited_processes: u64,
+    pub faults: u64,
+    pub bytes_paged_in: u64,
+    pub bytes_paged_out: u64,
+    pub mean_fault_us: Option<f64>,
+    pub devices: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceView {
+    pub device: String,
+    pub majmin: String,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    /// Mount points and run pids with drives on it.
+    pub used_by: Vec<String>,
+}
+
+fn rate(new: u64, old: u64, dt: f64) -> f64 {
+    if dt <= 0.0 {
+        0.0
+    } else {
+        new.saturating_sub(old) as f64 / dt
+    }
+}
+
+fn frame(prev: &Sample, cur: &Sample) -> Frame {
+    let dt = cur.t.duration_since(prev.t).as_secs_f64();
+    let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut mounts = Vec::new();
+    for m in &cur.mounts {
+        let s = &m.status;
+        let old = prev.mounts.iter().find(|p| p.status.pid == s.pid);
+        let (rd, wr) = match (m.io, old.and_then(|o| o.io)) {
+            (Some(n), Some(o)) => (
+                rate(n.read_bytes, o.read_bytes, dt),
+                rate(n.write_bytes, o.write_bytes, dt),
+            ),
+            _ => (0.0, 0.0),
+        };
+        let mut ops: Vec<OpView> = s
+            .ops
+            .iter()
+            .map(|o| {
+                let before = old
+                    .and_then(|p| p.status.ops.iter().find(|x| x.op == o.op))
+                    .map_or(o.count, |x| x.count);
+                OpView {
+                    op: o.op.clone(),
+                    count: o.count,
+                    per_s: rate(o.count, before, dt),
+                    p50_us: o.p50_us,
+                    p99_us: o.p99_us,
+                }
+            })
+            .collect();
+        ops.sort_by(|a, b| b.per_s.total_cmp(&a.per_s).then(b.count.cmp(&a.count)));
+        for d in &m.devices {
+            users
+                .entry(d.clone())
+                .or_default()
+                .push(s.mountpoint.display().to_string());
+        }
+        mounts.push(MountView {
+            mountpoint: s.mountpoint.clone(),
+            backing: s.backing.clone(),
+            pid: s.pid,
+            mode: s.mode.clone(),
+            tiers: s.tiers.clone(),
+            dirty_bytes: s.dirty_bytes,
+            dirty_files: s.dirty_files,
+            pending_ops: s.pending_ops,
+            drains_in_flight: s.drains_in_flight,
+            drain_bytes_per_s: s.drain_bytes_per_s,
+            drained_bytes: s.drained_bytes,
+            drain_eta_s: (s.drain_bytes_per_s > 0.0 && s.dirty_bytes > 0)
+                .then(|| s.dirty_bytes as f64 / s.drain_bytes_per_s),
+            backpressure: s.backpressure,
+            stuck: s.stuck.len(),
+            stuck_first: s
+                .stuck
+                .first()
+                .map(|r| format!("{} {}: {}", r.op, r.path, r.error)),
+            last_error: s.last_error.clone(),
+            read_bytes_per_s: rd,
+            write_bytes_per_s: wr,
+            ops,
+            devices: m.devices.iter().map(|d| dev_name(d)).collect(),
+        });
+    }
+    let mut runs = Vec::new();
+    for r in &cur.runs {
+        let old = prev
+            .runs
+            .iter()
+            .find(|p| p.rec.tierstack_pid == r.rec.tierstack_pid);
+        let (rd, wr) = match (r.io, old.and_then(|o| o.io)) {
+            (Some(n), Some(o)) => (
+                rate(n.read_bytes, o.read_bytes, dt),
+                rate(n.write_bytes, o.write_bytes, dt),
+            ),
+            _ => (0.0, 0.0),
+        };
+        let g = |k: &str| r.counters.get(k).copied().unwrap_or(0);
+        for d in &r.devices {
+            users
+                .entry(d.clone())
+                .or_default()
+                .push(format!("run {}", r.rec.pid));
+        }
+        runs.push(RunView {
+            tierstack_pid: r.rec.tierstack_pid,
+            pid: r.rec.pid,
+            cmd: r.rec.cmd.clone(),
+            alive: r.alive,
+            uptime_s: now_unix().saturating_sub(r.rec.started),
+            dram_budget_bytes: r.rec.dram_bytes,
+            page_bytes: r.rec.page_bytes,
+            rss_bytes: r.rss,
+            read_bytes_per_s: rd,
+            write_bytes_per_s: wr,
+            exited_processes: r.exited,
+            faults: g("faults"),
+            bytes_paged_in: g("bytes_in"),
+            bytes_paged_out: g("bytes_out"),
+            mean_fault_us: (g("store_reads") > 0)
+                .then(|| g("store_fault_ns") as f64 / g("store_reads") as f64 / 1000.0),
+            devices: r.devices.iter().map(|d| dev_name(d)).collect(),
+        });
+    }
+    let mut devices = Vec::new();
+    for (mm, c) in &cur.devs {
+        let o = prev.devs.get(mm).copied().unwrap_or(*c);
+        devices.push(DeviceView {
+            device: dev_name(mm),
+            majmin: mm.clone(),
+            read_bytes_per_s: rate(c.read_bytes, o.read_bytes, dt),
+            write_bytes_per_s: rate(c.write_bytes, o.write_bytes, dt),
+            read_iops: rate(c.reads, o.reads, dt),
+            write_iops: rate(c.writes, o.writes, dt),
+            used_by: users.remove(mm).unwrap_or_default(),
+        });
+    }
+    Frame {
+        time: now_unix(),
+        interval_s: dt,
+        mounts,
+        runs,
+        devices,
+        silent_sockets: cur.silent.clone(),
+    }
+}
+
+fn mbs(b: f64) -> String {
+    format!("{:.1} MB/s", b / 1e6)
+}
+
+fn eta(s: Option<f64>) -> String {
+    match s {
+        None => "-".into(),
+        Some(s) if s < 90.0 => format!("{s:.0} s"),
+        Some(s) if s < 5400.0 => format!("{:.0} min", s / 60.0),
+        Some(s) => format!("{:.1} h", s / 3600.0),
+    }
+}
+
+fn tiers_line(ts: &[TierUse]) -> String {
+    ts.iter()
+        .map(|t| {
+            format!(
+                "{} {}/{} ({:.0} %, dirty {})",
+                t.name,
+                fmt_size(t.used_bytes),
+                fmt_size(t.capacity_bytes),
+                t.used_bytes as f64 * 100.0 / t.capacity_bytes.max(1) as f64,
+                fmt_size(t.dirty_bytes)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+/// A frame as plain text (batch mode).
+pub fn render(f: &Frame) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "tierstack top - {} mount(s), {} run(s), {} device(s), interval {:.1} s, runtime folder {}\n",
+        f.mounts.len(),
+        f.runs.len(),
+        f.devices.len(),
+        f.interval_s,
+        fsmount::run_dir().display()
+    ));
+    for m in &f.mounts {
+        s.push_str(&format!(
+            "MOUNT {} <- {}  pid {}  mode {}{}\n",
+            m.mountpoint.display(),
+            m.backing.display(),
+            m.pid,
+            m.mode,
+            if m.backpressure { "  BACKPRESSURE" } else { "" }
+        ));
+        s.push_str(&format!("  tiers  {}\n", tiers_line(&m.tiers)));
+        s.push_str(&format!(
+            "  drain  waiting {} in {} files, {} journal ops; {}/s, {} drained, ETA {}; stuck {}\n",
+            fmt_size(m.dirty_bytes),
+            m.dirty_files,
+            m.pending_ops,
+            fmt_size(m.drain_bytes_per_s as u64),
+            fmt_size(m.drained_bytes),
+            eta(m.drain_eta_s),
+            m.stuck
+        ));
+        if let Some(x) = &m.stuck_first {
+            s.push_str(&format!("  stuck  {x}\n"));
+        }
+        s.push_str(&format!(
+            "  io     read {} write {} (daemon){}\n",
+            mbs(m.read_bytes_per_s),
+            mbs(m.write_bytes_per_s),
+            if m.devices.is_empty() {
+                String::new()
+            } else {
+                format!("; devices {}", m.devices.join(" "))
+            }
+        ));
+        let ops: Vec<String> = m
+            .ops
+            .iter()
+            .take(5)
+            .map(|o| {
+                format!(
+                    "{} {:.0}/s p50 {}us p99 {}us",
+                    o.op, o.per_s, o.p50_us, o.p99_us
+                )
+            })
+            .collect();
+        if !ops.is_empty() {
+            s.push_str(&format!("  ops    {}\n", ops.join("; ")));
+        }
+    }
+    for r in &f.runs {
+        s.push_str(&format!(
+            "RUN pid {} ({}) {}  budget {}  rss {}  io read {} write {}  up {} s{}\n",
+            r.pid,
+            if r.alive { "running" } else { "exited" },
+            r.cmd,
+            fmt_size(r.dram_budget_bytes),
+            r.rss_bytes.map_or("-".into(), fmt_size),
+            mbs(r.read_bytes_per_s),
+            mbs(r.write_bytes_per_s),
+            r.uptime_s,
+            if r.exited_processes > 0 {
+                format!(
+                    "; {} exited process(es): {} faults, {} in, {} out, mean fault {:.1} us",
+                    r.exited_processes,
+                    r.faults,
+                    fmt_size(r.bytes_paged_in),
+                    fmt_size(r.bytes_paged_out),
+                    r.mean_fault_us.unwrap_or(0.0)
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    for d in &f.devices {
+        s.push_str(&format!(
+            "DEVICE {:<10} read {} {:.0} IOPS  write {} {:.0} IOPS  ({})\n",
+            d.device,
+            mbs(d.read_bytes_per_s),
+            d.read_iops,
+            mbs(d.write_bytes_per_s),
+            d.write_iops,
+            d.used_by.join(", ")
+        ));
+    }
+    if f.mounts.is_empty() && f.runs.is_empty() {
+        s.push_str("no tierstack mount or run on this host\n");
+    }
+    for p in &f.silent_sockets {
+        s.push_str(&format!(
+            "SILENT {} (a mount daemon that does not answer: busy, or gone; `tierstack umount` clears a dead one)\n",
+            p.display()
+        ));
+    }
+    s
+}
+
+/// Parses 1s, 500ms, 2m or a number of seconds.
+pub fn parse_interval(s: &str) -> Result<Duration> {
+    let t = s.trim();
+    let (num, mult) = if let Some(x) = t.strip_suffix("ms") {
+        (x, 0.001)
+    } else if let Some(x) = t.strip_suffix('s') {
+        (x, 1.0)
+    } else if let Some(x) = t.strip_suffix('m') {
+        (x, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v * mult >= 0.05 && v * mult <= 3600.0 => {
+            Ok(Duration::from_secs_f64(v * mult))
+        }
+        _ => bail!("--interval {s} is not a duration from 50ms to 1h: give e.g. 1s, 500ms or 2"),
+    }
+}
+
+pub fn run(a: TopArgs) -> Result<()> {
+    let interval = parse_interval(&a.interval)?;
+    if a.iterations == Some(0) {
+        bail!("--iterations 0 prints nothing: give 1 or more");
+    }
+    let batch = a.batch || a.json || a.iterations.is_some();
+    if !batch {
+        use std::io::IsTerminal;
+        if !std::io::stdout().is_terminal() {
+            bail!("standard output is not a terminal: use `tierstack top --batch --iterations N` (or --json) in scripts");
+        }
+        return tui::run(interval);
+    }
+    // The first frame's rates cover a short first look (at most 0.5 s), the rest one interval.
+    let mut prev = sample();
+    std::thread::sleep(interval.min(Duration::from_millis(500)));
+    let mut out = std::io::stdout().lock();
+    let mut i = 0u64;
+    loop {
+        let cur = sample();
+        let f = frame(&prev, &cur);
+        if a.json {
+            writeln!(out, "{}", serde_json::to_string(&f)?)?;
+        } else {
+            if i > 0 {
+                writeln!(out)?;
+            }
+            write!(out, "{}", render(&f))?;
+        }
+        out.flush()?;
+        prev = cur;
+        i += 1;
+        if a.iterations.is_some_and(|n| i >= n) {
+            return Ok(());
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+mod tui {
+    //! The interactive view (ratatui over crossterm).
+
+    use super::*;
+    use crossterm::event::{self, Event, KeyCode, KeyEventKind};
+    use ratatui::layout::{Constraint, Layout};
+    use ratatui::style::{Modifier, Style};
+    use ratatui::text::Line;
+    use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
+
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum View {
+        Overview,
+        Ops,
+    }
+
+    #[derive(Clone, Copy)]
+    enum SortKey {
+        Name,
+        Backlog,
+        Io,
+    }
+
+    impl SortKey {
+        fn next(self) -> SortKey {
+            match self {
+                SortKey::Name => SortKey::Backlog,
+                SortKey::Backlog => SortKey::Io,
+                SortKey::Io => SortKey::Name,
+            }
+        }
+        fn label(self) -> &'static str {
+            match self {
+                SortKey::Name => "name",
+                SortKey::Backlog => "backlog",
+                SortKey::Io => "i/o",
+            }
+        }
+    }
+
+    /// Restores the terminal however the view ends.
+    struct Restore;
+
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ratatui::restore();
+        }
+    }
+
+    pub fn run(interval: Duration) -> Result<()> {
+        let mut term = ratatui::try_init().map_err(|e| {
+            anyhow!("cannot start the terminal view ({e}): use `tierstack top --batch`")
+        })?;
+        let _restore = Restore;
+        let mut view = View::Overview;
+        let mut sort = SortKey::Name;
+        let mut interval = interval;
+        let mut prev = sample();
+        let mut f = frame(&prev, &prev);
+        let mut next = Instant::now() + interval.min(Duration::from_millis(500));
+        loop {
+            if Instant::now() >= next {
+                let cur = sample();
+                f = frame(&prev, &cur);
+                prev = cur;
+                next = Instant::now() + interval;
+            }
+            let mut shown = f.clone();
+            match sort {
+                SortKey::Name => {}
+                SortKey::Backlog => {
+                    shown
+                        .mounts
+                        .sort_by(|a, b| b.dirty_bytes.cmp(&a.dirty_bytes));
+                    shown.runs.sort_by(|a, b| b.rss_bytes.cmp(&a.rss_bytes));
+                }
+                SortKey::Io => {
+                    let io = |r: f64, w: f64| r + w;
+                    shown.mounts.sort_by(|a, b| {
+                        io(b.read_bytes_per_s, b.write_bytes_per_s)
+                            .total_cmp(&io(a.read_bytes_per_s, a.write_bytes_per_s))
+                    });
+                    shown.runs.sort_by(|a, b| {
+                        io(b.read_bytes_per_s, b.write_bytes_per_s)
+                            .total_cmp(&io(a.read_bytes_per_s, a.write_bytes_per_s))
+                    });
+                    shown.devices.sort_by(|a, b| {
+                        io(b.read_bytes_per_s, b.write_bytes_per_s)
+                            .total_cmp(&io(a.read_bytes_per_s, a.write_bytes_per_s))
+                    });
+                }
+            }
+            term.draw(|fr| draw(fr, &shown, view, sort, interval))?;
+            let wait = next
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(250));
+            if event::poll(wait)? {
+                if let Event::Key(k) = event::read()? {
+                    if k.kind != KeyEventKind::Press {
+                        continue;
+                    }
+                    match k.code {
+                        KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                        KeyCode::Char('c')
+                            if k.modifiers.contains(event::KeyModifiers::CONTROL) =>
+                        {
+                            return Ok(())
+                        }
+                        KeyCode::Char('s') => sort = sort.next(),
+                        KeyCode::Char('v') | KeyCode::Tab => {
+                            view = if view == View::Overview {
+                                View::Ops
+                            } else {
+                                View::Overview
+                            }
+                        }
+                        KeyCode::Char('+') => {
+                            interval = (interval * 2).min(Duration::from_secs(60))
+                        }
+                        KeyCode::Char('-') => {
+                            interval = (interval / 2).max(Duration::from_millis(100))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval: Duration) {
+        let head = Style::default().add_modifier(Modifier::BOLD);
+        let areas = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Min(4),
+            Constraint::Length((f.runs.len() as u16 + 3).min(12)),
+            Constraint::Length((f.devices.len() as u16 + 3).min(10)),
+            Constraint::Length(1),
+        ])
+        .split(fr.area());
+        fr.render_widget(
+            Paragraph::new(Line::from(format!(
+                "tierstack top  {} mount(s)  {} run(s)  every {:.1} s  sort: {}  view: {}",
+                f.mounts.len(),
+                f.runs.len(),
+                interval.as_secs_f64(),
+                sort.label(),
+                if view == View::Overview {
+                    "overview"
+                } else {
+                    "operations"
+                }
+            )))
+            .style(head),
+            areas[0],
+        );
+        match view {
+            View::Overview => {
+                let rows = f.mounts.iter().map(|m| {
+                    Row::new(vec![
+                        m.mountpoint.display().to_string(),
+                        m.mode.clone(),
+                        tiers_line(&m.tiers),
+                        format!("{} / {} files", fmt_size(m.dirty_bytes), m.dirty_files),
+                        format!("{}/s", fmt_size(m.drain_bytes_per_s as u64)),
+                        eta(m.drain_eta_s),
+                        m.stuck.to_string(),
+                        format!("{} / {}", mbs(m.read_bytes_per_s), mbs(m.write_bytes_per_s)),
+                    ])
+                });
+                let t = Table::new(
+                    rows,
+                    [
+                        Constraint::Percentage(18),
+                        Constraint::Length(5),
+                        Constraint::Percentage(32),
+                        Constraint::Length(18),
+                        Constraint::Length(11),
+                        Constraint::Length(7),
+                        Constraint::Length(5),
+                        Constraint::Length(22),
+                    ],
+                )
+                .header(
+                    Row::new(vec![
+                        "mount",
+                        "mode",
+                        "tiers (used/capacity)",
+                        "backlog",
+                        "drain",
+                        "ETA",
+                        "stuck",
+                        "io read/write",
+                    ])
+                    .style(head),
+                )
+                .block(Block::default().borders(Borders::ALL).title(" mounts "));
+                fr.render_widget(t, areas[1]);
+            }
+            View::Ops => {
+                let rows = f.mounts.iter().flat_map(|m| {
+                    m.ops.iter().map(move |o| {
+                        Row::new(vec![
+                            m.mountpoint.display().to_string(),
+                            o.op.clone(),
+                            format!("{:.0}", o.per_s),
+                            o.count.to_string(),
+                            o.p50_us.to_string(),
+                            o.p99_us.to_string(),
+                        ])
+                    })
+                });
+                let t = Table::new(
+                    rows,
+                    [
+                        Constraint::Percentage(35),
+                        Constraint::Length(12),
+                        Constraint::Length(10),
+                        Constraint::Length(12),
+                        Constraint::Length(10),
+                        Constraint::Length(10),
+                    ],
+                )
+                .header(
+                    Row::new(vec!["mount", "op", "per s", "total", "p50 us", "p99 us"]).style(head),
+                )
+                .block(
+                    Block::default()
+                        .borders(Borders::ALL)
+                        .title(" FUSE operations "),
+                );
+                fr.render_widget(t, areas[1]);
+            }
+        }
+        let rows = f.runs.iter().map(|r| {
+            Row::new(vec![
+                r.pid.to_string(),
+                r.cmd.clone(),
+                fmt_size(r.dram_budget_bytes),
+                r.rss_bytes.map_or("-".into(), fmt_size),
+                format!("{} / {}", mbs(r.read_bytes_per_s), mbs(r.write_bytes_per_s)),
+                format!("{} ({} exited)", r.faults, r.exited_processes),
+                r.mean_fault_us.map_or("-".into(), |x| format!("{x:.1}")),
+            ])
+        });
+        let t = Table::new(
+            rows,
+            [
+                Constraint::Length(8),
+                Constraint::Percentage(30),
+                Constraint::Length(10),
+                Constraint::Length(10),
+                Constraint::Length(22),
+                Constraint::Length(18),
+                Constraint::Length(10),
+            ],
+        )
+        .header(
+            Row::new(vec![
+                "pid",
+                "command",
+                "budget",
+                "rss",
+                "io read/write",
+                "faults",
+                "fault us",
+            ])
+            .style(head),
+        )
+        .block(Block::default().borders(Borders::ALL).title(" runs "));
+        fr.render_widget(t, areas[2]);
+        let rows = f.devices.iter().map(|d| {
+            Row::new(vec![
+                d.device.clone(),
+                format!("{} {:.0} IOPS", mbs(d.read_bytes_per_s), d.read_iops),
+                format!("{} {:.0} IOPS", mbs(d.write_bytes_per_s), d.write_iops),
+                d.used_by.join(", "),
+            ])
+        });
+        let t = Table::new(
+            rows,
+            [
+                Constraint::Length(12),
+                Constraint::Length(24),
+                Constraint::Length(24),
+                Constraint::Min(10),
+            ],
+        )
+        .header(Row::new(vec!["device", "read", "write", "drives of"]).style(head))
+        .block(Block::default().borders(Borders::ALL).title(" devices "));
+        fr.render_widget(t, areas[3]);
+        fr.render_widget(
+            Paragraph::new("q quit   s sort   v/Tab switch view   +/- interval"),
+            areas[4],
+        );
+    }
+}

@@ -1,0 +1,553 @@
+//! Tests of the operating commands (issue 17): `cost`, `doctor`, `top` and the Prometheus
+//! metrics of `mount --metrics` and `run --metrics`. Each test uses its own runtime folder
+//! (TIERSTACK_RUN_DIR). The mount and run tests need root and /dev/fuse (userfaultfd for
+//! run); elsewhere they print why and pass.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tierstack");
+
+fn tierstack(rd: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("TIERSTACK_RUN_DIR", rd)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tierstack")
+}
+
+fn ok(rd: &Path, args: &[&str]) -> String {
+    let o = tierstack(rd, args);
+    assert!(
+        o.status.success(),
+        "tierstack {args:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fails_with(rd: &Path, args: &[&str], needle: &str) {
+    let o = tierstack(rd, args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "tierstack {args:?} should fail");
+    assert_eq!(err.trim().lines().count(), 1, "one-line error: {err}");
+    assert!(
+        err.contains(needle),
+        "error of {args:?} should name {needle:?}: {err}"
+    );
+}
+
+fn root_and_fuse() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// GET /metrics: (status line, body).
+fn scrape(port: u16) -> (String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("http answer");
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+/// `promtool check metrics` on the body where promtool is installed.
+fn promtool(body: &str) {
+    let Ok(mut c) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("promtool not installed: format checked by the test's own parser only");
+        return;
+    };
+    c.stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
+    let o = c.wait_with_output().expect("promtool");
+    // promtool exits 1 on lint findings (e.g. counters without _total) and 3 on errors.
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.code() != Some(3) && !text.contains("error"),
+        "promtool check metrics: {text}"
+    );
+}
+
+/// The text format, line by line: comments are HELP/TYPE, samples are `name{labels} value`;
+/// every metric name starts with tierstack_.
+fn check_format(body: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for l in body.lines() {
+        if l.is_empty() {
+            continue;
+        }
+        if let Some(c) = l.strip_prefix("# ") {
+            assert!(
+                c.starts_with("HELP ") || c.starts_with("TYPE "),
+                "bad comment {l}"
+            );
+            continue;
+        }
+        let name_end = l.find(['{', ' ']).expect("sample name");
+        let name = &l[..name_end];
+        assert!(
+            name.starts_with("tierstack_"),
+            "metric without the prefix: {l}"
+        );
+        let value = l.rsplit(' ').next().expect("value");
+        assert!(
+            value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value),
+            "bad value in {l}"
+        );
+        names.push(name.to_string());
+    }
+    names
+}
+
+#[test]
+fn cost_reproduces_the_seed_example() {
+    let rd = tempfile::tempdir().expect("tempdir");
+    // Seed 002: A 384 GiB DRAM; B 192 GiB DRAM + 2 x 100 GiB drives; the ratio is ours (10).
+    let out = ok(
+        rd.path(),
+        &[
+            "cost",
+            "--dram-a",
+            "384",
+            "--dram-b",
+            "192",
+            "--nvme-b",
+            "200",
+            "--dram-to-nvme",
+            "10",
+            "--slowdown",
+            "1.2",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let rc = v["relative_cost"].as_f64().expect("relative_cost");
+    assert!(
+        (rc - (10.0 * 192.0 + 200.0) / (10.0 * 384.0)).abs() < 1e-9,
+        "{v}"
+    );
+    assert!((v["saving"].as_f64().expect("saving") - (1.0 - rc)).abs() < 1e-9);
+    assert!((v["break_even_slowdown"].as_f64().expect("be") - 1.0 / rc).abs() < 1e-9);
+    assert!((v["relative_cost_per_work"].as_f64().expect("pw") - 1.2 * rc).abs() < 1e-9);
+    // Text output names the figures.
+    let text = ok(
+        rd.path(),
+        &[
+            "cost",
+            "--dram-a",
+            "384G",
+            "--dram-b",
+            "192G",
+            "--nvme-b",
+            "200G",
+            "--dram-to-nvme",
+            "10",
+        ],
+    );
+    assert!(text.contains("relative cost B/A: 0.552"), "{text}");
+    assert!(text.contains("break-even slowdown: 1.81x"), "{text}");
+    // A TOML file with prices, and a slowdown measured by two saved `bench mem --json` reports.
+    let cfg = rd.path().join("cost.toml");
+    std::fs::write(
+        &cfg,
+        "dram_a = 384\ndram_b = \"192G\"\nnvme_b = 200\ndram_price = 5.0\nnvme_price = 0.5\n",
+    )
+    .expect("write");
+    let m = rd.path().join("m.json");
+    let b = rd.path().join("b.json");
+    std::fs::write(&m, r#"{"engine":"tierstack","accesses_per_s":500000.0}"#).expect("write");
+    std::fs::write(&b, r#"{"engine":"dram","accesses_per_s":1000000.0}"#).expect("write");
+    let out = ok(
+        rd.path(),
+        &[
+            "cost",
+            "--config",
+            cfg.to_str().expect("utf8"),
+            "--measured",
+            m.to_str().expect("utf8"),
+            "--baseline",
+            b.to_str().expect("utf8"),
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert!(
+        (v["relative_cost"].as_f64().expect("rc") - rc).abs() < 1e-9,
+        "{v}"
+    );
+    assert!(
+        (v["slowdown"].as_f64().expect("slowdown") - 2.0).abs() < 1e-9,
+        "{v}"
+    );
+    assert!(
+        v["saving_per_work"].as_f64().expect("spw") < 0.0,
+        "2x slower does not pay: {v}"
+    );
+    // Bad input: one line naming the fix.
+    fails_with(
+        rd.path(),
+        &[
+            "cost", "--dram-a", "384", "--dram-b", "192", "--nvme-b", "200",
+        ],
+        "--dram-to-nvme",
+    );
+    fails_with(
+        rd.path(),
+        &[
+            "cost",
+            "--dram-a",
+            "lots",
+            "--dram-b",
+            "192",
+            "--nvme-b",
+            "200",
+            "--dram-to-nvme",
+            "10",
+        ],
+        "--dram-a",
+    );
+    fails_with(
+        rd.path(),
+        &[
+            "cost",
+            "--dram-a",
+            "384",
+            "--dram-b",
+            "192",
+            "--nvme-b",
+            "200",
+            "--dram-to-nvme",
+            "0",
+        ],
+        "above 0",
+    );
+}
+
+#[test]
+fn doctor_reports_checks_as_json() {
+    let rd = tempfile::tempdir().expect("tempdir");
+    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let o = tierstack(
+        rd.path(),
+        &[
+            "doctor",
+            "--json",
+            "--dir",
+            dir.path().to_str().expect("utf8"),
+        ],
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).expect("doctor --json prints one JSON object");
+    let checks = v["checks"].as_array().expect("checks");
+    assert!(checks.len() >= 8, "{} checks", checks.len());
+    let mut failed = false;
+    for c in checks {
+        let st = c["status"].as_str().expect("status");
+        assert!(["ok", "warn", "fail"].contains(&st), "{c}");
+        assert!(!c["name"].as_str().expect("name").is_empty());
+        assert!(
+            c["value"].is_string() && !c["advice"].as_str().expect("advice").is_empty(),
+            "{c}"
+        );
+        failed |= st == "fail";
+    }
+    for name in [
+        "userfaultfd",
+        "fuse_device",
+        "transparent_hugepage",
+        "watermark_scale_factor",
+        "rcu_nocbs",
+        "io_uring",
+    ] {
+        assert!(checks.iter().any(|c| c["name"] == name), "no {name} check");
+    }
+    assert_eq!(
+        o.status.success(),
+        !failed,
+        "exit status 0 unless a check fails: {v}"
+    );
+    // Text mode ends with the tally.
+    let t = tierstack(
+        rd.path(),
+        &["doctor", "--dir", dir.path().to_str().expect("utf8")],
+    );
+    assert!(String::from_utf8_lossy(&t.stdout).contains(" checks: "));
+}
+
+#[test]
+fn top_batch_with_nothing_running() {
+    let rd = tempfile::tempdir().expect("tempdir");
+    let out = ok(
+        rd.path(),
+        &["top", "--batch", "--iterations", "2", "--interval", "100ms"],
+    );
+    assert_eq!(out.matches("tierstack top - ").count(), 2, "{out}");
+    assert!(out.contains("no tierstack mount or run"), "{out}");
+    let out = ok(
+        rd.path(),
+        &["top", "--json", "--iterations", "1", "--interval", "100ms"],
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    assert!(v["mounts"].as_array().expect("mounts").is_empty());
+    fails_with(
+        rd.path(),
+        &["top", "--batch", "--iterations", "1", "--interval", "soon"],
+        "--interval",
+    );
+    // Not a terminal: the interactive view refuses with the batch alternative.
+    fails_with(rd.path(), &["top"], "--batch");
+}
+
+/// Kills and detaches whatever a test mounted, however it ends.
+struct MountGuard {
+    mnt: PathBuf,
+    pid: Option<u32>,
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        if let Some(pid) = self.pid {
+            // SAFETY: kill(2) on the daemon this test started.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+#[test]
+fn mount_metrics_while_writing_and_top_lists_the_mount() {
+    if !root_and_fuse() {
+        return;
+    }
+    let rd = tempfile::tempdir().expect("tempdir");
+    let tmp = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let backing = tmp.path().join("backing");
+    let mnt = tmp.path().join("mnt");
+    let fast = tmp.path().join("fast");
+    std::fs::create_dir(&backing).expect("mkdir");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    // A bad address is refused before anything is mounted.
+    fails_with(
+        rd.path(),
+        &[
+            "mount",
+            backing.to_str().expect("utf8"),
+            mnt.to_str().expect("utf8"),
+            "--dir",
+            fast.to_str().expect("utf8"),
+            "--metrics",
+            "nowhere",
+        ],
+        "--metrics",
+    );
+    ok(
+        rd.path(),
+        &[
+            "mount",
+            backing.to_str().expect("utf8"),
+            mnt.to_str().expect("utf8"),
+            "--dir",
+            fast.to_str().expect("utf8"),
+            "--dram",
+            "16M",
+            "--drive-size",
+            "64M",
+            "--metrics",
+            &addr,
+        ],
+    );
+    let st: serde_json::Value = serde_json::from_str(&ok(
+        rd.path(),
+        &["status", mnt.to_str().expect("utf8"), "--json"],
+    ))
+    .expect("status");
+    let mut guard = MountGuard {
+        mnt: mnt.clone(),
+        pid: st["pid"].as_u64().map(|p| p as u32),
+    };
+    // Write a file through the mount while scraping.
+    let path = mnt.join("big.dat");
+    let writer = std::thread::spawn(move || {
+        let mut f = std::fs::File::create(&path).expect("create");
+        let block = vec![0x5au8; 1 << 20];
+        let t0 = Instant::now();
+        let mut n = 0;
+        while t0.elapsed() < Duration::from_secs(3) && n < 64 {
+            f.write_all(&block).expect("write");
+            n += 1;
+        }
+        f.sync_all().expect("fsync");
+        n
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body) = scrape(port);
+    assert!(status.contains("200"), "{status}");
+    let names = check_format(&body);
+    for n in [
+        "tierstack_tier_used_bytes",
+        "tierstack_drain_backlog_bytes",
+        "tierstack_fuse_ops_total",
+        "tierstack_mount_probe_duration_seconds_bucket",
+        "tierstack_control_request_duration_seconds_bucket",
+    ] {
+        assert!(names.iter().any(|x| x == n), "no {n} in:\n{body}");
+    }
+    assert!(body.contains("# TYPE tierstack_control_request_duration_seconds histogram"));
+    let mp = std::fs::canonicalize(&mnt).expect("canon");
+    assert!(
+        body.contains(&format!("mountpoint=\"{}\"", mp.display())),
+        "{body}"
+    );
+    assert!(body.contains("tier=\""), "{body}");
+    assert!(
+        body.contains("tierstack_fuse_ops_total{") && body.contains("op=\"write\""),
+        "{body}"
+    );
+    promtool(&body);
+    // Any other path is a 404.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").expect("send");
+    let mut r = String::new();
+    s.read_to_string(&mut r).expect("read");
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+    // top lists the mount, in text and JSON.
+    let out = ok(
+        rd.path(),
+        &["top", "--batch", "--iterations", "1", "--interval", "200ms"],
+    );
+    assert!(out.contains(&format!("MOUNT {}", mp.display())), "{out}");
+    assert!(out.contains("tiers "), "{out}");
+    let out = ok(
+        rd.path(),
+        &["top", "--json", "--iterations", "1", "--interval", "200ms"],
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(v["mounts"][0]["mountpoint"], serde_json::json!(mp), "{v}");
+    let n = writer.join().expect("writer");
+    assert!(n > 0);
+    // The scrape after the write counts the written bytes' operations.
+    let (_, body) = scrape(port);
+    let writes: f64 = body
+        .lines()
+        .find(|l| l.starts_with("tierstack_fuse_ops_total{") && l.contains("op=\"write\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .expect("write count");
+    assert!(writes >= 1.0, "{body}");
+    ok(rd.path(), &["umount", mnt.to_str().expect("utf8")]);
+    guard.pid = None;
+    assert_eq!(
+        std::fs::read(backing.join("big.dat"))
+            .expect("drained")
+            .len(),
+        n << 20
+    );
+}
+
+#[test]
+fn run_is_listed_by_top_and_serves_metrics() {
+    if !root_and_fuse() {
+        return;
+    }
+    let rd = tempfile::tempdir().expect("tempdir");
+    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(BIN)
+        .args([
+            "run",
+            "--dram",
+            "64M",
+            "--dir",
+            dir.path().to_str().expect("utf8"),
+            "--metrics",
+            &addr,
+            "--",
+            "sleep",
+            "3",
+        ])
+        .env("TIERSTACK_RUN_DIR", rd.path())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn run");
+    // Wait (bounded) for the run record.
+    let t0 = Instant::now();
+    let runs = rd.path().join("run");
+    while t0.elapsed() < Duration::from_secs(10)
+        && std::fs::read_dir(&runs).map_or(true, |mut r| r.next().is_none())
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = ok(
+        rd.path(),
+        &["top", "--batch", "--iterations", "1", "--interval", "100ms"],
+    );
+    if !out.contains("RUN pid") {
+        let _ = child.kill();
+        let o = child.wait_with_output().expect("wait");
+        panic!(
+            "top does not list the run: {out}\nrun said: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert!(
+        out.contains("sleep 3") && out.contains("budget 64.0 MiB"),
+        "{out}"
+    );
+    let (status, body) = scrape(port);
+    assert!(status.contains("200"), "{status}");
+    let names = check_format(&body);
+    assert!(
+        names.iter().any(|n| n == "tierstack_run_dram_budget_bytes"),
+        "{body}"
+    );
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("tierstack_run_dram_budget_bytes{pid=")
+                && l.ends_with(" 67108864")),
+        "{body}"
+    );
+    promtool(&body);
+    let st = child.wait().expect("wait");
+    assert!(st.success());
+    // The record is gone with the run.
+    assert!(std::fs::read_dir(&runs).map_or(true, |mut r| r.next().is_none()));
+}
