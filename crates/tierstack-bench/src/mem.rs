@@ -115,7 +115,6 @@ impl Backing {
 }
 
 fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
-    use tierstack_array::{Array, ArrayOptions, CreateParams};
     if t.in_memory {
         let store = tierstack_store::TieredStore::new(map + (64 << 20), Vec::new())
             .map_err(|e| e.to_string())?;
@@ -133,50 +132,24 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
     }
     std::fs::create_dir_all(&t.dir)
         .map_err(|e| format!("cannot create {}: {e}", t.dir.display()))?;
-    let paths: Vec<PathBuf> = (0..4)
-        .map(|i| {
-            t.dir
-                .join(format!("tierstack-mem-{}-d{i}", std::process::id()))
-        })
-        .collect();
-    let drives = TempDrives(paths.clone());
-    // At least three data drives of four: room for the whole map twice over (the log needs
-    // slack).
-    let per_drive = (map * 2 / 3).max(64 << 20) + (64 << 20);
-    let params = CreateParams {
-        level: tierstack_array::Level::from_number(t.level)
-            .ok_or_else(|| format!("unknown RAID level {}", t.level))?,
-        // A chunk at least as large as a page: a page is then read with one request to one
-        // drive (linear, 256 KiB pages: 15 % more accesses/s than with 64 KiB chunks here).
-        chunk: t.page.clamp(64 << 10, 1 << 20).next_power_of_two(),
-        groups: None,
-        size: Some(per_drive),
-    };
-    let array =
-        Array::create(&paths, &params, &ArrayOptions::default()).map_err(|e| e.to_string())?;
-    // The store's own DRAM tier stays small (a write buffer in front of the array): the
-    // region's budget is the DRAM that counts. The array's stripe buffers (an open stripe
-    // and four in flight: 21 MiB for RAID 0, 28 MiB for RAID 5 with 64 KiB chunks) come out
-    // of `--dram` too, as the kernel-swap engine's cgroup counts everything the process
-    // holds.
-    let store_dram = (t.dram / 64).max(4 << 20);
-    let stripe_buffers = array.buffer_bytes();
-    let store = tierstack_store::TieredStore::new(
-        store_dram,
-        vec![Box::new(tierstack_store::ArrayTier::new(array))],
-    )
-    .map_err(|e| e.to_string())?;
-    let budget = t
-        .dram
-        .saturating_sub(store_dram + stripe_buffers)
-        .max(4 * t.page as u64);
-    let opts = tierstack_mem::RegionOptions {
-        page: t.page,
-        budget,
-        fault_threads: tierstack_mem::default_fault_threads(),
-    };
-    let region = tierstack_mem::Region::new(std::sync::Arc::new(store), map as usize, &opts)
+    let level = tierstack_array::Level::from_number(t.level)
+        .ok_or_else(|| format!("unknown RAID level {}", t.level))?;
+    // The array, store and budget split `tierstack run` makes (tierstack_mem::setup), with
+    // room for the whole map twice over (the log needs slack).
+    let prefix = format!("tierstack-mem-{}-", std::process::id());
+    let (array, paths) =
+        tierstack_mem::setup::create_array(&t.dir, &prefix, map * 2, level, t.page)
+            .map_err(|e| e.to_string())?;
+    let drives = TempDrives(paths);
+    let (store, p) = tierstack_mem::setup::store_and_options(array, t.dram, t.page)
         .map_err(|e| e.to_string())?;
+    let opts = tierstack_mem::RegionOptions {
+        page: p.page,
+        budget: p.budget,
+        fault_threads: p.fault_threads,
+    };
+    let region =
+        tierstack_mem::Region::new(store, map as usize, &opts).map_err(|e| e.to_string())?;
     Ok(Backing::Tierstack {
         region,
         _drives: drives,

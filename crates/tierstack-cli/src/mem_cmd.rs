@@ -51,10 +51,10 @@ pub struct BenchMemArgs {
     /// tierstack page size (unit of faulting and I/O): a multiple of 4K up to 1M.
     #[arg(long, default_value = "64K")]
     page: String,
-    /// RAID level of the tierstack engine's four file drives. 0 by default, like kernel swap
-    /// (a swap file has no redundancy; seed 000 swaps to an mdadm RAID 0); 5 is what
-    /// `tierstack run --dir` makes.
-    #[arg(long, default_value = "0")]
+    /// RAID level of the tierstack engine's four file drives. 5 by default: what `tierstack
+    /// run --dir` makes (the engine uses run's own constructor and budget rule); 0 is like a
+    /// swap file without redundancy (seed 000 swaps to an mdadm RAID 0).
+    #[arg(long, default_value = "5")]
     level: String,
     /// Print one JSON object on stdout (with --compare: tierstack, kernel_swap, ratio).
     #[arg(long)]

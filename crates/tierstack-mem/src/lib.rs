@@ -27,6 +27,7 @@
 
 mod cpu;
 mod pager;
+pub mod setup;
 pub mod uffd;
 
 pub use cpu::register_current_thread;

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use libc::{c_int, c_void, off_t, size_t};
 use parking_lot::Mutex;
-use tierstack_mem::{MemError, Pager, PagerOptions, Region};
+use tierstack_mem::{MemError, Pager, Region};
 
 extern "C" {
     fn __libc_malloc(n: size_t) -> *mut c_void;
@@ -180,44 +180,19 @@ fn start() -> Result<Engine, String> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(64 << 30);
-        let paths: Vec<_> = (0..4).map(|i| dir.join(format!("d{i}"))).collect();
-        let params = tierstack_array::CreateParams {
-            level: tierstack_array::Level::Raid5,
-            chunk: 64 << 10,
-            groups: None,
-            // Three data drives of four, and room for the cleaner.
-            size: Some((store / 3).max(64 << 20) + (64 << 20)),
-        };
-        let made = tierstack_array::Array::create(&paths, &params, &opts);
+        let made =
+            tierstack_mem::setup::create_array(&dir, "", store, tierstack_mem::setup::LEVEL, page);
         // The drives stay open; their names go now, so nothing is left behind at exit.
-        for p in &paths {
-            let _ = std::fs::remove_file(p);
+        for i in 0..tierstack_mem::setup::DRIVES {
+            let _ = std::fs::remove_file(dir.join(format!("d{i}")));
         }
         let _ = std::fs::remove_dir(&dir);
-        made.map_err(|e| format!("cannot create the array in {}: {e}", dir.display()))?
+        made.map_err(|e| e.to_string())?.0
     };
-    let capacity = array.status().capacity_bytes;
-    let store_dram = (dram / 16).clamp(4 << 20, 64 << 20);
-    let store = tierstack_store::TieredStore::new(
-        store_dram,
-        vec![Box::new(tierstack_store::ArrayTier::new(array))],
-    )
-    .map_err(|e| e.to_string())?;
-    // --dram covers all of it: the store's DRAM tier and the array's stripe buffers in flight
-    // (about 32 MiB) come out of the budget of the regions.
-    let io_buffers = (32u64 << 20).min(dram / 4);
-    let budget = dram.saturating_sub(store_dram + io_buffers);
-    let pager = Pager::new(
-        Arc::new(store),
-        &PagerOptions {
-            page,
-            budget,
-            fault_threads: tierstack_mem::default_fault_threads(),
-            // The log needs room to clean: regions may take half the array.
-            commit_limit: Some(capacity / 2),
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    // The same store and budget rule as `bench mem`'s tierstack engine.
+    let (store, options) =
+        tierstack_mem::setup::store_and_options(array, dram, page).map_err(|e| e.to_string())?;
+    let pager = Pager::new(store, &options).map_err(|e| e.to_string())?;
     let stats_dir = env("TIERSTACK_STATS_DIR").map(std::path::PathBuf::from);
     // SAFETY: registering plain extern "C" callbacks with no arguments.
     unsafe {
