@@ -195,6 +195,20 @@ fn dev_label(majmin: &str) -> String {
         .unwrap_or_else(|| majmin.to_string())
 }
 
+/// Whether an open file of the daemon is a drive of its fast tier: not its log in the
+/// runtime folder, not the namespace journal (SQLite: .db, -wal, -shm).
+fn is_drive(p: &Path, run_dir: &Path) -> bool {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    !p.starts_with(run_dir)
+        && !name.ends_with(".db")
+        && !name.ends_with(".db-wal")
+        && !name.ends_with(".db-shm")
+        && !name.ends_with(".log")
+}
+
 /// The metrics of one mount, served from its daemon.
 pub struct MountMetrics {
     mp: PathBuf,
@@ -384,7 +398,8 @@ impl MountMetrics {
             .into_iter()
             .filter(|(p, _)| !p.starts_with(&s.mountpoint) && !p.starts_with(&s.backing))
             .collect();
-        for (p, _) in &files {
+        let rd = tierstack_fs::mount::run_dir();
+        for (p, _) in files.iter().filter(|(p, _)| is_drive(p, &rd)) {
             if let Ok(md) = std::fs::metadata(p) {
                 use std::os::unix::fs::MetadataExt;
                 let name = p.display().to_string();

@@ -873,8 +873,8 @@ mod tui {
                 SortKey::Backlog => {
                     shown
                         .mounts
-                        .sort_by(|a, b| b.dirty_bytes.cmp(&a.dirty_bytes));
-                    shown.runs.sort_by(|a, b| b.rss_bytes.cmp(&a.rss_bytes));
+                        .sort_by_key(|m| std::cmp::Reverse(m.dirty_bytes));
+                    shown.runs.sort_by_key(|r| std::cmp::Reverse(r.rss_bytes));
                 }
                 SortKey::Io => {
                     let io = |r: f64, w: f64| r + w;
