@@ -1,0 +1,248 @@
+//! Running work as the job's user: the user's groups, a child process with the job's uid,
+//! gid and groups, bounded in time; the `tierstack` binary run that way.
+
+use std::ffi::{CStr, CString};
+use std::fs;
+use std::io::{Read, Seek};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::state::JobState;
+use super::Common;
+
+// ---------------------------------------------------------------------------------------------
+// Running things as the job's user, with bounded waits
+
+/// The supplementary groups of `uid` (with `gid`), from the user database.
+pub(super) fn user_groups(uid: u32, gid: u32) -> Result<Vec<libc::gid_t>> {
+    let mut buf = vec![0u8; 16384];
+    let mut pwd: libc::passwd = unsafe_zeroed_passwd();
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() {
+        // A uid without a name (e.g. from a container): only its primary group.
+        return Ok(vec![gid]);
+    }
+    // SAFETY: getpwuid_r succeeded, so pw_name points to a NUL-terminated string inside buf.
+    let name: CString = unsafe { CStr::from_ptr(pwd.pw_name) }.to_owned();
+    let mut n: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; n as usize];
+        let mut count = n;
+        // SAFETY: groups has room for `count` entries; name is NUL-terminated.
+        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        if rc >= 0 {
+            groups.truncate(count.max(0) as usize);
+            return Ok(groups);
+        }
+        if n >= 65536 {
+            bail!("user {uid} is in too many groups: check the user database");
+        }
+        n = count.max(n * 2);
+    }
+}
+
+pub(super) fn unsafe_zeroed_passwd() -> libc::passwd {
+    // SAFETY: libc::passwd is a plain C struct of integers and pointers; all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// A command that runs as `uid`/`gid` with the user's groups (when we are root).
+pub(super) fn as_user(mut cmd: Command, uid: u32, gid: u32) -> Result<Command> {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        // Not root (tests, or SlurmUser not root): we can only act as ourselves.
+        return Ok(cmd);
+    }
+    if uid == 0 {
+        bail!("root cannot use tierstack burst buffers: submit the job as an ordinary user");
+    }
+    let groups = user_groups(uid, gid)?;
+    // SAFETY: the closure runs in the forked child before exec and only calls async-signal-
+    // safe functions (setgroups, setresgid, setresuid) on memory allocated before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setresgid(gid, gid, gid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(cmd)
+}
+
+pub(super) fn exe() -> Result<PathBuf> {
+    std::env::current_exe().context("cannot find the tierstack binary: reinstall it")
+}
+
+/// Runs a command with its output in a temporary file, waiting at most `limit`; returns the
+/// exit success and the last non-empty output line.
+pub(super) fn run_bounded(mut cmd: Command, what: &str, limit: Duration) -> Result<(bool, String)> {
+    let mut out = tempfile::tempfile().context("cannot make a temporary file: check $TMPDIR")?;
+    let err = out.try_clone().context("cannot duplicate a file handle")?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(
+            out.try_clone().context("cannot duplicate a file handle")?,
+        ))
+        .stderr(Stdio::from(err));
+    // Descriptors inherited from SLURM (slurmscriptd reads the hook's output through a pipe
+    // until EOF) must not reach the children: the mount daemon outlives the hook and would
+    // hold that pipe open until SLURM's timeout.
+    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-
+    // safe system calls (close_range, fcntl) on the child's own descriptors.
+    unsafe {
+        cmd.pre_exec(|| {
+            let r = libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if r != 0 {
+                for fd in 3..4096 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| anyhow!("cannot start {what}: {e}: check the tierstack installation"))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child
+            .try_wait()
+            .context("cannot wait for a child process")?
+        {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut text = String::new();
+    let _ = out.rewind();
+    let _ = out.read_to_string(&mut text);
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .trim_start_matches("tierstack: error: ")
+        .to_string();
+    match status {
+        None => bail!(
+            "{what} did not finish within {} s: raise the hook's --timeout or the burst_buffer.conf timeouts",
+            limit.as_secs()
+        ),
+        Some(s) => Ok((s.success(), last)),
+    }
+}
+
+/// Runs `tierstack ARGS` as the job's user; an error carries the command's message.
+pub(super) fn tierstack_as_user(
+    args: &[&std::ffi::OsStr],
+    s: &JobState,
+    what: &str,
+    c: &Common,
+) -> Result<String> {
+    let mut cmd = Command::new(exe()?);
+    cmd.args(args);
+    let cmd = as_user(cmd, s.uid, s.gid)?;
+    let (ok, msg) = run_bounded(cmd, what, Duration::from_secs(c.timeout))?;
+    if !ok {
+        bail!("{what} failed: {msg}");
+    }
+    Ok(msg)
+}
+
+/// Runs `tierstack ARGS` as ourselves (root: the mount commands).
+pub(super) fn tierstack(
+    args: &[&std::ffi::OsStr],
+    what: &str,
+    limit: Duration,
+) -> Result<(bool, String)> {
+    let mut cmd = Command::new(exe()?);
+    cmd.args(args);
+    run_bounded(cmd, what, limit)
+}
+
+/// Internal `user-check`: runs as the job's user; `access(2)` answers for it.
+pub(super) fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
+    fn access(p: &Path, mode: libc::c_int) -> std::io::Result<()> {
+        let c = CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: c is a valid NUL-terminated path.
+        if unsafe { libc::access(c.as_ptr(), mode) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    for p in read {
+        let meta = fs::metadata(p).map_err(|e| {
+            anyhow!(
+                "stage_in={} cannot be read by uid {uid}: {e}: fix the path or its permissions",
+                p.display()
+            )
+        })?;
+        let mode = if meta.is_dir() {
+            libc::R_OK | libc::X_OK
+        } else {
+            libc::R_OK
+        };
+        access(p, mode).map_err(|e| {
+            anyhow!(
+                "stage_in={} cannot be read by uid {uid}: {e}: fix the permissions or stage another path",
+                p.display()
+            )
+        })?;
+    }
+    for p in write {
+        match fs::metadata(p) {
+            Ok(m) if m.is_dir() => access(p, libc::W_OK | libc::X_OK).map_err(|e| {
+                anyhow!(
+                    "stage_out={} is not writable by uid {uid}: {e}: give a folder the job's user may write",
+                    p.display()
+                )
+            })?,
+            Ok(_) => bail!(
+                "stage_out={} exists and is not a folder: give a folder",
+                p.display()
+            ),
+            Err(_) => {
+                // Created as the user (one level), so it is the user's.
+                fs::create_dir(p).map_err(|e| {
+                    anyhow!(
+                        "cannot create stage_out={} as uid {uid}: {e}: create it or give a folder the job's user may write",
+                        p.display()
+                    )
+                })?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! The `#TIERSTACK` directives of a job script: the words, the parser and the request it
+//! yields.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Result};
+use tierstack_bench::parse_size;
+
+use super::POOL;
+
+// ---------------------------------------------------------------------------------------------
+// Directives
+
+/// `mode=` of a job's mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Sync,
+    Async,
+}
+
+/// What a job script asks for in its `#BB_LUA` lines.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Request {
+    pub pool: Option<String>,
+    pub capacity: Option<u64>,
+    pub stage_in: Vec<PathBuf>,
+    pub stage_out: Vec<PathBuf>,
+    pub mode: Option<Mode>,
+    pub manifest: Option<PathBuf>,
+}
+
+/// Splits a directive line into words; a word may be written in double quotes (`\"`, `\\`).
+pub(super) fn words(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut quoted = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                in_word = true;
+            }
+            '\\' if quoted => match chars.next() {
+                Some(n) => cur.push(n),
+                None => return Err("a '\\' ends the line".into()),
+            },
+            c if c.is_whitespace() && !quoted => {
+                if in_word {
+                    out.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if quoted {
+        return Err("a '\"' is not closed".into());
+    }
+    if in_word {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+/// Parses the `#BB_LUA` lines of a job script: they come after the `#!` line, among the
+/// leading comment lines (SLURM ignores those after the first command). Each is a list of
+/// `KEY=VALUE` words: `pool=tierstack capacity=SIZE [stage_in=SRC]... [stage_out=DST]...
+/// [mode=sync|async] [manifest=FILE]`. Errors name the line and the fix.
+pub fn parse_directives(script: &str) -> Result<Request, String> {
+    let mut r = Request::default();
+    for (i, raw) in script.lines().enumerate() {
+        let line = raw.trim();
+        if i == 0 && line.starts_with("#!") {
+            continue;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        if !line.starts_with('#') {
+            break;
+        }
+        let Some(rest) = line.strip_prefix("#BB_LUA") else {
+            continue;
+        };
+        if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+            continue;
+        }
+        let n = i + 1;
+        let ws = words(rest).map_err(|e| format!("#BB_LUA on line {n}: {e}: fix the quoting"))?;
+        for w in ws {
+            let Some((k, v)) = w.split_once('=') else {
+                return Err(format!(
+                    "#BB_LUA on line {n}: '{w}' is not KEY=VALUE: write e.g. capacity=1G"
+                ));
+            };
+            if v.is_empty() {
+                return Err(format!(
+                    "#BB_LUA on line {n}: {k}= has no value: give one or remove it"
+                ));
+            }
+            let once = |set: bool| -> Result<(), String> {
+                if set {
+                    Err(format!(
+                        "#BB_LUA on line {n}: {k}= is given twice: keep one"
+                    ))
+                } else {
+                    Ok(())
+                }
+            };
+            match k {
+                "pool" => {
+                    once(r.pool.is_some())?;
+                    if v != POOL {
+                        return Err(format!(
+                            "#BB_LUA on line {n}: pool={v} is unknown: use pool={POOL}"
+                        ));
+                    }
+                    r.pool = Some(v.to_string());
+                }
+                "capacity" => {
+                    once(r.capacity.is_some())?;
+                    let c = parse_size(v).map_err(|e| format!("#BB_LUA on line {n}: {e}"))?;
+                    if c == 0 {
+                        return Err(format!(
+                            "#BB_LUA on line {n}: capacity=0: give a size such as 1G"
+                        ));
+                    }
+                    r.capacity = Some(c);
+                }
+                "stage_in" => r.stage_in.push(abs(n, k, v)?),
+                "stage_out" => r.stage_out.push(abs(n, k, v)?),
+                "mode" => {
+                    once(r.mode.is_some())?;
+                    r.mode = Some(match v {
+                        "sync" => Mode::Sync,
+                        "async" => Mode::Async,
+                        _ => {
+                            return Err(format!(
+                                "#BB_LUA on line {n}: mode={v} is unknown: use mode=sync or mode=async"
+                            ))
+                        }
+                    });
+                }
+                "manifest" => {
+                    once(r.manifest.is_some())?;
+                    r.manifest = Some(abs(n, k, v)?);
+                }
+                _ => {
+                    return Err(format!(
+                        "#BB_LUA on line {n}: unknown key '{k}': use pool, capacity, stage_in, stage_out, mode or manifest"
+                    ))
+                }
+            }
+        }
+    }
+    if r == Request::default() {
+        return Ok(r);
+    }
+    if r.capacity.is_none() {
+        return Err(format!(
+            "#BB_LUA: no capacity= given: add e.g. '#BB_LUA pool={POOL} capacity=1G'"
+        ));
+    }
+    if r.pool.is_none() {
+        return Err(format!(
+            "#BB_LUA: capacity= needs pool={POOL} on the same line: add it"
+        ));
+    }
+    if r.manifest.is_some() && r.stage_in.len() != 1 {
+        return Err(
+            "#BB_LUA: manifest= lists paths relative to one stage_in= root: give exactly one stage_in="
+                .into(),
+        );
+    }
+    Ok(r)
+}
+
+pub(super) fn abs(n: usize, k: &str, v: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(v);
+    if !p.is_absolute() {
+        return Err(format!(
+            "#BB_LUA on line {n}: {k}={v} is not an absolute path: give the full path"
+        ));
+    }
+    Ok(p)
+}
+
+pub(super) fn read_request(script: &Path) -> Result<Request> {
+    let text = fs::read(script).map_err(|e| {
+        anyhow!(
+            "cannot read the job script {}: {e}: check SLURM's StateSaveLocation",
+            script.display()
+        )
+    })?;
+    parse_directives(&String::from_utf8_lossy(&text)).map_err(anyhow::Error::msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_directives() {
+        let s = "#!/bin/bash\n#SBATCH -N1\n#BB_LUA pool=tierstack capacity=1G stage_in=/a/b\n#BB_LUA stage_out=\"/c d\" mode=async\necho hi\n#BB_LUA bogus=1\n";
+        let r = parse_directives(s).unwrap();
+        assert_eq!(r.capacity, Some(1 << 30));
+        assert_eq!(r.stage_in, vec![PathBuf::from("/a/b")]);
+        assert_eq!(r.stage_out, vec![PathBuf::from("/c d")]);
+        assert_eq!(r.mode, Some(Mode::Async));
+        assert_eq!(
+            parse_directives("#!/bin/sh\necho\n").unwrap(),
+            Request::default()
+        );
+    }
+
+    #[test]
+    fn refuses_bad_directives() {
+        for (s, want) in [
+            ("#BB_LUA pool=tierstack capacity=1Q", "invalid size"),
+            (
+                "#BB_LUA pool=tierstack capacity=1G color=red",
+                "unknown key 'color'",
+            ),
+            (
+                "#BB_LUA pool=tierstack capacity=1G stage_in=rel",
+                "not an absolute path",
+            ),
+            ("#BB_LUA pool=other capacity=1G", "use pool=tierstack"),
+            ("#BB_LUA capacity=1G", "needs pool=tierstack"),
+            ("#BB_LUA pool=tierstack", "no capacity="),
+            ("#BB_LUA pool=tierstack capacity=1G mode=fast", "mode=fast"),
+            (
+                "#BB_LUA pool=tierstack capacity=1G manifest=/m",
+                "exactly one stage_in",
+            ),
+        ] {
+            let e = parse_directives(s).unwrap_err();
+            assert!(e.contains(want), "{s}: {e}");
+            assert!(!e.contains('\n'));
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Each job's state file (written atomically under the jobs folder) and the status queries
+//! (`jobs`, `pools`, `get_status`).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Result};
+use tierstack_bench::fmt_size;
+
+use super::directives::Mode;
+use super::hooks::pool_size;
+use super::{Common, GRANULARITY, POOL};
+
+// ---------------------------------------------------------------------------------------------
+// Per-job state
+
+#[derive(Debug, Clone)]
+pub(super) struct JobState {
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) capacity: u64,
+    pub(super) mode: Mode,
+    pub(super) stage_in: Vec<PathBuf>,
+    pub(super) stage_out: Vec<PathBuf>,
+    pub(super) manifest: Option<PathBuf>,
+    pub(super) backing: PathBuf,
+    /// pending, staging-in, staged-in, running, staging-out, staged-out
+    pub(super) state: String,
+}
+
+impl JobState {
+    pub(super) fn to_json(&self) -> serde_json::Value {
+        let ps = |v: &[PathBuf]| -> Vec<String> {
+            v.iter().map(|p| p.to_string_lossy().into_owned()).collect()
+        };
+        serde_json::json!({
+            "uid": self.uid,
+            "gid": self.gid,
+            "capacity": self.capacity,
+            "mode": if self.mode == Mode::Sync { "sync" } else { "async" },
+            "stage_in": ps(&self.stage_in),
+            "stage_out": ps(&self.stage_out),
+            "manifest": self.manifest.as_ref().map(|p| p.to_string_lossy().into_owned()),
+            "backing": self.backing.to_string_lossy(),
+            "state": self.state,
+        })
+    }
+
+    pub(super) fn from_json(v: &serde_json::Value) -> Option<JobState> {
+        let paths = |k: &str| -> Option<Vec<PathBuf>> {
+            v.get(k)?
+                .as_array()?
+                .iter()
+                .map(|x| x.as_str().map(PathBuf::from))
+                .collect()
+        };
+        Some(JobState {
+            uid: u32::try_from(v.get("uid")?.as_u64()?).ok()?,
+            gid: u32::try_from(v.get("gid")?.as_u64()?).ok()?,
+            capacity: v.get("capacity")?.as_u64()?,
+            mode: if v.get("mode")?.as_str()? == "async" {
+                Mode::Async
+            } else {
+                Mode::Sync
+            },
+            stage_in: paths("stage_in")?,
+            stage_out: paths("stage_out")?,
+            manifest: v.get("manifest")?.as_str().map(PathBuf::from),
+            backing: PathBuf::from(v.get("backing")?.as_str()?),
+            state: v.get("state")?.as_str()?.to_string(),
+        })
+    }
+}
+
+pub(super) fn check_job_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
+        bail!("job id '{id}' is not a number: the hook takes SLURM's numeric job id");
+    }
+    Ok(())
+}
+
+pub(super) fn jobs_dir(c: &Common) -> PathBuf {
+    c.fast_dir.join("jobs")
+}
+
+pub(super) fn job_dir(c: &Common, id: &str) -> Result<PathBuf> {
+    check_job_id(id)?;
+    Ok(jobs_dir(c).join(id))
+}
+
+/// Writes a file atomically (temporary name, fsync, rename).
+pub(super) fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tierstack-{}", std::process::id()));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = res {
+        let _ = fs::remove_file(&tmp);
+        bail!(
+            "cannot write {}: {e}: check that the folder exists and is writable",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn save_state(dir: &Path, s: &JobState) -> Result<()> {
+    let text = serde_json::to_string_pretty(&s.to_json())?;
+    write_atomic(&dir.join("state.json"), text.as_bytes(), 0o644)
+}
+
+pub(super) fn load_state(c: &Common, id: &str) -> Result<(PathBuf, JobState)> {
+    let dir = job_dir(c, id)?;
+    let p = dir.join("state.json");
+    let text = fs::read_to_string(&p).map_err(|e| {
+        anyhow!(
+            "job {id} has no tierstack buffer ({}: {e}): the setup hook did not run or failed; see `scontrol show job {id}`",
+            p.display()
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("{} is damaged ({e}): cancel the job", p.display()))?;
+    let s = JobState::from_json(&v)
+        .ok_or_else(|| anyhow!("{} is damaged: cancel the job", p.display()))?;
+    Ok((dir, s))
+}
+
+pub(super) fn set_state(dir: &Path, s: &mut JobState, state: &str) -> Result<()> {
+    s.state = state.to_string();
+    save_state(dir, s)
+}
+
+pub(super) fn jobs(c: &Common) -> Vec<(String, JobState)> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir(jobs_dir(c)) {
+        for e in rd.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if let Ok((_, s)) = load_state(c, &id) {
+                out.push((id, s));
+            }
+        }
+    }
+    out.sort_by_key(|(id, _)| id.parse::<u64>().unwrap_or(0));
+    out
+}
+
+pub(super) fn pools(c: &Common) -> Result<()> {
+    let q = pool_size(c)?;
+    println!(
+        "{}",
+        serde_json::json!({"pools": [{"id": POOL, "quantity": q, "granularity": GRANULARITY}]})
+    );
+    Ok(())
+}
+
+pub(super) fn get_status(c: &Common) -> Result<()> {
+    let q = pool_size(c)?;
+    let js = jobs(c);
+    let used: u64 = js.iter().map(|(_, s)| s.capacity).sum();
+    let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, s) in &js {
+        *by_state.entry(s.state.as_str()).or_default() += 1;
+    }
+    println!(
+        "pool {POOL}: {} of {} used, {} free, {} job buffer(s) in {}",
+        fmt_size(used),
+        fmt_size(q),
+        fmt_size(q.saturating_sub(used)),
+        js.len(),
+        jobs_dir(c).display()
+    );
+    for (id, s) in &js {
+        println!(
+            "job {id}: uid {} capacity {} state {} backing {}",
+            s.uid,
+            fmt_size(s.capacity),
+            s.state,
+            s.backing.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! File contents: pages in the tiered store over a base file in BACKING; read, write,
+//! truncate, pinning a file's base into the store.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tierstack_store::{PageData, StoreError};
+
+use crate::error::{FsError, Result};
+
+use super::{eio, now_ns, Core, Kind, Node, Ns, PAGE, R};
+
+/// A page of a file held in the store.
+#[derive(Clone, Copy, Debug)]
+pub struct Page {
+    /// Changes on every write of the page (0: loaded at start-up or cached from BACKING).
+    pub ver: u64,
+    /// Differs from BACKING (must be drained before it may be dropped).
+    pub dirty: bool,
+    pub len: u32,
+}
+
+/// The contents of one regular file: pages in the store over an optional base file in
+/// BACKING (`bpath`, valid for its first `base_len` bytes).
+#[derive(Debug, Default)]
+pub struct FileData {
+    pub size: u64,
+    pub has_base: bool,
+    pub base_len: u64,
+    pub bpath: Option<Vec<u8>>,
+    /// Contents differ from BACKING.
+    pub dirty: bool,
+    pub pages: BTreeMap<u64, Page>,
+    /// Bumped by every change of contents.
+    pub ver: u64,
+    pub base_fd: Option<Arc<File>>,
+    /// A data op for this file is queued in the journal and has not started.
+    pub data_pending: bool,
+    /// Smallest size since the current drain took its snapshot.
+    pub min_size: u64,
+    /// A drain of the file while it was still open staged its contents under a temporary
+    /// name in BACKING (this path): that file is the base (first `base_len` bytes) until the
+    /// drain after the last close renames it into place. Each byte is drained once.
+    pub staged: Option<Vec<u8>>,
+    /// 512-byte blocks the base holds in BACKING (holes excluded), for `st_blocks`.
+    pub base_blocks: u64,
+}
+
+impl FileData {
+    /// Where the base is in BACKING: the staged temporary file, else the file's own path.
+    pub fn base_path(&self) -> Option<&[u8]> {
+        self.staged.as_deref().or(self.bpath.as_deref())
+    }
+}
+
+pub(super) enum WriteErr {
+    Full,
+    Other(FsError),
+}
+
+impl Core {
+    // ------------------------------------------------------------------ contents
+
+    pub(super) fn base_file(&self, f: &mut FileData) -> Result<Option<Arc<File>>> {
+        if let Some(b) = &f.base_fd {
+            return Ok(Some(b.clone()));
+        }
+        let Some(bp) = f.base_path() else {
+            return Ok(None);
+        };
+        let path = self.bjoin(bp);
+        let file = self
+            .bk
+            .open_file(bp, rustix::fs::OFlags::RDONLY, 0)
+            .map_err(crate::error::io_err(&path))?;
+        let a = Arc::new(file);
+        f.base_fd = Some(a.clone());
+        Ok(Some(a))
+    }
+
+    /// Reads page `p` of a file: from the store, else from its base in BACKING (cached in the
+    /// store when `cache`), else None (zeros). The contents are shared with the store (a later
+    /// write of the page replaces them, it never changes them); they may be longer than the
+    /// file's current size.
+    pub fn read_page(
+        &self,
+        obj: u64,
+        f: &mut FileData,
+        p: u64,
+        cache: bool,
+    ) -> Result<Option<PageData>> {
+        if f.pages.contains_key(&p) {
+            return match self.store.get_shared((obj, p))? {
+                Some(v) => Ok(Some(v)),
+                None => Err(FsError::Config(format!(
+                    "page {p} of object {obj} is missing from the fast tier"
+                ))),
+            };
+        }
+        let start = p * PAGE;
+        if !f.has_base || start >= f.base_len {
+            return Ok(None);
+        }
+        let Some(base) = self.base_file(f)? else {
+            return Ok(None);
+        };
+        let want = (f.base_len - start).min(PAGE) as usize;
+        let mut buf = self.store.page_buf(want);
+        buf.resize(want, 0);
+        let mut got = 0;
+        while got < want {
+            match base.read_at(&mut buf[got..], start + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(FsError::Io {
+                        path: self.bjoin(f.base_path().unwrap_or_default()),
+                        source: e,
+                    })
+                }
+            }
+        }
+        let buf = PageData::new(buf);
+        if cache
+            && !self.pressure.load(Relaxed)
+            && self.held.load(Relaxed) + want as u64 <= self.limit / 2
+            && self.store.put_shared((obj, p), buf.clone()).is_ok()
+        {
+            f.pages.insert(
+                p,
+                Page {
+                    ver: 0,
+                    dirty: false,
+                    len: want as u32,
+                },
+            );
+            self.held.fetch_add(want as u64, Relaxed);
+        }
+        Ok(Some(buf))
+    }
+
+    /// The first `len` bytes of page `p` as a buffer of its own: the page's bytes below the
+    /// file's current size, zeros after them.
+    pub(super) fn page_copy(
+        &self,
+        obj: u64,
+        f: &mut FileData,
+        p: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let mut buf = self.store.page_buf(len);
+        if let Some(v) = self.read_page(obj, f, p, false)? {
+            // Bytes beyond the old size read as zeros even where a stale page is longer.
+            let valid = (f.size.saturating_sub(p * PAGE).min(PAGE) as usize)
+                .min(v.len())
+                .min(len);
+            buf.extend_from_slice(&v[..valid]);
+        }
+        buf.resize(len, 0);
+        Ok(buf)
+    }
+
+    pub(super) fn put_page(
+        &self,
+        obj: u64,
+        f: &mut FileData,
+        p: u64,
+        data: Vec<u8>,
+    ) -> Result<(), WriteErr> {
+        let len = data.len() as u64;
+        match self.store.put_owned((obj, p), data) {
+            Ok(()) => {}
+            Err(StoreError::Full(_)) => return Err(WriteErr::Full),
+            Err(e) => return Err(WriteErr::Other(e.into())),
+        }
+        self.note_page_written(f, p, len);
+        Ok(())
+    }
+
+    /// Records that page `p` now holds `len` new (dirty) bytes in the store.
+    pub(super) fn note_page_written(&self, f: &mut FileData, p: u64, len: u64) {
+        f.ver += 1;
+        let new = Page {
+            ver: f.ver,
+            dirty: true,
+            len: len as u32,
+        };
+        if let Some(old) = f.pages.insert(p, new) {
+            self.held.fetch_sub(old.len as u64, Relaxed);
+            if old.dirty {
+                self.dirty_bytes.fetch_sub(old.len as u64, Relaxed);
+            }
+        }
+        self.held.fetch_add(len, Relaxed);
+        self.dirty_bytes.fetch_add(len, Relaxed);
+    }
+
+    /// [`Core::put_page`] of a copy of `data`, retried until the store has room.
+    pub(super) fn put_page_retry(&self, obj: u64, f: &mut FileData, p: u64, data: &[u8]) -> R<()> {
+        loop {
+            let mut v = self.store.page_buf(data.len());
+            v.extend_from_slice(data);
+            match self.put_page(obj, f, p, v) {
+                Ok(()) => return Ok(()),
+                Err(WriteErr::Full) => std::thread::sleep(Duration::from_millis(50)),
+                Err(WriteErr::Other(e)) => return Err(eio(e)),
+            }
+        }
+    }
+
+    pub(super) fn drop_page(&self, obj: u64, f: &mut FileData, p: u64) -> Result<()> {
+        if let Some(old) = f.pages.remove(&p) {
+            self.held.fetch_sub(old.len as u64, Relaxed);
+            if old.dirty {
+                self.dirty_bytes.fetch_sub(old.len as u64, Relaxed);
+            }
+            self.store.remove((obj, p))?;
+            self.space_cv.notify_all();
+        }
+        Ok(())
+    }
+
+    pub(super) fn mark_dirty(&self, ino: u64, f: &mut FileData) -> Result<()> {
+        f.ver += 1;
+        if !f.dirty {
+            f.dirty = true;
+            self.persist_content(ino, f)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn write_locked(
+        &self,
+        ino: u64,
+        obj: u64,
+        f: &mut FileData,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(), WriteErr> {
+        let end = off + data.len() as u64;
+        let new_size = f.size.max(end);
+        let mut p = off / PAGE;
+        while p * PAGE < end {
+            let pstart = p * PAGE;
+            let plen = (new_size - pstart).min(PAGE) as usize;
+            let lo = off.max(pstart);
+            let hi = end.min(pstart + PAGE);
+            let src = &data[(lo - off) as usize..(hi - off) as usize];
+            // A page the DRAM tier holds unshared is changed in place: a 4 KiB write into a
+            // 1 MiB page then copies 4 KiB, not the page.
+            if f.pages.contains_key(&p) && !(lo == pstart && hi - pstart >= plen as u64) {
+                let keep = (f.size.saturating_sub(pstart).min(PAGE) as usize).min(plen);
+                let at = (lo - pstart) as usize;
+                let done = self
+                    .store
+                    .update((obj, p), keep, plen, |b| {
+                        b[at..at + src.len()].copy_from_slice(src)
+                    })
+                    .map_err(|e| WriteErr::Other(e.into()))?;
+                if done {
+                    self.note_page_written(f, p, plen as u64);
+                    p += 1;
+                    continue;
+                }
+            }
+            let buf = if lo == pstart && hi - pstart >= plen as u64 {
+                // The write covers the whole page: no need to read it.
+                let mut buf = self.store.page_buf(plen);
+                buf.extend_from_slice(&src[..plen]);
+                buf
+            } else {
+                let mut buf = self.page_copy(obj, f, p, plen).map_err(WriteErr::Other)?;
+                buf[(lo - pstart) as usize..(hi - pstart) as usize].copy_from_slice(src);
+                buf
+            };
+            self.put_page(obj, f, p, buf)?;
+            p += 1;
+        }
+        f.size = new_size;
+        self.mark_dirty(ino, f).map_err(WriteErr::Other)
+    }
+
+    pub(super) fn file(&self, ino: u64) -> R<(Arc<Mutex<FileData>>, u64)> {
+        let ns = self.ns.lock();
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        match &n.data {
+            Some(d) => Ok((d.clone(), n.obj)),
+            None if n.kind == Kind::Dir => Err(libc::EISDIR),
+            None => Err(libc::EINVAL),
+        }
+    }
+
+    /// Writes `data` at `off`. `kill_priv`: the writer is not privileged, so the file loses
+    /// its set-user-ID bit and, when group-executable, its set-group-ID bit (as the kernel
+    /// does on ext4).
+    pub fn write(&self, ino: u64, off: u64, data: &[u8], kill_priv: bool) -> R<usize> {
+        if kill_priv {
+            self.kill_setid(ino)?;
+        }
+        let (d, obj) = self.file(ino)?;
+        self.wait_space(data.len() as u64);
+        loop {
+            let r = {
+                let mut f = d.lock();
+                self.write_locked(ino, obj, &mut f, off, data)
+            };
+            match r {
+                Ok(()) => break,
+                Err(WriteErr::Full) => {
+                    self.pressure.store(true, Relaxed);
+                    self.wake_drainer();
+                    if !self.drop_clean(data.len() as u64) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+                Err(WriteErr::Other(e)) => return Err(eio(e)),
+            }
+        }
+        let mut ns = self.ns.lock();
+        if let Some(n) = ns.nodes.get_mut(&ino) {
+            let t = now_ns();
+            n.mtime = t;
+            n.ctime = t;
+        }
+        Ok(data.len())
+    }
+
+    pub fn read(&self, ino: u64, off: u64, size: u32) -> R<Vec<u8>> {
+        let (d, obj) = self.file(ino)?;
+        let mut f = d.lock();
+        let end = (off + size as u64).min(f.size);
+        if off >= end {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (end - off) as usize];
+        let mut p = off / PAGE;
+        while p * PAGE < end {
+            let pstart = p * PAGE;
+            if let Some(v) = self.read_page(obj, &mut f, p, true).map_err(eio)? {
+                let lo = off.max(pstart);
+                let hi = end.min(pstart + v.len() as u64);
+                if hi > lo {
+                    out[(lo - off) as usize..(hi - off) as usize]
+                        .copy_from_slice(&v[(lo - pstart) as usize..(hi - pstart) as usize]);
+                }
+            }
+            p += 1;
+        }
+        Ok(out)
+    }
+
+    pub(super) fn truncate(&self, ino: u64, new: u64) -> R<()> {
+        let (d, obj) = self.file(ino)?;
+        self.wait_space(PAGE);
+        let mut f = d.lock();
+        if new < f.size {
+            let beyond: Vec<u64> = f
+                .pages
+                .range(new.div_ceil(PAGE)..)
+                .map(|(p, _)| *p)
+                .collect();
+            for p in beyond {
+                self.drop_page(obj, &mut f, p).map_err(eio)?;
+            }
+            if !new.is_multiple_of(PAGE) {
+                let p = new / PAGE;
+                if let Some(v) = self.read_page(obj, &mut f, p, false).map_err(eio)? {
+                    let keep = (new - p * PAGE) as usize;
+                    if v.len() > keep {
+                        self.put_page_retry(obj, &mut f, p, &v[..keep])?;
+                    }
+                }
+            }
+            f.base_len = f.base_len.min(new);
+            f.min_size = f.min_size.min(new);
+        }
+        f.size = new;
+        self.mark_dirty(ino, &mut f).map_err(eio)?;
+        self.persist_content(ino, &f).map_err(eio)?;
+        Ok(())
+    }
+
+    /// Copies a file's whole base into the store, so it no longer depends on BACKING's copy
+    /// (before that copy may be removed while the file lives on under another name).
+    pub(super) fn pin(&self, n: &Node, ino: u64) -> R<()> {
+        let Some(d) = &n.data else { return Ok(()) };
+        let mut f = d.lock();
+        if !f.has_base {
+            return Ok(());
+        }
+        let npages = f.base_len.min(f.size).div_ceil(PAGE);
+        for p in 0..npages {
+            if f.pages.get(&p).is_some_and(|pg| pg.dirty) {
+                continue;
+            }
+            if let Some(v) = self.read_page(n.obj, &mut f, p, false).map_err(eio)? {
+                self.put_page_retry(n.obj, &mut f, p, &v)?;
+            }
+        }
+        f.has_base = false;
+        f.base_fd = None;
+        self.mark_dirty(ino, &mut f).map_err(eio)?;
+        self.persist_content(ino, &f).map_err(eio)
+    }
+
+    pub(super) fn destroy(&self, ns: &mut Ns, ino: u64) {
+        if let Some(n) = ns.nodes.remove(&ino) {
+            if let Some(d) = &n.data {
+                let mut f = d.lock();
+                let pages: Vec<u64> = f.pages.keys().copied().collect();
+                for p in pages {
+                    if let Err(e) = self.drop_page(n.obj, &mut f, p) {
+                        tracing::warn!("dropping page {p} of inode {ino}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}

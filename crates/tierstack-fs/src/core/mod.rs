@@ -1,0 +1,539 @@
+//! The file system's state: the namespace (in memory, written through to the journal
+//! database), file contents (pages in the tiered store over a base file in BACKING), space
+//! accounting and backpressure.
+//!
+//! The parts, by job:
+//!
+//! * this file: [`Core`] itself (construction, loading the namespace from the journal) and
+//!   the helpers every part shares (paths, attributes, journal write-through);
+//! * `node`: the in-memory namespace types ([`Kind`], [`Node`], [`Ns`], [`Attr`]) and the
+//!   name checks;
+//! * `namespace`: the namespace operations (lookup, mkdir, create, mknod, symlink, link,
+//!   unlink, rename, setattr, xattrs, readdir, open/release) and the set-ID rules;
+//! * `data`: file contents ([`FileData`], pages in the store over a base file in BACKING):
+//!   read, write, truncate;
+//! * `space`: space accounting and backpressure, dropping clean pages, `fsync`, the
+//!   background loop and the dirty summaries.
+//!
+//! Lock order: `ns` -> a file's `FileData` -> `db`. Writers never hold a lock while they wait
+//! for space.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Condvar, Mutex};
+use rusqlite::Transaction;
+use tierstack_array::Array;
+use tierstack_store::{TieredStore, MAX_OBJECT_ID};
+
+use crate::backing::Backing;
+use crate::db::{self, Db, InodeRow, OpKind};
+use crate::error::Result;
+
+mod data;
+mod namespace;
+mod node;
+mod space;
+
+pub use data::{FileData, Page};
+pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, NAME_MAX};
+
+/// The page size of file contents in the store (the store's largest value).
+pub const PAGE: u64 = 1 << 20;
+
+/// Prefix of the drainer's temporary files in BACKING (hidden from the mount).
+pub const TMP_PREFIX: &[u8] = b".tierstack-tmp.";
+
+pub const ROOT: u64 = 1;
+
+/// An errno for the FUSE layer.
+pub type Errno = i32;
+
+pub type R<T> = std::result::Result<T, Errno>;
+
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+fn ns_of(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+pub fn join_rel(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        let mut p = dir.to_vec();
+        p.push(b'/');
+        p.extend_from_slice(name);
+        p
+    }
+}
+
+fn eio(e: impl std::fmt::Display) -> Errno {
+    tracing::error!("{e}");
+    libc::EIO
+}
+
+/// What the FUSE layer and the drainer share.
+pub struct Core {
+    pub backing: PathBuf,
+    /// BACKING held open: every access to it goes through directory handles.
+    pub bk: Backing,
+    pub sync_mode: bool,
+    pub store: TieredStore,
+    pub array: Arc<Array>,
+    pub ns: Mutex<Ns>,
+    pub db: Mutex<Db>,
+    /// Bytes of file pages held in the store.
+    pub held: AtomicU64,
+    /// Bytes of dirty pages.
+    pub dirty_bytes: AtomicU64,
+    /// Above this many held bytes writers wait for the drainer.
+    pub limit: u64,
+    space_lock: Mutex<()>,
+    space_cv: Condvar,
+    pub wake_lock: Mutex<u64>,
+    pub wake_cv: Condvar,
+    /// Writers are waiting for space.
+    pub pressure: AtomicBool,
+    /// `tierstack drain` asked for every dirty file to be drained now.
+    pub force: AtomicBool,
+    pub drained_bytes: AtomicU64,
+    pub last_error: Mutex<Option<String>>,
+    /// Group commit of `fsync` in sync mode: `fsync` calls so far, and how many of them the
+    /// last completed flush covered (it started after they arrived). `sync_lock` is held
+    /// while a flush runs.
+    sync_arrived: AtomicU64,
+    sync_covered: AtomicU64,
+    sync_lock: Mutex<()>,
+    /// The daemon is stopping: background threads end.
+    pub stopping: AtomicBool,
+    /// Inodes with a quarantined journal row (their dirty data stays in the fast tier).
+    pub stuck_inos: Mutex<std::collections::HashSet<u64>>,
+    /// `tierstack drain --retry` asked for the quarantined rows to be tried again.
+    pub retry: AtomicBool,
+    /// `tierstack umount --force`: stop without waiting for the drain (the journal keeps
+    /// what is left for the next mount).
+    pub force_stop: AtomicBool,
+    /// Counts and latencies of the FUSE operations served.
+    pub ops: crate::opstats::OpStats,
+}
+
+/// In sync mode, dirty DRAM pages are written to the array in the background once this many
+/// bytes are dirty, so an `fsync` finds little left to write.
+pub const WRITE_BACK_START: u64 = 32 << 20;
+
+impl Core {
+    /// Opens the namespace from the database (creating the root from BACKING if new) and
+    /// reconciles it with the pages the array holds after a restart.
+    pub fn new(
+        backing: PathBuf,
+        sync_mode: bool,
+        store: TieredStore,
+        array: Arc<Array>,
+        db: Db,
+        limit: u64,
+    ) -> Result<Core> {
+        let bk = Backing::open(&backing).map_err(crate::error::io_err(&backing))?;
+        let core = Core {
+            backing,
+            bk,
+            sync_mode,
+            store,
+            array,
+            ns: Mutex::new(Ns::default()),
+            db: Mutex::new(db),
+            held: AtomicU64::new(0),
+            dirty_bytes: AtomicU64::new(0),
+            limit,
+            space_lock: Mutex::new(()),
+            space_cv: Condvar::new(),
+            wake_lock: Mutex::new(0),
+            wake_cv: Condvar::new(),
+            pressure: AtomicBool::new(false),
+            force: AtomicBool::new(false),
+            drained_bytes: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            sync_arrived: AtomicU64::new(0),
+            sync_covered: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
+            stopping: AtomicBool::new(false),
+            stuck_inos: Mutex::new(Default::default()),
+            retry: AtomicBool::new(false),
+            force_stop: AtomicBool::new(false),
+            ops: Default::default(),
+        };
+        // A new mount tries the rows an earlier one quarantined again.
+        core.db.lock().release_stuck()?;
+        core.load()?;
+        Ok(core)
+    }
+
+    fn load(&self) -> Result<()> {
+        let (rows, dents, xattrs) = {
+            let db = self.db.lock();
+            (db.load_inodes()?, db.load_dentries()?, db.load_xattrs()?)
+        };
+        let mut ns = self.ns.lock();
+        let mut max_ino = ROOT;
+        let mut max_obj = 0;
+        for r in &rows {
+            max_ino = max_ino.max(r.ino);
+            max_obj = max_obj.max(r.obj);
+            let kind = Kind::from_u8(r.kind);
+            let data = (kind == Kind::File).then(|| {
+                Arc::new(Mutex::new(FileData {
+                    size: r.size,
+                    has_base: r.has_base,
+                    base_len: r.base_len,
+                    bpath: r.bpath.clone(),
+                    dirty: r.dirty,
+                    staged: r.staged.clone(),
+                    base_blocks: r.base_len.div_ceil(512),
+                    min_size: r.size,
+                    ..Default::default()
+                }))
+            });
+            ns.nodes.insert(
+                r.ino,
+                Node {
+                    kind,
+                    mode: r.mode,
+                    uid: r.uid,
+                    gid: r.gid,
+                    atime: r.atime,
+                    mtime: r.mtime,
+                    ctime: r.ctime,
+                    size: r.size,
+                    target: r.target.clone().unwrap_or_default(),
+                    links: Vec::new(),
+                    obj: r.obj,
+                    bpath: r.bpath.clone(),
+                    loaded: r.loaded,
+                    children: BTreeMap::new(),
+                    subdirs: 0,
+                    xattrs: BTreeMap::new(),
+                    open: 0,
+                    data,
+                },
+            );
+        }
+        for (ino, name, value) in xattrs {
+            if let Some(n) = ns.nodes.get_mut(&ino) {
+                n.xattrs.insert(name, value);
+            }
+        }
+        for (parent, name, ino) in dents {
+            if !ns.nodes.contains_key(&parent) {
+                continue;
+            }
+            if let Some(n) = ns.nodes.get_mut(&ino) {
+                n.links.push((parent, name.clone()));
+            } else {
+                continue;
+            }
+            ns.insert_child(parent, name, ino);
+        }
+        #[allow(clippy::map_entry)]
+        if !ns.nodes.contains_key(&ROOT) {
+            let md =
+                std::fs::metadata(&self.backing).map_err(crate::error::io_err(&self.backing))?;
+            let now = now_ns();
+            let root = Node {
+                kind: Kind::Dir,
+                mode: md.mode() & 0o7777,
+                uid: md.uid(),
+                gid: md.gid(),
+                atime: now,
+                mtime: md.mtime() * 1_000_000_000 + md.mtime_nsec(),
+                ctime: now,
+                size: 4096,
+                target: Vec::new(),
+                links: Vec::new(),
+                obj: 0,
+                bpath: Some(Vec::new()),
+                loaded: false,
+                children: BTreeMap::new(),
+                subdirs: 0,
+                xattrs: BTreeMap::new(),
+                open: 0,
+                data: None,
+            };
+            let row = row_of(ROOT, &root, None);
+            self.tx(|tx| db::put_inode(tx, &row))?;
+            ns.nodes.insert(ROOT, root);
+        }
+        // Orphans (unlinked while open when the daemon stopped) are dropped.
+        let orphans: Vec<u64> = ns
+            .nodes
+            .iter()
+            .filter(|(i, n)| **i != ROOT && n.links.is_empty())
+            .map(|(i, _)| *i)
+            .collect();
+        if !orphans.is_empty() {
+            self.tx(|tx| {
+                for i in &orphans {
+                    db::del_inode(tx, *i)?;
+                }
+                Ok(())
+            })?;
+            for i in &orphans {
+                ns.nodes.remove(i);
+            }
+        }
+        ns.next_ino = max_ino + 1;
+        ns.next_obj = max_obj + 1;
+        // Pages the array holds: those of live files (within their size) are their contents;
+        // everything else is garbage of files deleted before a crash.
+        let mut by_obj: HashMap<u64, Arc<Mutex<FileData>>> = HashMap::new();
+        for n in ns.nodes.values() {
+            if let Some(d) = &n.data {
+                by_obj.insert(n.obj, d.clone());
+            }
+        }
+        let keys = self.array.keys_in(0, MAX_OBJECT_ID - 1);
+        let mut garbage = 0;
+        for k in keys {
+            let len = self.array.value_len(k).unwrap_or(0) as u64;
+            if let Some(d) = by_obj.get(&k.0) {
+                let mut f = d.lock();
+                if k.1 * PAGE < f.size {
+                    let dirty = f.dirty;
+                    f.pages.insert(
+                        k.1,
+                        Page {
+                            ver: 0,
+                            dirty,
+                            len: len as u32,
+                        },
+                    );
+                    self.held.fetch_add(len, Relaxed);
+                    if dirty {
+                        self.dirty_bytes.fetch_add(len, Relaxed);
+                    }
+                    continue;
+                }
+            }
+            self.store.remove(k)?;
+            garbage += 1;
+        }
+        if garbage > 0 {
+            self.store.flush()?;
+            tracing::info!("dropped {garbage} stale pages from the fast tier");
+        }
+        // Every dirty file gets a data op (after whatever the journal already holds).
+        let dirty: Vec<u64> = ns
+            .nodes
+            .iter()
+            .filter(|(_, n)| !n.links.is_empty() && n.data.as_ref().is_some_and(|d| d.lock().dirty))
+            .map(|(i, _)| *i)
+            .collect();
+        for ino in dirty {
+            self.queue_data(&ns, ino)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in one transaction of the journal database.
+    pub fn tx<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
+        let mut db = self.db.lock();
+        let tx = db.conn.transaction()?;
+        let v = f(&tx)?;
+        tx.commit()?;
+        Ok(v)
+    }
+
+    pub fn wake_drainer(&self) {
+        let mut g = self.wake_lock.lock();
+        *g += 1;
+        self.wake_cv.notify_all();
+    }
+
+    /// The path of `rel` under BACKING, for messages (BACKING is accessed by handle).
+    pub fn bjoin(&self, rel: &[u8]) -> PathBuf {
+        self.bk.show(rel)
+    }
+
+    // ------------------------------------------------------------------ namespace helpers
+
+    pub fn path_of(ns: &Ns, ino: u64) -> Option<Vec<u8>> {
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut cur = ino;
+        let mut depth = 0;
+        while cur != ROOT {
+            let n = ns.nodes.get(&cur)?;
+            let (p, name) = n.links.first()?;
+            parts.push(name);
+            cur = *p;
+            depth += 1;
+            if depth > 4096 {
+                return None;
+            }
+        }
+        let mut out = Vec::new();
+        for (i, p) in parts.iter().rev().enumerate() {
+            if i > 0 {
+                out.push(b'/');
+            }
+            out.extend_from_slice(p);
+        }
+        Some(out)
+    }
+
+    fn child_path(ns: &Ns, parent: u64, name: &[u8]) -> R<Vec<u8>> {
+        let p = Self::path_of(ns, parent).ok_or(libc::ENOENT)?;
+        Ok(join_rel(&p, name))
+    }
+
+    pub fn attr_of(ino: u64, n: &Node) -> Attr {
+        let (size, blocks) = match &n.data {
+            Some(d) => {
+                let f = d.lock();
+                let held: u64 = f.pages.values().map(|p| p.len as u64).sum();
+                let base = if f.has_base {
+                    (f.base_blocks * 512).min(f.base_len)
+                } else {
+                    0
+                };
+                let most = f.size.div_ceil(4096) * 8;
+                (f.size, (held + base).div_ceil(512).min(most))
+            }
+            None => (n.size, n.size.div_ceil(4096) * 8),
+        };
+        Attr {
+            ino,
+            kind: n.kind,
+            mode: n.mode,
+            uid: n.uid,
+            gid: n.gid,
+            size,
+            atime: n.atime,
+            mtime: n.mtime,
+            ctime: n.ctime,
+            nlink: match n.kind {
+                Kind::Dir => 2 + n.subdirs,
+                _ => n.links.len() as u32,
+            },
+            blocks,
+            rdev: if n.kind.is_special() {
+                rdev_of(&n.target)
+            } else {
+                0
+            },
+        }
+    }
+
+    /// Queues a data op for `ino` (all its current paths) unless one is queued already.
+    pub fn queue_data(&self, ns: &Ns, ino: u64) -> Result<()> {
+        let Some(n) = ns.nodes.get(&ino) else {
+            return Ok(());
+        };
+        let Some(d) = &n.data else { return Ok(()) };
+        let mut f = d.lock();
+        if f.data_pending || n.links.is_empty() {
+            return Ok(());
+        }
+        let mut paths = Vec::new();
+        for (p, name) in &n.links {
+            if let Some(pp) = Self::path_of(ns, *p) {
+                paths.push(join_rel(&pp, name));
+            }
+        }
+        let Some(first) = paths.first() else {
+            return Ok(());
+        };
+        let rest = paths[1..].join(&0u8);
+        self.tx(|tx| db::push_op(tx, OpKind::Data, ino, first, &rest))?;
+        f.data_pending = true;
+        drop(f);
+        self.wake_drainer();
+        Ok(())
+    }
+
+    fn persist_node(&self, ns: &Ns, ino: u64) -> Result<()> {
+        let Some(n) = ns.nodes.get(&ino) else {
+            return Ok(());
+        };
+        let f = n.data.as_ref().map(|d| d.lock());
+        let row = row_of(ino, n, f.as_deref());
+        drop(f);
+        self.tx(|tx| db::put_inode(tx, &row))
+    }
+
+    fn persist_content(&self, ino: u64, f: &FileData) -> Result<()> {
+        let db = self.db.lock();
+        db.conn
+            .prepare_cached(
+                "UPDATE inodes SET size=?2, has_base=?3, base_len=?4, dirty=?5, bpath=?6, staged=?7 WHERE ino=?1",
+            )?
+            .execute(rusqlite::params![
+                ino as i64,
+                f.size as i64,
+                f.has_base as i64,
+                f.base_len as i64,
+                f.dirty as i64,
+                f.bpath,
+                f.staged
+            ])?;
+        Ok(())
+    }
+}
+
+pub fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
+    InodeRow {
+        ino,
+        kind: n.kind as u8,
+        mode: n.mode,
+        uid: n.uid,
+        gid: n.gid,
+        size: f.map_or(n.size, |f| f.size),
+        atime: n.atime,
+        mtime: n.mtime,
+        ctime: n.ctime,
+        target: (n.kind == Kind::Symlink || n.kind.is_special()).then(|| n.target.clone()),
+        obj: n.obj,
+        has_base: f.is_some_and(|f| f.has_base),
+        base_len: f.map_or(0, |f| f.base_len),
+        bpath: match f {
+            Some(f) => f.bpath.clone(),
+            None => n.bpath.clone(),
+        },
+        loaded: n.loaded,
+        dirty: f.is_some_and(|f| f.dirty),
+        staged: f.and_then(|f| f.staged.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_rel_of_root_is_the_name() {
+        assert_eq!(join_rel(b"", b"x"), b"x");
+        assert_eq!(join_rel(b"a/b", b"x"), b"a/b/x");
+    }
+
+    #[test]
+    fn barriers_are_the_ops_that_move_or_remove_paths() {
+        assert!(OpKind::Rename.is_barrier());
+        assert!(OpKind::Unlink.is_barrier());
+        assert!(OpKind::Rmdir.is_barrier());
+        assert!(OpKind::Link.is_barrier());
+        assert!(OpKind::SetAttr.is_barrier());
+        assert!(!OpKind::Create.is_barrier());
+        assert!(!OpKind::Data.is_barrier());
+    }
+}

@@ -1,0 +1,765 @@
+//! The namespace operations the FUSE layer calls: lookup, readdir, mkdir, create, mknod,
+//! symlink, link, unlink, rename, setattr, xattrs, open and release, each written through to
+//! the journal; directories listed from BACKING on first use; the set-ID rules.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+
+use crate::backing::Backing;
+use crate::db::{self, OpKind};
+
+use super::{
+    check_name, eio, join_rel, now_ns, ns_of, row_of, Attr, Core, FileData, Kind, Node, Ns,
+    NAME_MAX, R, ROOT, TMP_PREFIX,
+};
+
+impl Core {
+    /// Lists a directory from BACKING the first time it is used.
+    pub(super) fn ensure_loaded(&self, ns: &mut Ns, dir: u64) -> R<()> {
+        let (loaded, bpath, kind) = match ns.nodes.get(&dir) {
+            Some(n) => (n.loaded, n.bpath.clone(), n.kind),
+            None => return Err(libc::ENOENT),
+        };
+        if kind != Kind::Dir {
+            return Err(libc::ENOTDIR);
+        }
+        if loaded {
+            return Ok(());
+        }
+        let mut new: Vec<(u64, Vec<u8>, Node)> = Vec::new();
+        if let Some(bp) = &bpath {
+            let dpath = self.bjoin(bp);
+            let d = match self.bk.dir(bp) {
+                Ok(d) => Some(d),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(eio(format!("{}: {e}", dpath.display()))),
+            };
+            let names = match &d {
+                Some(d) => {
+                    Backing::list(d).map_err(|e| eio(format!("{}: {e}", dpath.display())))?
+                }
+                None => Vec::new(),
+            };
+            for name in names {
+                let Some(d) = &d else { break };
+                if name.starts_with(TMP_PREFIX) || name.len() > NAME_MAX {
+                    continue;
+                }
+                let Ok(md) = Backing::stat(d, &name) else {
+                    continue;
+                };
+                let Some(kind) = Kind::of_mode(md.st_mode) else {
+                    continue;
+                };
+                let target = if kind == Kind::Symlink {
+                    Backing::readlink(d, &name).unwrap_or_default()
+                } else if kind.is_special() {
+                    md.st_rdev.to_le_bytes().to_vec()
+                } else {
+                    Vec::new()
+                };
+                let md_len = md.st_size as u64;
+                let xattrs: BTreeMap<Vec<u8>, Vec<u8>> = if kind == Kind::Symlink {
+                    BTreeMap::new()
+                } else {
+                    Backing::xattrs(d, &name)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .collect()
+                };
+                let ino = ns.next_ino;
+                ns.next_ino += 1;
+                let obj = if kind == Kind::File {
+                    ns.next_obj += 1;
+                    ns.next_obj - 1
+                } else {
+                    0
+                };
+                let rel = join_rel(bp, &name);
+                let data = (kind == Kind::File).then(|| {
+                    Arc::new(Mutex::new(FileData {
+                        size: md_len,
+                        has_base: true,
+                        base_len: md_len,
+                        bpath: Some(rel.clone()),
+                        min_size: md_len,
+                        base_blocks: md.st_blocks as u64,
+                        ..Default::default()
+                    }))
+                });
+                let node = Node {
+                    kind,
+                    mode: md.st_mode & 0o7777,
+                    uid: md.st_uid,
+                    gid: md.st_gid,
+                    atime: md.st_atime * 1_000_000_000 + md.st_atime_nsec as i64,
+                    mtime: md.st_mtime * 1_000_000_000 + md.st_mtime_nsec as i64,
+                    ctime: md.st_ctime * 1_000_000_000 + md.st_ctime_nsec as i64,
+                    size: match kind {
+                        Kind::Symlink => target.len() as u64,
+                        k if k.is_special() => 0,
+                        _ => md_len,
+                    },
+                    target,
+                    links: vec![(dir, name.clone())],
+                    obj,
+                    bpath: Some(rel),
+                    loaded: false,
+                    children: BTreeMap::new(),
+                    subdirs: 0,
+                    xattrs,
+                    open: 0,
+                    data,
+                };
+                new.push((ino, name, node));
+            }
+        }
+        let dir_row = {
+            let n = ns.nodes.get(&dir).ok_or(libc::ENOENT)?;
+            let mut r = row_of(dir, n, None);
+            r.loaded = true;
+            r
+        };
+        self.tx(|tx| {
+            for (ino, name, node) in &new {
+                let f = node.data.as_ref().map(|d| d.lock());
+                db::put_inode(tx, &row_of(*ino, node, f.as_deref()))?;
+                db::add_dentry(tx, dir, name, *ino)?;
+                for (k, v) in &node.xattrs {
+                    db::put_xattr(tx, *ino, k, Some(v))?;
+                }
+            }
+            db::put_inode(tx, &dir_row)
+        })
+        .map_err(eio)?;
+        for (ino, name, node) in new {
+            ns.nodes.insert(ino, node);
+            ns.insert_child(dir, name, ino);
+        }
+        if let Some(d) = ns.nodes.get_mut(&dir) {
+            d.loaded = true;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ FUSE operations
+
+    pub fn getattr(&self, ino: u64) -> R<Attr> {
+        let ns = self.ns.lock();
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        Ok(Self::attr_of(ino, n))
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
+        check_name(name)?;
+        let mut ns = self.ns.lock();
+        self.ensure_loaded(&mut ns, parent)?;
+        let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        Ok(Self::attr_of(ino, n))
+    }
+
+    pub fn readlink(&self, ino: u64) -> R<Vec<u8>> {
+        let ns = self.ns.lock();
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        if n.kind != Kind::Symlink {
+            return Err(libc::EINVAL);
+        }
+        Ok(n.target.clone())
+    }
+
+    /// Entries of a directory from position `off` (0: ".", 1: "..", then children).
+    pub fn readdir(&self, ino: u64, off: u64) -> R<Vec<(u64, Kind, Vec<u8>)>> {
+        let mut ns = self.ns.lock();
+        self.ensure_loaded(&mut ns, ino)?;
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        let parent = n.links.first().map_or(ROOT, |l| l.0);
+        let mut out = Vec::new();
+        if off == 0 {
+            out.push((ino, Kind::Dir, b".".to_vec()));
+        }
+        if off <= 1 {
+            out.push((parent, Kind::Dir, b"..".to_vec()));
+        }
+        let skip = off.saturating_sub(2) as usize;
+        for (name, c) in n.children.iter().skip(skip).take(4096) {
+            let kind = ns.nodes.get(c).map_or(Kind::File, |cn| cn.kind);
+            out.push((*c, kind, name.clone()));
+        }
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new_node(
+        &self,
+        ns: &mut Ns,
+        parent: u64,
+        name: &[u8],
+        kind: Kind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        target: Vec<u8>,
+        op: OpKind,
+    ) -> R<(u64, Attr)> {
+        check_name(name)?;
+        self.ensure_loaded(ns, parent)?;
+        // A set-group-ID directory hands its group to what is made in it, and its set-GID
+        // bit to the directories made in it (as ext4 does).
+        let (mut mode, mut gid) = (mode, gid);
+        if let Some(p) = ns
+            .nodes
+            .get(&parent)
+            .filter(|p| p.mode & libc::S_ISGID != 0)
+        {
+            gid = p.gid;
+            if kind == Kind::Dir {
+                mode |= libc::S_ISGID;
+            }
+        }
+        if ns
+            .nodes
+            .get(&parent)
+            .is_some_and(|p| p.children.contains_key(name))
+        {
+            return Err(libc::EEXIST);
+        }
+        check_name(name)?;
+        let path = Self::child_path(ns, parent, name)?;
+        let ino = ns.next_ino;
+        let obj = if kind == Kind::File { ns.next_obj } else { 0 };
+        let t = now_ns();
+        let data = (kind == Kind::File).then(|| {
+            Arc::new(Mutex::new(FileData {
+                dirty: true,
+                ..Default::default()
+            }))
+        });
+        let node = Node {
+            kind,
+            mode: mode & 0o7777,
+            uid,
+            gid,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            size: match kind {
+                Kind::Dir => 4096,
+                Kind::Symlink => target.len() as u64,
+                _ => 0,
+            },
+            target: target.clone(),
+            links: vec![(parent, name.to_vec())],
+            obj,
+            bpath: None,
+            loaded: true,
+            children: BTreeMap::new(),
+            subdirs: 0,
+            xattrs: BTreeMap::new(),
+            open: 0,
+            data,
+        };
+        let row = {
+            let f = node.data.as_ref().map(|d| d.lock());
+            row_of(ino, &node, f.as_deref())
+        };
+        self.tx(|tx| {
+            db::put_inode(tx, &row)?;
+            db::add_dentry(tx, parent, name, ino)?;
+            db::push_op(tx, op, ino, &path, &target)
+        })
+        .map_err(eio)?;
+        ns.next_ino += 1;
+        if kind == Kind::File {
+            ns.next_obj += 1;
+        }
+        let attr = Self::attr_of(ino, &node);
+        ns.nodes.insert(ino, node);
+        ns.insert_child(parent, name.to_vec(), ino);
+        if let Some(p) = ns.nodes.get_mut(&parent) {
+            p.mtime = t;
+            p.ctime = t;
+        }
+        self.wake_drainer();
+        Ok((ino, attr))
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> R<Attr> {
+        let mut ns = self.ns.lock();
+        self.new_node(
+            &mut ns,
+            parent,
+            name,
+            Kind::Dir,
+            mode,
+            uid,
+            gid,
+            Vec::new(),
+            OpKind::Mkdir,
+        )
+        .map(|r| r.1)
+    }
+
+    /// Creates a file (and opens it when `open`).
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        open: bool,
+    ) -> R<Attr> {
+        let mut ns = self.ns.lock();
+        let (ino, attr) = self.new_node(
+            &mut ns,
+            parent,
+            name,
+            Kind::File,
+            mode,
+            uid,
+            gid,
+            Vec::new(),
+            OpKind::Create,
+        )?;
+        if let Some(n) = ns.nodes.get_mut(&ino) {
+            if open {
+                n.open += 1;
+            }
+        }
+        if !open {
+            self.queue_data(&ns, ino).map_err(eio)?;
+        }
+        Ok(attr)
+    }
+
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> R<Attr> {
+        let mut ns = self.ns.lock();
+        self.new_node(
+            &mut ns,
+            parent,
+            name,
+            Kind::Symlink,
+            0o777,
+            uid,
+            gid,
+            target.to_vec(),
+            OpKind::Symlink,
+        )
+        .map(|r| r.1)
+    }
+
+    /// Extended attribute `name` of `ino` (ENODATA when it has none of that name).
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> R<Vec<u8>> {
+        let ns = self.ns.lock();
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        n.xattrs.get(name).cloned().ok_or(libc::ENODATA)
+    }
+
+    /// The names of `ino`'s extended attributes, each followed by a NUL.
+    pub fn listxattr(&self, ino: u64) -> R<Vec<u8>> {
+        let ns = self.ns.lock();
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        let mut out = Vec::new();
+        for k in n.xattrs.keys() {
+            out.extend_from_slice(k);
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    /// Sets (`value` Some, with XATTR_CREATE/XATTR_REPLACE `flags`) or removes (None) an
+    /// extended attribute; journaled and drained to BACKING like any namespace change.
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: Option<&[u8]>, flags: i32) -> R<()> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(libc::ERANGE);
+        }
+        if !crate::backing::xattr_kept(name) {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if value.is_some_and(|v| v.len() > 65536) {
+            return Err(libc::E2BIG);
+        }
+        let mut ns = self.ns.lock();
+        let path = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
+        let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
+        let exists = n.xattrs.contains_key(name);
+        match value {
+            Some(_) if flags & libc::XATTR_CREATE != 0 && exists => return Err(libc::EEXIST),
+            Some(_) if flags & libc::XATTR_REPLACE != 0 && !exists => return Err(libc::ENODATA),
+            None if !exists => return Err(libc::ENODATA),
+            _ => {}
+        }
+        self.tx(|tx| {
+            db::put_xattr(tx, ino, name, value)?;
+            db::push_op(tx, OpKind::Xattr, ino, &path, name)
+        })
+        .map_err(eio)?;
+        match value {
+            Some(v) => {
+                n.xattrs.insert(name.to_vec(), v.to_vec());
+            }
+            None => {
+                n.xattrs.remove(name);
+            }
+        }
+        n.ctime = now_ns();
+        self.wake_drainer();
+        Ok(())
+    }
+
+    /// Makes a FIFO, socket or device node (`mode` holds the type bits).
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> R<Attr> {
+        let kind = Kind::of_mode(mode)
+            .filter(|k| k.is_special())
+            .ok_or(libc::EINVAL)?;
+        let rdev = if matches!(kind, Kind::CharDev | Kind::BlockDev) {
+            rdev
+        } else {
+            0
+        };
+        let mut ns = self.ns.lock();
+        self.new_node(
+            &mut ns,
+            parent,
+            name,
+            kind,
+            mode,
+            uid,
+            gid,
+            rdev.to_le_bytes().to_vec(),
+            OpKind::Mknod,
+        )
+        .map(|r| r.1)
+    }
+
+    pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> R<Attr> {
+        check_name(newname)?;
+        let mut ns = self.ns.lock();
+        self.ensure_loaded(&mut ns, newparent)?;
+        {
+            let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+            if n.kind == Kind::Dir {
+                return Err(libc::EPERM);
+            }
+        }
+        if ns
+            .nodes
+            .get(&newparent)
+            .is_some_and(|p| p.children.contains_key(newname))
+        {
+            return Err(libc::EEXIST);
+        }
+        let src = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
+        let dst = Self::child_path(&ns, newparent, newname)?;
+        self.tx(|tx| {
+            db::add_dentry(tx, newparent, newname, ino)?;
+            db::push_op(tx, OpKind::Link, ino, &src, &dst)
+        })
+        .map_err(eio)?;
+        let t = now_ns();
+        if let Some(n) = ns.nodes.get_mut(&ino) {
+            n.links.push((newparent, newname.to_vec()));
+            n.ctime = t;
+        }
+        ns.insert_child(newparent, newname.to_vec(), ino);
+        if let Some(p) = ns.nodes.get_mut(&newparent) {
+            p.mtime = t;
+        }
+        self.wake_drainer();
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        Ok(Self::attr_of(ino, n))
+    }
+
+    /// Removes the link (parent, name) of `ino`; the node goes when nothing refers to it.
+    /// Returns the DB work to do in the caller's transaction.
+    pub(super) fn unlink_node(&self, ns: &mut Ns, parent: u64, name: &[u8], ino: u64) -> R<bool> {
+        let (remaining, open, has_base) = {
+            let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+            let has_base = n.data.as_ref().is_some_and(|d| d.lock().has_base);
+            (n.links.len().saturating_sub(1), n.open, has_base)
+        };
+        if has_base && (remaining > 0 || open > 0) {
+            let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+            self.pin(n, ino)?;
+        }
+        if let Some(n) = ns.nodes.get_mut(&ino) {
+            if let Some(i) = n.links.iter().position(|l| l.0 == parent && l.1 == name) {
+                n.links.remove(i);
+            }
+            n.ctime = now_ns();
+        }
+        ns.remove_child(parent, name);
+        if let Some(p) = ns.nodes.get_mut(&parent) {
+            p.mtime = now_ns();
+        }
+        Ok(remaining == 0 && open == 0)
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8], dir: bool) -> R<()> {
+        check_name(name)?;
+        let mut ns = self.ns.lock();
+        self.ensure_loaded(&mut ns, parent)?;
+        let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
+        let kind = ns.nodes.get(&ino).map(|n| n.kind).ok_or(libc::ENOENT)?;
+        if dir {
+            if kind != Kind::Dir {
+                return Err(libc::ENOTDIR);
+            }
+            self.ensure_loaded(&mut ns, ino)?;
+            if ns.nodes.get(&ino).is_some_and(|n| !n.children.is_empty()) {
+                return Err(libc::ENOTEMPTY);
+            }
+        } else if kind == Kind::Dir {
+            return Err(libc::EISDIR);
+        }
+        let path = Self::child_path(&ns, parent, name)?;
+        // Write the journal first: if it fails nothing has changed.
+        let gone_if_unlinked = ns
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| n.links.len() <= 1 && n.open == 0);
+        self.tx(|tx| {
+            db::del_dentry(tx, parent, name)?;
+            db::push_op(
+                tx,
+                if dir { OpKind::Rmdir } else { OpKind::Unlink },
+                ino,
+                &path,
+                &[],
+            )?;
+            if gone_if_unlinked {
+                db::del_inode(tx, ino)?;
+            }
+            Ok(())
+        })
+        .map_err(eio)?;
+        let gone = self.unlink_node(&mut ns, parent, name, ino)?;
+        if gone {
+            self.destroy(&mut ns, ino);
+        }
+        self.wake_drainer();
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> R<()> {
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            return Err(libc::EINVAL);
+        }
+        check_name(name)?;
+        check_name(newname)?;
+        let mut ns = self.ns.lock();
+        self.ensure_loaded(&mut ns, parent)?;
+        self.ensure_loaded(&mut ns, newparent)?;
+        let src = ns.child(parent, name).ok_or(libc::ENOENT)?;
+        let existing = ns.child(newparent, newname);
+        if existing == Some(src) {
+            return Ok(());
+        }
+        let src_kind = ns.nodes.get(&src).map(|n| n.kind).ok_or(libc::ENOENT)?;
+        if src_kind == Kind::Dir {
+            // Not into itself or a descendant.
+            let mut cur = newparent;
+            loop {
+                if cur == src {
+                    return Err(libc::EINVAL);
+                }
+                if cur == ROOT {
+                    break;
+                }
+                cur = ns
+                    .nodes
+                    .get(&cur)
+                    .and_then(|n| n.links.first())
+                    .map_or(ROOT, |l| l.0);
+            }
+        }
+        if let Some(e) = existing {
+            if flags & libc::RENAME_NOREPLACE != 0 {
+                return Err(libc::EEXIST);
+            }
+            let ek = ns.nodes.get(&e).map(|n| n.kind).ok_or(libc::ENOENT)?;
+            match (src_kind == Kind::Dir, ek == Kind::Dir) {
+                (true, false) => return Err(libc::ENOTDIR),
+                (false, true) => return Err(libc::EISDIR),
+                (true, true) => {
+                    self.ensure_loaded(&mut ns, e)?;
+                    if ns.nodes.get(&e).is_some_and(|n| !n.children.is_empty()) {
+                        return Err(libc::ENOTEMPTY);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let sp = Self::child_path(&ns, parent, name)?;
+        let dp = Self::child_path(&ns, newparent, newname)?;
+        let existing_gone = existing.is_some_and(|e| {
+            ns.nodes
+                .get(&e)
+                .is_some_and(|n| n.links.len() <= 1 && n.open == 0)
+        });
+        self.tx(|tx| {
+            db::del_dentry(tx, parent, name)?;
+            db::add_dentry(tx, newparent, newname, src)?;
+            db::push_op(tx, OpKind::Rename, src, &sp, &dp)?;
+            if let (Some(e), true) = (existing, existing_gone) {
+                db::del_inode(tx, e)?;
+            }
+            Ok(())
+        })
+        .map_err(eio)?;
+        if let Some(e) = existing {
+            let gone = self.unlink_node(&mut ns, newparent, newname, e)?;
+            if gone {
+                self.destroy(&mut ns, e);
+            }
+        }
+        let t = now_ns();
+        ns.remove_child(parent, name);
+        ns.insert_child(newparent, newname.to_vec(), src);
+        for d in [parent, newparent] {
+            if let Some(p) = ns.nodes.get_mut(&d) {
+                p.mtime = t;
+            }
+        }
+        if let Some(n) = ns.nodes.get_mut(&src) {
+            if let Some(l) = n.links.iter_mut().find(|l| l.0 == parent && l.1 == name) {
+                *l = (newparent, newname.to_vec());
+            }
+            n.ctime = t;
+        }
+        self.wake_drainer();
+        Ok(())
+    }
+
+    /// Clears set-user-ID, and set-group-ID where the group may execute, as a write or
+    /// truncate by an unprivileged user does.
+    pub fn kill_setid(&self, ino: u64) -> R<()> {
+        let mode = {
+            let ns = self.ns.lock();
+            ns.nodes.get(&ino).ok_or(libc::ENOENT)?.mode
+        };
+        let mut kill = mode & libc::S_ISUID;
+        if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kill |= libc::S_ISGID;
+        }
+        if kill == 0 {
+            return Ok(());
+        }
+        self.setattr(ino, Some(mode & !kill), None, None, None, None, None)
+            .map(|_| ())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn setattr(
+        &self,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<Option<SystemTime>>,
+        mtime: Option<Option<SystemTime>>,
+    ) -> R<Attr> {
+        if let Some(s) = size {
+            self.truncate(ino, s)?;
+        }
+        let mut ns = self.ns.lock();
+        let t = now_ns();
+        let meta_change = mode.is_some() || uid.is_some() || gid.is_some();
+        let time_change = atime.is_some() || mtime.is_some();
+        {
+            let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
+            if let Some(m) = mode {
+                n.mode = m & 0o7777;
+            }
+            if let Some(u) = uid {
+                n.uid = u;
+            }
+            if let Some(g) = gid {
+                n.gid = g;
+            }
+            if let Some(a) = atime {
+                n.atime = a.map_or(t, ns_of);
+            }
+            if let Some(m) = mtime {
+                n.mtime = m.map_or(t, ns_of);
+            }
+            if size.is_some() && mtime.is_none() {
+                n.mtime = t;
+            }
+            n.ctime = t;
+        }
+        if meta_change || time_change {
+            let path = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
+            let row = {
+                let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+                let f = n.data.as_ref().map(|d| d.lock());
+                row_of(ino, n, f.as_deref())
+            };
+            self.tx(|tx| {
+                db::put_inode(tx, &row)?;
+                db::push_op(tx, OpKind::SetAttr, ino, &path, &[])
+            })
+            .map_err(eio)?;
+            self.wake_drainer();
+        } else {
+            self.persist_node(&ns, ino).map_err(eio)?;
+        }
+        if size.is_some() {
+            let open = ns.nodes.get(&ino).map_or(0, |n| n.open);
+            if open == 0 {
+                self.queue_data(&ns, ino).map_err(eio)?;
+            }
+        }
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        Ok(Self::attr_of(ino, n))
+    }
+
+    pub fn open(&self, ino: u64) -> R<()> {
+        let mut ns = self.ns.lock();
+        let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
+        if n.kind == Kind::File {
+            n.open += 1;
+        }
+        Ok(())
+    }
+
+    /// Last close of a handle: the file is queued for draining if it changed.
+    pub fn release(&self, ino: u64) -> R<()> {
+        let mut ns = self.ns.lock();
+        let (gone, dirty) = {
+            let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
+            n.open = n.open.saturating_sub(1);
+            let dirty = n.data.as_ref().is_some_and(|d| d.lock().dirty);
+            (n.links.is_empty() && n.open == 0, dirty)
+        };
+        if gone {
+            self.destroy(&mut ns, ino);
+            return Ok(());
+        }
+        self.persist_node(&ns, ino).map_err(eio)?;
+        if dirty {
+            self.queue_data(&ns, ino).map_err(eio)?;
+        }
+        Ok(())
+    }
+}

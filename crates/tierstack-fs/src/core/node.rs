@@ -1,0 +1,180 @@
+//! The in-memory namespace: node kinds, nodes, the inode table and the attributes handed to
+//! the FUSE layer; the name checks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{FileData, R};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
+}
+
+impl Kind {
+    pub(super) fn from_u8(v: u8) -> Kind {
+        match v {
+            2 => Kind::Dir,
+            3 => Kind::Symlink,
+            4 => Kind::Fifo,
+            5 => Kind::Socket,
+            6 => Kind::CharDev,
+            7 => Kind::BlockDev,
+            _ => Kind::File,
+        }
+    }
+
+    /// The kind of a `st_mode`'s type bits (None: not one the mount keeps).
+    pub fn of_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev,
+            libc::S_IFBLK => Kind::BlockDev,
+            _ => return None,
+        })
+    }
+
+    /// The type bits of `st_mode`.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::File => libc::S_IFREG,
+            Kind::Dir => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
+            Kind::Fifo => libc::S_IFIFO,
+            Kind::Socket => libc::S_IFSOCK,
+            Kind::CharDev => libc::S_IFCHR,
+            Kind::BlockDev => libc::S_IFBLK,
+        }
+    }
+
+    /// FIFOs, sockets and device nodes (made with `mknod`; `Node::target` holds the device
+    /// number as 8 little-endian bytes).
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev
+        )
+    }
+}
+
+/// The device number kept in a special node's `target`.
+pub fn rdev_of(target: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = target.len().min(8);
+    b[..n].copy_from_slice(&target[..n]);
+    u64::from_le_bytes(b)
+}
+
+/// The longest name in a directory, as on ext4.
+pub const NAME_MAX: usize = 255;
+
+/// ENAMETOOLONG for a name longer than [`NAME_MAX`].
+pub fn check_name(name: &[u8]) -> R<()> {
+    if name.len() > NAME_MAX {
+        Err(libc::ENAMETOOLONG)
+    } else {
+        Ok(())
+    }
+}
+
+pub struct Node {
+    pub kind: Kind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    /// Size of directories and symlinks (files: `FileData::size`).
+    pub size: u64,
+    pub target: Vec<u8>,
+    /// (parent, name) of every link; directories have one, the root none.
+    pub links: Vec<(u64, Vec<u8>)>,
+    pub obj: u64,
+    /// Where this node is in BACKING as of the journal rows applied so far.
+    pub bpath: Option<Vec<u8>>,
+    pub loaded: bool,
+    pub children: BTreeMap<Vec<u8>, u64>,
+    /// Directories among `children` (a directory's link count is 2 + this).
+    pub subdirs: u32,
+    /// Extended attributes (user.*, trusted.*, security.*).
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub open: u32,
+    pub data: Option<Arc<Mutex<FileData>>>,
+}
+
+#[derive(Default)]
+pub struct Ns {
+    pub nodes: HashMap<u64, Node>,
+    pub next_ino: u64,
+    pub next_obj: u64,
+}
+
+impl Ns {
+    /// Enters `ino` (already in `nodes`) as `name` in directory `parent`.
+    pub fn insert_child(&mut self, parent: u64, name: Vec<u8>, ino: u64) {
+        let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            if p.children.insert(name, ino).is_none() && is_dir {
+                p.subdirs += 1;
+            }
+        }
+    }
+
+    /// Removes `name` from directory `parent`.
+    pub fn remove_child(&mut self, parent: u64, name: &[u8]) {
+        let Some(ino) = self
+            .nodes
+            .get_mut(&parent)
+            .and_then(|p| p.children.remove(name))
+        else {
+            return;
+        };
+        let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            if is_dir {
+                p.subdirs = p.subdirs.saturating_sub(1);
+            }
+        }
+    }
+
+    /// The inode of `name` in directory `parent`, if there is one.
+    pub fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.nodes
+            .get(&parent)
+            .and_then(|p| p.children.get(name))
+            .copied()
+    }
+}
+
+/// Attributes handed to the FUSE layer.
+#[derive(Clone, Debug)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    pub nlink: u32,
+    /// Device number of a device node.
+    pub rdev: u64,
+    /// 512-byte blocks held: pages in the fast tier and the base's blocks in BACKING (a
+    /// sparse file shows what it holds, not its size).
+    pub blocks: u64,
+}

@@ -1,0 +1,204 @@
+//! Space accounting and backpressure (writers wait, clean pages are dropped), `fsync` with
+//! group commit, the store's background loop and the dirty summaries.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::error::Result;
+
+use super::{eio, Core, FileData, PAGE, R, WRITE_BACK_START};
+
+impl Core {
+    /// Waits until the store has room for `len` more bytes: wakes the drainer and drops clean
+    /// pages; never fails.
+    pub(super) fn wait_space(&self, len: u64) {
+        let mut waited = false;
+        while self.held.load(Relaxed) + len > self.limit {
+            if !waited {
+                self.pressure.store(true, Relaxed);
+                self.wake_drainer();
+                waited = true;
+            }
+            if self.drop_clean(len) {
+                continue;
+            }
+            let mut g = self.space_lock.lock();
+            self.space_cv.wait_for(&mut g, Duration::from_millis(50));
+        }
+        if waited && self.held.load(Relaxed) + 4 * PAGE < self.limit {
+            self.pressure.store(false, Relaxed);
+        }
+    }
+
+    /// Drops clean pages (BACKING holds them) until `want` bytes are free; whether any went.
+    pub fn drop_clean(&self, want: u64) -> bool {
+        let files: Vec<(Arc<Mutex<FileData>>, u64)> = {
+            let ns = self.ns.lock();
+            ns.nodes
+                .values()
+                .filter_map(|n| n.data.as_ref().map(|d| (d.clone(), n.obj)))
+                .collect()
+        };
+        // The records that say BACKING holds these pages must be durable before they go.
+        if let Err(e) = self.db.lock().make_durable() {
+            tracing::warn!("making the journal durable: {e}");
+            return false;
+        }
+        let mut freed = 0u64;
+        for (d, obj) in files {
+            let Some(mut f) = d.try_lock() else { continue };
+            let clean: Vec<u64> = f
+                .pages
+                .iter()
+                .filter(|(_, pg)| !pg.dirty)
+                .map(|(p, _)| *p)
+                .collect();
+            for p in clean {
+                let len = f.pages.get(&p).map_or(0, |pg| pg.len as u64);
+                if self.drop_page(obj, &mut f, p).is_ok() {
+                    freed += len;
+                }
+            }
+            if freed >= want && self.held.load(Relaxed) + want <= self.limit {
+                break;
+            }
+        }
+        freed > 0
+    }
+
+    pub fn notify_space(&self) {
+        self.space_cv.notify_all();
+    }
+
+    /// `fsync`: in sync mode the file's data goes down to the array and is flushed there and
+    /// the journal is made durable; in async mode the data is in the store's DRAM already.
+    pub fn fsync(&self, ino: u64) -> R<()> {
+        {
+            let ns = self.ns.lock();
+            self.persist_node(&ns, ino).map_err(eio)?;
+        }
+        if self.sync_mode {
+            self.sync_all().map_err(eio)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every page and every journal row written before the call durable. Concurrent
+    /// callers share one flush (group commit): a caller returns once a flush that started
+    /// after it arrived has completed.
+    pub(super) fn sync_all(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let ticket = self.sync_arrived.fetch_add(1, SeqCst) + 1;
+        let _g = self.sync_lock.lock();
+        if self.sync_covered.load(SeqCst) >= ticket {
+            return Ok(());
+        }
+        // Everyone who arrived until now wrote their data before this flush starts.
+        let covers = self.sync_arrived.load(SeqCst);
+        self.store.flush()?;
+        self.db.lock().make_durable()?;
+        self.sync_covered.store(covers, SeqCst);
+        Ok(())
+    }
+
+    /// The store's background work, until the daemon stops: eviction ahead of need (so a
+    /// writer seldom evicts inside its own write), and in sync mode writing dirty DRAM pages
+    /// to the array once [`WRITE_BACK_START`] bytes are dirty (not yet durable: `fsync`
+    /// makes them so, with less left to write).
+    pub fn background_loop(&self) {
+        let dram = self.store.status().first().map_or(0, |t| t.capacity_bytes);
+        let headroom = (dram / 8).min(128 << 20);
+        let mut idle = Duration::from_millis(1);
+        while !self.stopping.load(Relaxed) {
+            let mut busy = match self.store.make_room(headroom) {
+                Ok(b) => b,
+                Err(e) => {
+                    // The pages stay in DRAM; writers evicting themselves report the error.
+                    tracing::warn!("background eviction: {e}");
+                    false
+                }
+            };
+            if self.sync_mode && self.store.dirty_bytes() >= WRITE_BACK_START {
+                match self.store.write_back(8 * PAGE) {
+                    Ok(_) => busy = true,
+                    Err(e) => tracing::warn!("background write to the fast tier: {e}"),
+                }
+            }
+            if busy {
+                idle = Duration::from_millis(1);
+            } else {
+                std::thread::sleep(idle);
+                idle = (idle * 2).min(Duration::from_millis(20));
+            }
+        }
+    }
+
+    pub fn flush_handle(&self, ino: u64) -> R<()> {
+        let ns = self.ns.lock();
+        self.persist_node(&ns, ino).map_err(eio)
+    }
+
+    // ------------------------------------------------------------------ status
+
+    /// (dirty files, dirty bytes) by a walk of the namespace.
+    pub fn dirty_summary(&self) -> (u64, u64) {
+        let ns = self.ns.lock();
+        let mut files = 0;
+        let mut bytes = 0;
+        for n in ns.nodes.values() {
+            if let Some(d) = &n.data {
+                let f = d.lock();
+                if f.dirty && !n.links.is_empty() {
+                    files += 1;
+                    bytes += f
+                        .pages
+                        .values()
+                        .filter(|p| p.dirty)
+                        .map(|p| p.len as u64)
+                        .sum::<u64>();
+                }
+            }
+        }
+        (files, bytes)
+    }
+
+    /// Dirty files whose drain is not quarantined.
+    pub fn unsettled_dirty_files(&self) -> u64 {
+        let stuck = self.stuck_inos.lock().clone();
+        let ns = self.ns.lock();
+        ns.nodes
+            .iter()
+            .filter(|(i, n)| {
+                !stuck.contains(i)
+                    && !n.links.is_empty()
+                    && n.data.as_ref().is_some_and(|d| d.lock().dirty)
+            })
+            .count() as u64
+    }
+
+    /// Queues a data op for every dirty file that has none (not those whose drain is
+    /// quarantined: they wait for `drain --retry` or the next mount).
+    pub fn queue_all_dirty(&self) -> Result<()> {
+        let stuck = self.stuck_inos.lock().clone();
+        let ns = self.ns.lock();
+        let inos: Vec<u64> = ns
+            .nodes
+            .iter()
+            .filter(|(i, n)| {
+                !stuck.contains(i)
+                    && !n.links.is_empty()
+                    && n.data
+                        .as_ref()
+                        .is_some_and(|d| d.try_lock().is_some_and(|f| f.dirty && !f.data_pending))
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for ino in inos {
+            self.queue_data(&ns, ino)?;
+        }
+        Ok(())
+    }
+}

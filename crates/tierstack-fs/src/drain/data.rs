@@ -1,0 +1,342 @@
+//! A file's contents drained to BACKING: a staged (renamed) base copied within BACKING, the
+//! dirty pages written under a temporary name, fsynced and renamed into place.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering::Relaxed;
+
+use parking_lot::Mutex;
+use rustix::fs::OFlags;
+
+use crate::backing::Backing;
+use crate::core::PAGE;
+use crate::db::JOp;
+
+use super::{tmp_name, Drainer};
+
+/// Copies the first `len` bytes of `src` to `dst` inside BACKING (`copy_file_range`, which
+/// a file system may do without moving the bytes through us; read and write where it
+/// cannot).
+pub(super) fn copy_within_backing(src: &File, dst: &File, len: u64) -> io::Result<()> {
+    let mut off = 0u64;
+    while off < len {
+        let (mut i, mut o) = (off, off);
+        match rustix::fs::copy_file_range(
+            src,
+            Some(&mut i),
+            dst,
+            Some(&mut o),
+            (len - off) as usize,
+        ) {
+            Ok(0) => break,
+            Ok(n) => off += n as u64,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => {
+                let mut buf = vec![0u8; PAGE as usize];
+                while off < len {
+                    let want = (len - off).min(PAGE) as usize;
+                    let n = src.read_at(&mut buf[..want], off)?;
+                    if n == 0 {
+                        break;
+                    }
+                    dst.write_all_at(&buf[..n], off)?;
+                    off += n as u64;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The runs of `v` (as byte ranges) made of `block`-sized pieces that are not all zero.
+pub(super) fn nonzero_runs(v: &[u8], block: usize) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (i, c) in v.chunks(block).enumerate() {
+        if c.iter().all(|b| *b == 0) {
+            continue;
+        }
+        let (a, b) = (i * block, i * block + c.len());
+        match out.last_mut() {
+            Some(last) if last.1 == a => last.1 = b,
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+impl Drainer {
+    /// Drains a file's dirty pages into its staging file in BACKING (a temporary name in the
+    /// directory of the file, or wherever an earlier pass staged it). While the file is still
+    /// open, that is all (the pages are then clean and may leave the fast tier; the staging
+    /// file is their base). After the last close, the staging file gets the final size, owner,
+    /// mode and times, is synced and renamed into place: BACKING never shows a half-written
+    /// file, and each byte is written to BACKING once however often the drain runs.
+    pub(super) fn drain_file(&self, op: &JOp) -> io::Result<()> {
+        let c = &self.core;
+        let (d, obj, open) = {
+            let ns = c.ns.lock();
+            match ns.nodes.get(&op.ino) {
+                Some(n) if !n.links.is_empty() => match &n.data {
+                    Some(d) => (d.clone(), n.obj, n.open > 0),
+                    None => return Ok(()),
+                },
+                // Deleted since: its later unlink removes every path this op would write.
+                _ => return Ok(()),
+            }
+        };
+        let (size, start_ver, staged, base) = {
+            let mut f = d.lock();
+            f.data_pending = false;
+            if !f.dirty {
+                return Ok(());
+            }
+            f.min_size = f.size;
+            let base = (f.has_base && f.staged.is_none() && f.base_len > 0)
+                .then(|| f.bpath.clone().map(|b| (b, f.base_len)))
+                .flatten();
+            (f.size, f.ver, f.staged.clone(), base)
+        };
+        let (dir, dname) = c.bk.parent(&op.p1)?;
+        let (sdir, sname, srel) = match &staged {
+            Some(rel) => {
+                let (sd, sn) = c.bk.parent(rel)?;
+                (sd, sn.to_vec(), rel.clone())
+            }
+            None => {
+                let name = tmp_name(op.ino, "");
+                let (dpart, _) = crate::backing::split(&op.p1);
+                let rel = crate::core::join_rel(dpart, &name);
+                (c.bk.dir(dpart)?, name, rel)
+            }
+        };
+        let flags = if staged.is_some() {
+            OFlags::RDWR | OFlags::CREATE
+        } else {
+            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC
+        };
+        let file = Backing::open_in(&sdir, &sname, flags, 0o600)?;
+        let res = (|| -> io::Result<(Vec<(u64, u64)>, u64)> {
+            let mut have = match &staged {
+                // Bytes a truncation took away since the last pass are not the file's.
+                Some(_) => {
+                    let keep = d.lock().base_len;
+                    file.set_len(keep)?;
+                    keep
+                }
+                None => 0,
+            };
+            if let Some((brel, blen)) = &base {
+                // The file was drained whole before: its unchanged bytes come from there.
+                let src = c.bk.open_file(brel, OFlags::RDONLY, 0)?;
+                copy_within_backing(&src, &file, *blen)?;
+                have = *blen;
+            }
+            self.write_dirty(&d, obj, size, have, &file)
+        })();
+        let (drained, written) = match res {
+            Ok(v) => v,
+            Err(e) => {
+                if staged.is_none() {
+                    let _ = Backing::unlink(&sdir, &sname, false);
+                }
+                return Err(e);
+            }
+        };
+        if open {
+            file.sync_data()?;
+            if staged.is_none() {
+                Backing::fsync_dir(&sdir)?;
+            }
+        } else {
+            let finish = || -> io::Result<()> {
+                file.set_len(size)?;
+                self.apply_attrs_fd(op.ino, &file)?;
+                // The renamed file replaces the old one in BACKING: it takes the extended
+                // attributes along. A BACKING without them reports it through the xattr rows.
+                let xattrs =
+                    c.ns.lock()
+                        .nodes
+                        .get(&op.ino)
+                        .map(|n| n.xattrs.clone())
+                        .unwrap_or_default();
+                for (k, v) in &xattrs {
+                    if let Err(e) = Backing::set_xattr_fd(&file, k, v) {
+                        tracing::warn!(
+                            "drain: xattr {} of {}: {e}",
+                            String::from_utf8_lossy(k),
+                            String::from_utf8_lossy(&op.p1)
+                        );
+                    }
+                }
+                file.sync_all()?;
+                Backing::rename(&sdir, &sname, &dir, dname)?;
+                // Further hard links of the file.
+                for (i, other) in op
+                    .p2
+                    .split(|b| *b == 0)
+                    .filter(|p| !p.is_empty())
+                    .enumerate()
+                {
+                    let (odir, oname) = c.bk.parent(other)?;
+                    let t2 = tmp_name(op.ino, &format!(".l{i}"));
+                    let _ = Backing::unlink(&odir, &t2, false);
+                    Backing::link(&dir, dname, &odir, &t2)?;
+                    Backing::rename(&odir, &t2, &odir, oname)?;
+                    Backing::fsync_dir(&odir)?;
+                }
+                Backing::fsync_dir(&sdir)?;
+                Backing::fsync_dir(&dir)
+            };
+            if let Err(e) = finish() {
+                if staged.is_none() {
+                    let _ = Backing::unlink(&sdir, &sname, false);
+                }
+                return Err(e);
+            }
+        }
+        let base_blocks = {
+            use std::os::unix::fs::MetadataExt;
+            file.metadata().map_or(size.div_ceil(512), |m| m.blocks())
+        };
+        // BACKING holds the contents now (staged or in place): record that durably before
+        // anything is dropped.
+        {
+            let mut f = d.lock();
+            for (p, ver) in &drained {
+                if let Some(pg) = f.pages.get_mut(p) {
+                    if pg.ver == *ver && pg.dirty {
+                        pg.dirty = false;
+                        c.dirty_bytes.fetch_sub(pg.len as u64, Relaxed);
+                    }
+                }
+            }
+            f.has_base = true;
+            f.base_len = size.min(f.min_size);
+            f.base_blocks = base_blocks;
+            f.base_fd = None;
+            if open {
+                // Not in place yet: the drain after the last close renames it.
+                f.staged = Some(srel.clone());
+                f.dirty = true;
+            } else {
+                f.staged = None;
+                f.bpath = Some(op.p1.clone());
+                f.dirty = f.ver != start_ver;
+            }
+            let row = (
+                f.has_base,
+                f.base_len,
+                f.dirty,
+                f.bpath.clone(),
+                f.staged.clone(),
+            );
+            drop(f);
+            let r = c.tx(|tx| {
+                tx.execute(
+                    "UPDATE inodes SET has_base=?2, base_len=?3, dirty=?4, bpath=?5, staged=?6 WHERE ino=?1",
+                    rusqlite::params![
+                        op.ino as i64,
+                        row.0 as i64,
+                        row.1 as i64,
+                        row.2 as i64,
+                        row.3,
+                        row.4
+                    ],
+                )?;
+                Ok(())
+            });
+            if let Err(e) = r {
+                return Err(io::Error::other(e.to_string()));
+            }
+        }
+        if !open {
+            let mut ns = c.ns.lock();
+            if let Some(n) = ns.nodes.get_mut(&op.ino) {
+                n.bpath = Some(op.p1.clone());
+            }
+        }
+        c.drained_bytes.fetch_add(written, Relaxed);
+        if c.pressure.load(Relaxed) {
+            c.drop_clean(0);
+        }
+        c.notify_space();
+        Ok(())
+    }
+
+    /// Writes the dirty pages of a file below `size` to `out`; `have`: bytes `out` already
+    /// holds (an all-zero page past them is a hole and is not written). Returns the (page,
+    /// version) of the pages written and the bytes written.
+    pub(super) fn write_dirty(
+        &self,
+        d: &Mutex<crate::core::FileData>,
+        obj: u64,
+        size: u64,
+        have: u64,
+        out: &File,
+    ) -> io::Result<(Vec<(u64, u64)>, u64)> {
+        let c = &self.core;
+        let dirty: Vec<u64> = {
+            let f = d.lock();
+            f.pages
+                .iter()
+                .filter(|(p, pg)| pg.dirty && **p * PAGE < size)
+                .map(|(p, _)| *p)
+                .collect()
+        };
+        let mut drained = Vec::new();
+        let mut written = 0u64;
+        for p in dirty {
+            let (data, ver) = {
+                let mut f = d.lock();
+                let Some(ver) = f.pages.get(&p).filter(|pg| pg.dirty).map(|pg| pg.ver) else {
+                    continue;
+                };
+                let v = c
+                    .read_page(obj, &mut f, p, false)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                (v, ver)
+            };
+            let Some(page) = data else { continue };
+            let lim = (size - p * PAGE).min(PAGE) as usize;
+            // A page that grew past the size this drain writes (the file was written to
+            // since) is not all in BACKING: it stays dirty.
+            if page.len() <= lim {
+                drained.push((p, ver));
+            }
+            let v = &page[..lim.min(page.len())];
+            // Past what `out` holds, runs of zero blocks stay holes.
+            let runs: Vec<(usize, usize)> = if p * PAGE >= have {
+                nonzero_runs(v, 4096)
+            } else {
+                vec![(0, v.len())]
+            };
+            for (a, b) in runs {
+                if let Some(r) = &self.rate {
+                    r.take((b - a) as u64);
+                }
+                out.write_all_at(&v[a..b], p * PAGE + a as u64)?;
+                written += (b - a) as u64;
+            }
+        }
+        Ok((drained, written))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonzero_runs_skip_zero_blocks() {
+        let mut v = vec![0u8; 5 * 4096 + 10];
+        v[4096] = 1;
+        v[2 * 4096 + 5] = 1;
+        v[5 * 4096 + 9] = 1;
+        assert_eq!(
+            nonzero_runs(&v, 4096),
+            vec![(4096, 3 * 4096), (5 * 4096, 5 * 4096 + 10)]
+        );
+        assert!(nonzero_runs(&[0u8; 8192], 4096).is_empty());
+    }
+}

@@ -1,0 +1,442 @@
+//! The drainer: replays the namespace journal to BACKING in order.
+//!
+//! * Namespace rows are applied by the dispatcher thread, one at a time, in `seq` order. Rows
+//!   that move or remove existing paths (rename, unlink, rmdir, link, setattr) are barriers:
+//!   they wait until no data op is in flight, so every row finds BACKING exactly as the rows
+//!   before it left it, also when it is replayed after a crash.
+//! * Data rows go to a pool of workers (parallel across files, one at a time per file). A
+//!   worker writes the file's whole contents under a temporary name in the destination
+//!   directory, fsyncs it, renames it into place and fsyncs the directory: BACKING never shows
+//!   a half-written file. Only then is the journal row deleted and the file's pages marked
+//!   clean; clean pages are dropped from the store only under space pressure, so the store
+//!   never holds the only copy of anything it drops.
+//! * Every access to BACKING goes through directory handles ([`crate::backing`]), so any
+//!   depth the mount accepts drains, whatever the length of the full path.
+//! * An error that may heal (full, read-only, I/O error) makes the op retry with exponential
+//!   backoff (100 ms .. 5 s). An error BACKING will keep giving (permission, name, type) is
+//!   retried [`PERMANENT_TRIES`] times, then the row is moved to the quarantine (`stuck`
+//!   table) with its data kept in the fast tier: the drain goes on with the rest, `status`
+//!   lists it, and it is retried on `drain --retry` or the next mount. Nothing is skipped
+//!   silently or lost, and nothing is retried for ever in silence.
+//!
+//! The parts, by job: this file holds the [`Drainer`] (dispatcher, workers, rate limit,
+//! retries and the quarantine); `meta.rs` applies namespace rows to BACKING and keeps the
+//! backing paths of the namespace up to date; `data.rs` drains a file's contents (staging,
+//! writing the dirty pages, copying within BACKING).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::core::{Core, TMP_PREFIX};
+use crate::db::{JOp, OpKind};
+
+mod data;
+mod meta;
+
+/// Tries of an op that failed with an error that will not heal before it is quarantined.
+pub const PERMANENT_TRIES: u32 = 3;
+
+/// Whether BACKING may stop giving this error by itself (space freed, file system remounted
+/// read-write, a transient I/O or network error): such errors are retried without end.
+pub fn may_heal(e: &io::Error) -> bool {
+    match e.raw_os_error() {
+        Some(c) => [
+            libc::ENOSPC,
+            libc::EDQUOT,
+            libc::EIO,
+            libc::EROFS,
+            libc::EAGAIN,
+            libc::EINTR,
+            libc::ENOMEM,
+            libc::ETIMEDOUT,
+            libc::ESTALE,
+            libc::EBUSY,
+            libc::ENOLCK,
+            libc::ENFILE,
+            libc::EMFILE,
+            libc::ENOTCONN,
+            libc::ECONNRESET,
+            libc::ECONNREFUSED,
+            libc::ENETDOWN,
+            libc::ENETUNREACH,
+            libc::EHOSTUNREACH,
+        ]
+        .contains(&c),
+        // Not an errno: the fast tier or the journal failed, not BACKING's answer.
+        None => true,
+    }
+}
+
+/// A token bucket over bytes written to BACKING.
+pub struct RateLimit {
+    rate: f64,
+    state: Mutex<(Instant, f64)>,
+}
+
+impl RateLimit {
+    pub fn new(bytes_per_s: u64) -> RateLimit {
+        RateLimit {
+            rate: bytes_per_s as f64,
+            state: Mutex::new((Instant::now(), 0.0)),
+        }
+    }
+
+    pub fn take(&self, n: u64) {
+        let wait = {
+            let mut s = self.state.lock();
+            let now = Instant::now();
+            let burst = self.rate / 4.0;
+            s.1 = (s.1 + now.duration_since(s.0).as_secs_f64() * self.rate).min(burst);
+            s.0 = now;
+            s.1 -= n as f64;
+            if s.1 < 0.0 {
+                Duration::from_secs_f64(-s.1 / self.rate)
+            } else {
+                Duration::ZERO
+            }
+        };
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+/// Data ops in flight: per inode, and in all.
+#[derive(Default)]
+struct Inflight {
+    per_ino: HashMap<u64, usize>,
+    total: usize,
+}
+
+pub struct Drainer {
+    core: Arc<Core>,
+    jobs: usize,
+    rate: Option<RateLimit>,
+    inflight: Mutex<Inflight>,
+    inflight_cv: Condvar,
+    pub stop: AtomicBool,
+    /// (time, drained bytes) samples for the drain rate.
+    samples: Mutex<VecDeque<(Instant, u64)>>,
+    pub retries: AtomicU64,
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis((100u64 << attempt.min(6)).min(5000))
+}
+
+/// The name of the drainer's temporary file for inode `ino` (suffix: a further link).
+fn tmp_name(ino: u64, suffix: &str) -> Vec<u8> {
+    let mut n = TMP_PREFIX.to_vec();
+    n.extend_from_slice(format!("{ino}{suffix}").as_bytes());
+    n
+}
+
+impl Drainer {
+    pub fn new(core: Arc<Core>, jobs: usize, rate: Option<u64>) -> Arc<Drainer> {
+        Arc::new(Drainer {
+            core,
+            jobs: jobs.max(1),
+            rate: rate.filter(|r| *r > 0).map(RateLimit::new),
+            inflight: Mutex::new(Inflight::default()),
+            inflight_cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+            samples: Mutex::new(VecDeque::new()),
+            retries: AtomicU64::new(0),
+        })
+    }
+
+    /// Starts the dispatcher and the workers.
+    pub fn start(self: &Arc<Self>) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+        let (tx, rx) = mpsc::channel::<JOp>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut hs = Vec::new();
+        for i in 0..self.jobs {
+            let me = self.clone();
+            let rx = rx.clone();
+            hs.push(
+                std::thread::Builder::new()
+                    .name(format!("drain-{i}"))
+                    .spawn(move || me.worker(&rx))?,
+            );
+        }
+        let me = self.clone();
+        hs.push(
+            std::thread::Builder::new()
+                .name("drain-dispatch".into())
+                .spawn(move || me.dispatch(tx))?,
+        );
+        Ok(hs)
+    }
+
+    /// Bytes per second drained over the last few seconds.
+    pub fn rate(&self) -> f64 {
+        let s = self.samples.lock();
+        match (s.front(), s.back()) {
+            (Some(a), Some(b)) if b.0 > a.0 => {
+                (b.1 - a.1) as f64 / b.0.duration_since(a.0).as_secs_f64()
+            }
+            _ => 0.0,
+        }
+    }
+
+    fn sample(&self) {
+        let mut s = self.samples.lock();
+        let now = Instant::now();
+        if s.back()
+            .is_some_and(|b| now.duration_since(b.0) < Duration::from_millis(250))
+        {
+            return;
+        }
+        s.push_back((now, self.core.drained_bytes.load(Relaxed)));
+        while s.len() > 2
+            && s.front()
+                .is_some_and(|f| now.duration_since(f.0) > Duration::from_secs(5))
+        {
+            s.pop_front();
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.inflight.lock().total
+    }
+
+    fn note_error(&self, what: &str, e: &dyn std::fmt::Display) {
+        let msg = format!("{what}: {e}");
+        tracing::warn!("drain: {msg} (retrying)");
+        *self.core.last_error.lock() = Some(msg);
+        self.retries.fetch_add(1, Relaxed);
+    }
+
+    /// Moves `op` to the quarantine: BACKING refused it for good.
+    fn quarantine(&self, op: &JOp, e: &io::Error) {
+        let msg = e.to_string();
+        tracing::warn!(
+            "drain: {:?} {} refused by BACKING ({msg}): quarantined, the rest goes on",
+            op.kind,
+            String::from_utf8_lossy(&op.p1)
+        );
+        let mut attempt = 0;
+        while let Err(e) = self.core.db.lock().quarantine(op, &msg) {
+            self.note_error("quarantining a journal row", &e);
+            if self.stop.load(Relaxed) {
+                return;
+            }
+            std::thread::sleep(backoff(attempt));
+            attempt += 1;
+        }
+        self.core.stuck_inos.lock().insert(op.ino);
+        *self.core.last_error.lock() = Some(format!(
+            "{:?} {}: {msg} (quarantined)",
+            op.kind,
+            String::from_utf8_lossy(&op.p1)
+        ));
+    }
+
+    /// Applies `op` with `f` until it succeeds (its row is then deleted), BACKING refuses it
+    /// for good (quarantined) or the drainer stops (the row stays for the next mount).
+    fn apply_with_retry(&self, op: &JOp, f: impl Fn(&JOp) -> io::Result<()>) {
+        let mut attempt = 0;
+        let mut refused = 0;
+        loop {
+            match f(op) {
+                Ok(()) => {
+                    self.finish_row(op.seq);
+                    return;
+                }
+                Err(e) => {
+                    if !may_heal(&e) {
+                        refused += 1;
+                        if refused >= PERMANENT_TRIES {
+                            self.quarantine(op, &e);
+                            return;
+                        }
+                    }
+                    self.note_error(
+                        &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
+                        &e,
+                    );
+                    if self.stop.load(Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(backoff(attempt));
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Moves the quarantined rows back into the journal once nothing is in flight; the
+    /// dispatcher then reads the journal from its start.
+    fn release_stuck(&self) -> bool {
+        {
+            let mut fl = self.inflight.lock();
+            while fl.total > 0 {
+                self.inflight_cv.wait(&mut fl);
+            }
+        }
+        match self.core.db.lock().release_stuck() {
+            Ok(_) => {
+                self.core.stuck_inos.lock().clear();
+                true
+            }
+            Err(e) => {
+                self.note_error("releasing quarantined rows", &e);
+                false
+            }
+        }
+    }
+
+    fn dispatch(self: Arc<Self>, tx: mpsc::Sender<JOp>) {
+        let mut last = 0i64;
+        loop {
+            self.sample();
+            if self.stop.load(Relaxed) {
+                break;
+            }
+            if self.core.retry.swap(false, Relaxed) && self.release_stuck() {
+                last = 0;
+            }
+            if self.core.pressure.load(Relaxed) || self.core.force.swap(false, Relaxed) {
+                if let Err(e) = self.core.queue_all_dirty() {
+                    self.note_error("queueing dirty files", &e);
+                }
+            }
+            let ops = match self.core.db.lock().ops_after(last, 256) {
+                Ok(o) => o,
+                Err(e) => {
+                    self.note_error("reading the journal", &e);
+                    std::thread::sleep(Duration::from_millis(500));
+                    continue;
+                }
+            };
+            if ops.is_empty() {
+                let mut g = self.core.wake_lock.lock();
+                self.core
+                    .wake_cv
+                    .wait_for(&mut g, Duration::from_millis(200));
+                continue;
+            }
+            for op in ops {
+                last = op.seq;
+                if op.kind == OpKind::Data {
+                    let mut fl = self.inflight.lock();
+                    while fl.total >= self.jobs || fl.per_ino.get(&op.ino).is_some_and(|c| *c > 0) {
+                        self.inflight_cv.wait(&mut fl);
+                    }
+                    fl.total += 1;
+                    *fl.per_ino.entry(op.ino).or_default() += 1;
+                    drop(fl);
+                    if tx.send(op).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                if op.kind.is_barrier() {
+                    let mut fl = self.inflight.lock();
+                    while fl.total > 0 {
+                        self.inflight_cv.wait(&mut fl);
+                    }
+                }
+                self.apply_with_retry(&op, |op| self.apply_meta(op));
+                if self.stop.load(Relaxed) {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn finish_row(&self, seq: i64) {
+        let mut attempt = 0;
+        while let Err(e) = self.core.db.lock().del_op(seq) {
+            self.note_error("deleting a journal row", &e);
+            std::thread::sleep(backoff(attempt));
+            attempt += 1;
+        }
+    }
+
+    fn worker(self: Arc<Self>, rx: &Mutex<mpsc::Receiver<JOp>>) {
+        loop {
+            let op = {
+                let r = rx.lock();
+                match r.recv() {
+                    Ok(op) => op,
+                    Err(_) => return,
+                }
+            };
+            self.apply_with_retry(&op, |op| self.drain_file(op));
+            let mut fl = self.inflight.lock();
+            fl.total -= 1;
+            if let Some(c) = fl.per_ino.get_mut(&op.ino) {
+                *c -= 1;
+                if *c == 0 {
+                    fl.per_ino.remove(&op.ino);
+                }
+            }
+            self.inflight_cv.notify_all();
+        }
+    }
+
+    /// Whether nothing waits: no journal rows, no dirty file, nothing in flight.
+    pub fn idle(&self) -> bool {
+        let ops = self.core.db.lock().count_ops().unwrap_or(1);
+        ops == 0 && self.in_flight() == 0 && self.core.dirty_summary().0 == 0
+    }
+
+    /// Whether nothing waits but what is quarantined: no journal rows, nothing in flight,
+    /// and every dirty file one whose drain is quarantined.
+    pub fn settled(&self) -> bool {
+        let ops = self.core.db.lock().count_ops().unwrap_or(1);
+        ops == 0 && self.in_flight() == 0 && self.core.unsettled_dirty_files() == 0
+    }
+}
+
+fn under(p: &[u8], root: &[u8]) -> bool {
+    p == root || (p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/')
+}
+
+pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    dir.join(std::ffi::OsStr::from_bytes(&tmp_name(ino, "")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn under_matches_whole_components() {
+        assert!(under(b"a/b", b"a"));
+        assert!(under(b"a", b"a"));
+        assert!(!under(b"ab", b"a"));
+        assert!(!under(b"a", b"a/b"));
+    }
+
+    #[test]
+    fn rate_limit_paces_bytes() {
+        let r = RateLimit::new(10_000_000);
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            r.take(1_000_000);
+        }
+        // 10 MB at 10 MB/s with a 2.5 MB burst: at least 0.7 s.
+        assert!(
+            t0.elapsed() >= Duration::from_millis(700),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(backoff(0), Duration::from_millis(100));
+        assert!(backoff(3) > backoff(2));
+        assert_eq!(backoff(30), Duration::from_millis(5000));
+    }
+}
