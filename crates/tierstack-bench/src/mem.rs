@@ -25,6 +25,9 @@ pub enum Pattern {
     Uniform,
     Linear,
     Zipf,
+    /// Pairs of pages (i, i + 2^k) across the whole map, k sweeping 0..log2(pages): the
+    /// access pattern of an FFT or of a state-vector simulator's gates.
+    Butterfly,
 }
 
 impl std::str::FromStr for Pattern {
@@ -34,8 +37,9 @@ impl std::str::FromStr for Pattern {
             "uniform" => Ok(Pattern::Uniform),
             "linear" => Ok(Pattern::Linear),
             "zipf" => Ok(Pattern::Zipf),
+            "butterfly" => Ok(Pattern::Butterfly),
             o => Err(format!(
-                "unknown pattern '{o}': use uniform, linear or zipf"
+                "unknown pattern '{o}': use uniform, linear, zipf or butterfly"
             )),
         }
     }
@@ -273,6 +277,9 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
                     let mut rh = hist();
                     let mut wh = hist();
                     let mut next = (pages / spec.threads.max(1)) * t;
+                    // Butterfly: stride exponent, lower index of the pair, which side.
+                    let levels = (usize::BITS - 1 - pages.max(2).leading_zeros()) as usize;
+                    let (mut bk, mut bi, mut second) = (t % levels.max(1), 0usize, false);
                     let mut n = 0u64;
                     while !stop.load(Relaxed) {
                         for _ in 0..256 {
@@ -286,6 +293,22 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
                                     Some(z) => (rng.sample(z) as usize).saturating_sub(1) % pages,
                                     None => rng.gen_range(0..pages),
                                 },
+                                Pattern::Butterfly => {
+                                    let stride = 1usize << bk;
+                                    let p = if second { bi + stride } else { bi };
+                                    if second {
+                                        bi += 1;
+                                        if bi & stride != 0 {
+                                            bi += stride;
+                                        }
+                                        if bi + stride >= pages {
+                                            bi = 0;
+                                            bk = (bk + 1) % levels.max(1);
+                                        }
+                                    }
+                                    second = !second;
+                                    p % pages
+                                }
                             };
                             let word = page * words_per_page + rng.gen_range(0..words_per_page);
                             let is_read = rng.gen_bool(spec.read_ratio.clamp(0.0, 1.0));

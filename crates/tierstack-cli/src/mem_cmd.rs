@@ -21,7 +21,7 @@ pub struct BenchMemArgs {
     /// Share of reads: 0 to 1, or a percentage (50 = half).
     #[arg(long, default_value_t = 0.5)]
     read_ratio: f64,
-    /// uniform, linear or zipf.
+    /// uniform, linear, zipf or butterfly (page pairs i, i + 2^k, k sweeping: FFT-like).
     #[arg(long, default_value = "uniform")]
     pattern: String,
     #[arg(long, default_value_t = 10.0)]
