@@ -105,6 +105,22 @@ pub fn register_run(rec: &RunRecord) -> Option<RunRegistration> {
     Some(RunRegistration(path))
 }
 
+/// A command line on one line (control characters as spaces), at most `max` characters.
+pub fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() > max {
+        let mut t: String = flat.chars().take(max.saturating_sub(3)).collect();
+        t.push_str("...");
+        t
+    } else {
+        flat
+    }
+}
+
 pub fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -203,10 +219,16 @@ pub fn open_files(pid: u32, under: Option<&Path>) -> Vec<(PathBuf, String)> {
         let Ok(target) = std::fs::read_link(e.path()) else {
             continue;
         };
+        // A drive unlinked after it was opened reads as "PATH (deleted)".
+        let target = match target.to_str().and_then(|t| t.strip_suffix(" (deleted)")) {
+            Some(t) => PathBuf::from(t),
+            None => target,
+        };
         if !target.is_absolute() || under.is_some_and(|u| !target.starts_with(u)) {
             continue;
         }
-        let Ok(md) = std::fs::metadata(&target) else {
+        // The descriptor itself (the path may be gone).
+        let Ok(md) = std::fs::metadata(e.path()) else {
             continue;
         };
         if !md.is_file() || !seen.insert(target.clone()) {
@@ -565,7 +587,7 @@ fn frame(prev: &Sample, cur: &Sample) -> Frame {
         runs.push(RunView {
             tierstack_pid: r.rec.tierstack_pid,
             pid: r.rec.pid,
-            cmd: r.rec.cmd.clone(),
+            cmd: one_line(&r.rec.cmd, 60),
             alive: r.alive,
             uptime_s: now_unix().saturating_sub(r.rec.started),
             dram_budget_bytes: r.rec.dram_bytes,
