@@ -560,3 +560,44 @@ fn run_is_listed_by_top_and_serves_metrics() {
     // The record is gone with the run.
     assert!(std::fs::read_dir(&runs).map_or(true, |mut r| r.next().is_none()));
 }
+
+#[test]
+fn interactive_top_draws_and_quits_on_q() {
+    // A pseudo-terminal from util-linux `script`; skipped where it is missing.
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: needs script(1) for a pseudo-terminal");
+        return;
+    }
+    let rd = tempfile::tempdir().expect("tempdir");
+    let mut c = Command::new("script")
+        .args([
+            "-qec",
+            &format!("stty cols 120 rows 30; {BIN} top --interval 200ms"),
+            "/dev/null",
+        ])
+        .env("TIERSTACK_RUN_DIR", rd.path())
+        .env("TERM", "xterm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn script");
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut stdin = c.stdin.take().expect("stdin");
+    stdin.write_all(b"q").expect("send q");
+    let t0 = Instant::now();
+    while c.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = c.kill();
+            panic!("top did not quit on q within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(stdin);
+    let o = c.wait_with_output().expect("output");
+    assert!(o.status.success(), "top exited with {}", o.status);
+    let screen = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        screen.contains("mounts") && screen.contains("quit"),
+        "{screen}"
+    );
+}
