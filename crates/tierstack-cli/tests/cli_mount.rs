@@ -1263,3 +1263,55 @@ fn xattrs_and_sparse_files() {
     assert_eq!(get(&fx.m("f"), "user.project"), Ok(b"run42".to_vec()));
     fx.umount();
 }
+
+/// Issue 13: POSIX ACLs (setfacl) in the mount behave as on ext4, including a directory's
+/// default ACL inherited by what is made in it (and the umask it overrides), and drain to
+/// BACKING (skipped without setfacl: apt-get install acl).
+#[test]
+fn posix_acls_like_ext4() {
+    if !can_run() {
+        return;
+    }
+    if Command::new("setfacl").arg("--version").output().is_err() {
+        eprintln!("SKIP: setfacl not installed (apt-get install acl)");
+        return;
+    }
+    let mut fx = Fixture::new();
+    let reference = fx.backing.parent().expect("parent").join("ref");
+    fs::create_dir(&reference).expect("mkdir");
+    fx.mount(&[]);
+    let sh = |dir: &Path| {
+        let script =
+            "set -e; umask 022; mkdir d; setfacl -m u:1000:rw- d; setfacl -d -m u:1000:rwx d; \
+                      touch d/f plain; mkdir d/sub; echo x > acl_f; setfacl -m u:1000:r-- acl_f; \
+                      getfacl -np d d/f d/sub plain acl_f; stat -c '%n %a' d d/f d/sub plain acl_f";
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .output()
+            .expect("sh");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let want = sh(&reference);
+    let got = sh(&fx.mnt);
+    assert_eq!(got, want, "the mount's ACLs differ from ext4's");
+    fx.umount();
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("getfacl -np d d/f d/sub plain acl_f; stat -c '%n %a' d d/f d/sub plain acl_f")
+        .current_dir(&fx.backing)
+        .output()
+        .expect("sh");
+    let drained = String::from_utf8_lossy(&o.stdout).into_owned();
+    let tail = |s: &str| {
+        s.split_once("getfacl")
+            .map_or(s.to_string(), |x| x.1.to_string())
+    };
+    assert_eq!(
+        tail(&drained),
+        tail(&want.replace("umask", "")),
+        "BACKING's ACLs differ"
+    );
+}

@@ -274,9 +274,14 @@ impl Backing {
     }
 }
 
-/// The extended-attribute namespaces the mount keeps (POSIX ACLs, `system.*`, are not).
+/// The extended attributes the mount keeps: the `user.`, `trusted.` and `security.`
+/// namespaces and POSIX ACLs (`system.posix_acl_access`, `system.posix_acl_default`).
 pub fn xattr_kept(name: &[u8]) -> bool {
-    name.starts_with(b"user.") || name.starts_with(b"trusted.") || name.starts_with(b"security.")
+    name.starts_with(b"user.")
+        || name.starts_with(b"trusted.")
+        || name.starts_with(b"security.")
+        || name == b"system.posix_acl_access"
+        || name == b"system.posix_acl_default"
 }
 
 /// `/proc/self/fd/N/NAME`: a path to `name` in `d` that the `l*xattr` calls take (they have

@@ -103,6 +103,19 @@ fn tot(t: Option<TimeOrNow>) -> Option<Option<SystemTime>> {
     })
 }
 
+impl TierFs {
+    /// The mode a new node in `parent` starts from: the umask applies unless the directory
+    /// has a default ACL, which then masks the mode instead (POSIX; the kernel leaves both to
+    /// the file system when ACLs are on).
+    fn masked(&self, parent: u64, mode: u32, umask: u32) -> u32 {
+        if self.core.has_default_acl(parent) {
+            mode
+        } else {
+            mode & !umask
+        }
+    }
+}
+
 impl fuser::Filesystem for TierFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(PAGE as u32);
@@ -112,6 +125,11 @@ impl fuser::Filesystem for TierFs {
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_WRITEBACK_CACHE);
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS);
+        // POSIX ACLs: the kernel checks them (default_permissions) and keeps the mode in step;
+        // the mount stores them as the two system.posix_acl_* attributes and drains them.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_POSIX_ACL);
+        // The mode arrives without the umask; `masked` applies it unless a default ACL rules.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DONT_MASK);
         Ok(())
     }
 
@@ -182,7 +200,7 @@ impl fuser::Filesystem for TierFs {
             self.core.create(
                 parent.0,
                 name.as_bytes(),
-                mode & !umask,
+                self.masked(parent.0, mode, umask),
                 req.uid(),
                 req.gid(),
                 false,
@@ -194,7 +212,7 @@ impl fuser::Filesystem for TierFs {
             self.core.mknod(
                 parent.0,
                 name.as_bytes(),
-                (mode & libc::S_IFMT) | (mode & !umask & 0o7777),
+                (mode & libc::S_IFMT) | (self.masked(parent.0, mode, umask) & 0o7777),
                 rdev as u64,
                 req.uid(),
                 req.gid(),
@@ -252,7 +270,7 @@ impl fuser::Filesystem for TierFs {
         match self.core.mkdir(
             parent.0,
             name.as_bytes(),
-            mode & !umask,
+            self.masked(parent.0, mode, umask),
             req.uid(),
             req.gid(),
         ) {
@@ -485,7 +503,7 @@ impl fuser::Filesystem for TierFs {
         match self.core.create(
             parent.0,
             name.as_bytes(),
-            mode & !umask,
+            self.masked(parent.0, mode, umask),
             req.uid(),
             req.gid(),
             true,

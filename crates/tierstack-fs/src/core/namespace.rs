@@ -227,7 +227,26 @@ impl Core {
         {
             return Err(libc::EEXIST);
         }
-        check_name(name)?;
+        // A directory's default ACL becomes the new node's access ACL (masked by the mode it
+        // is created with, which the ACL masks in turn) and a new directory's default ACL.
+        let mut xattrs = BTreeMap::new();
+        if kind != Kind::Symlink {
+            if let Some(def) = ns
+                .nodes
+                .get(&parent)
+                .and_then(|p| p.xattrs.get(&b"system.posix_acl_default"[..]))
+                .cloned()
+            {
+                let mut m = mode & 0o7777;
+                if let Some(access) = acl_create_masq(&def, &mut m) {
+                    xattrs.insert(b"system.posix_acl_access".to_vec(), access);
+                }
+                mode = (mode & !0o777) | (m & 0o777);
+                if kind == Kind::Dir {
+                    xattrs.insert(b"system.posix_acl_default".to_vec(), def);
+                }
+            }
+        }
         let path = Self::child_path(ns, parent, name)?;
         let ino = ns.next_ino;
         let obj = if kind == Kind::File { ns.next_obj } else { 0 };
@@ -258,7 +277,7 @@ impl Core {
             loaded: true,
             children: BTreeMap::new(),
             subdirs: 0,
-            xattrs: BTreeMap::new(),
+            xattrs,
             open: 0,
             data,
         };
@@ -269,7 +288,12 @@ impl Core {
         self.tx(|tx| {
             db::put_inode(tx, &row)?;
             db::add_dentry(tx, parent, name, ino)?;
-            db::push_op(tx, op, ino, &path, &target)
+            db::push_op(tx, op, ino, &path, &target)?;
+            for (k, v) in &node.xattrs {
+                db::put_xattr(tx, ino, k, Some(v))?;
+                db::push_op(tx, OpKind::Xattr, ino, &path, k)?;
+            }
+            Ok(())
         })
         .map_err(eio)?;
         ns.next_ino += 1;
@@ -353,6 +377,15 @@ impl Core {
     }
 
     /// Extended attribute `name` of `ino` (ENODATA when it has none of that name).
+    /// Whether directory `dir` has a default ACL.
+    pub fn has_default_acl(&self, dir: u64) -> bool {
+        self.ns
+            .lock()
+            .nodes
+            .get(&dir)
+            .is_some_and(|n| n.xattrs.contains_key(&b"system.posix_acl_default"[..]))
+    }
+
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> R<Vec<u8>> {
         let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
@@ -393,11 +426,29 @@ impl Core {
             None if !exists => return Err(libc::ENODATA),
             _ => {}
         }
+        // An access ACL sets the permission bits it stands for (owner, mask or group, other).
+        let new_mode = value
+            .filter(|_| name == b"system.posix_acl_access")
+            .and_then(acl_mode)
+            .map(|bits| (n.mode & !0o777) | bits);
+        let row = new_mode.map(|m| {
+            let mut r = row_of(ino, n, n.data.as_ref().map(|d| d.lock()).as_deref());
+            r.mode = m;
+            r
+        });
         self.tx(|tx| {
             db::put_xattr(tx, ino, name, value)?;
-            db::push_op(tx, OpKind::Xattr, ino, &path, name)
+            db::push_op(tx, OpKind::Xattr, ino, &path, name)?;
+            if let Some(r) = &row {
+                db::put_inode(tx, r)?;
+                db::push_op(tx, OpKind::SetAttr, ino, &path, &[])?;
+            }
+            Ok(())
         })
         .map_err(eio)?;
+        if let Some(m) = new_mode {
+            n.mode = m;
+        }
         match value {
             Some(v) => {
                 n.xattrs.insert(name.to_vec(), v.to_vec());
@@ -761,5 +812,135 @@ impl Core {
             self.queue_data(&ns, ino).map_err(eio)?;
         }
         Ok(())
+    }
+}
+
+/// POSIX ACL tags (`linux/posix_acl.h`).
+const ACL_USER_OBJ: u16 = 0x01;
+const ACL_USER: u16 = 0x02;
+const ACL_GROUP_OBJ: u16 = 0x04;
+const ACL_GROUP: u16 = 0x08;
+const ACL_MASK: u16 = 0x10;
+const ACL_OTHER: u16 = 0x20;
+
+/// Whether `acl` is an ACL in xattr form: version 2, then whole 8-byte entries.
+fn acl_valid(acl: &[u8]) -> bool {
+    acl.len() >= 4 && (acl.len() - 4).is_multiple_of(8) && acl[..4] == 2u32.to_le_bytes()
+}
+
+/// The permission bits an access ACL (xattr form) stands for: owner from its user entry,
+/// group from its mask (or its group entry without one), other from its other entry.
+pub fn acl_mode(acl: &[u8]) -> Option<u32> {
+    if !acl_valid(acl) {
+        return None;
+    }
+    let (mut u, mut g, mut m, mut o) = (None, None, None, None);
+    for e in acl[4..].chunks(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let perm = u16::from_le_bytes([e[2], e[3]]) as u32 & 0o7;
+        match tag {
+            ACL_USER_OBJ => u = Some(perm),
+            ACL_GROUP_OBJ => g = Some(perm),
+            ACL_MASK => m = Some(perm),
+            ACL_OTHER => o = Some(perm),
+            _ => {}
+        }
+    }
+    Some((u? << 6) | (m.or(g)? << 3) | o?)
+}
+
+/// The kernel's `posix_acl_create_masq` over the xattr form of a default ACL (version 2, then
+/// entries of tag u16, perm u16, id u32): masks the ACL with `mode` and `mode` with the ACL.
+/// Returns the new node's access ACL, or None when the ACL says no more than the mode (or
+/// does not parse).
+pub fn acl_create_masq(acl: &[u8], mode: &mut u32) -> Option<Vec<u8>> {
+    if !acl_valid(acl) {
+        return None;
+    }
+    let mut out = acl.to_vec();
+    let n = (acl.len() - 4) / 8;
+    let perm_at = |i: usize| 4 + i * 8 + 2;
+    let get = |b: &[u8], i: usize| u16::from_le_bytes([b[perm_at(i)], b[perm_at(i) + 1]]) as u32;
+    let mut not_equiv = false;
+    let (mut group_obj, mut mask_obj) = (None, None);
+    for i in 0..n {
+        let tag = u16::from_le_bytes([out[4 + i * 8], out[4 + i * 8 + 1]]);
+        let mut perm = get(&out, i);
+        match tag {
+            ACL_USER_OBJ => {
+                perm &= (*mode >> 6) | !0o7;
+                *mode &= (perm << 6) | !0o700;
+            }
+            ACL_USER | ACL_GROUP => not_equiv = true,
+            ACL_GROUP_OBJ => group_obj = Some(i),
+            ACL_OTHER => {
+                perm &= *mode | !0o7;
+                *mode &= perm | !0o7;
+            }
+            ACL_MASK => {
+                mask_obj = Some(i);
+                not_equiv = true;
+            }
+            _ => return None,
+        }
+        let p = (perm & 0o7) as u16;
+        out[perm_at(i)..perm_at(i) + 2].copy_from_slice(&p.to_le_bytes());
+    }
+    let g = mask_obj.or(group_obj)?;
+    let mut perm = get(&out, g);
+    perm &= (*mode >> 3) | !0o7;
+    *mode &= (perm << 3) | !0o70;
+    let p = (perm & 0o7) as u16;
+    out[perm_at(g)..perm_at(g) + 2].copy_from_slice(&p.to_le_bytes());
+    not_equiv.then_some(out)
+}
+
+#[cfg(test)]
+mod acl_tests {
+    use super::*;
+
+    fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for (t, p, id) in entries {
+            v.extend_from_slice(&t.to_le_bytes());
+            v.extend_from_slice(&p.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn default_acl_masks_and_is_masked_like_the_kernel() {
+        // default: u::rwx, u:1000:rwx, g::r-x, m::rwx, o::r-x; a file made with 0666.
+        let def = acl(&[
+            (ACL_USER_OBJ, 7, u32::MAX),
+            (ACL_USER, 7, 1000),
+            (ACL_GROUP_OBJ, 5, u32::MAX),
+            (ACL_MASK, 7, u32::MAX),
+            (ACL_OTHER, 5, u32::MAX),
+        ]);
+        let mut mode = 0o666;
+        let got = acl_create_masq(&def, &mut mode).expect("an access ACL");
+        assert_eq!(mode, 0o664);
+        let want = acl(&[
+            (ACL_USER_OBJ, 6, u32::MAX),
+            (ACL_USER, 7, 1000),
+            (ACL_GROUP_OBJ, 5, u32::MAX),
+            (ACL_MASK, 6, u32::MAX),
+            (ACL_OTHER, 4, u32::MAX),
+        ]);
+        assert_eq!(got, want);
+        // A minimal ACL says no more than the mode.
+        let min = acl(&[
+            (ACL_USER_OBJ, 7, u32::MAX),
+            (ACL_GROUP_OBJ, 5, u32::MAX),
+            (ACL_OTHER, 5, u32::MAX),
+        ]);
+        let mut mode = 0o777;
+        assert!(acl_create_masq(&min, &mut mode).is_none());
+        assert_eq!(mode, 0o755);
+        assert!(acl_create_masq(b"junk", &mut mode).is_none());
+        assert_eq!(acl_mode(&want), Some(0o664));
+        assert_eq!(acl_mode(&min), Some(0o755));
     }
 }
