@@ -1,12 +1,13 @@
 //! `tierstack bench mem`: the pmbench method. A worker process maps `--map` bytes, touches
 //! every 4 KiB page once, then for `--seconds` each thread touches one word of one page per
-//! access (pattern uniform, linear or zipf; a read or a write by `--read-ratio`), timing every
+//! access (pattern uniform, linear, zipf or butterfly; a read or a write by `--read-ratio`), timing every
 //! access. Reported: accesses/s, mean, p50, p99, p99.9 and read and write histograms in log2
 //! nanosecond bands, as pmbench prints them.
 //!
 //! Engines: `dram` (no limit) and `kernel-swap` (root: a swap file in `--dir` and a memory
-//! cgroup limited to `--dram`, both removed afterwards). The `tierstack` engine (userfaultfd)
-//! is not built yet.
+//! cgroup limited to `--dram`, both removed afterwards), `tierstack` (a userfaultfd region
+//! over the array, store and budget split that `tierstack run` makes: `tierstack_mem::setup`)
+//! and `tierstack-dram` (the same region over a store kept in DRAM: the fault path alone).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -11,8 +11,9 @@
 //! - Pages that came in on a read fault are write-protected before the faulting thread wakes:
 //!   the first write is a write-protect fault that marks the page dirty. Clean pages are
 //!   dropped on eviction without a write; all-zero pages are never written.
-//! - The evictor keeps resident bytes under the high watermark (95 % of the budget), evicting
-//!   in clock (FIFO) order down to the low watermark (85 %): dirty victims are write-protected
+//! - The evictor keeps resident bytes under the high watermark (the budget less a slack of 1 %
+//!   of it, at least four prefetch windows, at most a tenth), evicting in clock (FIFO) order
+//!   down to the low watermark (two slacks under the budget): dirty victims are write-protected
 //!   (a writer racing the eviction waits in a write-protect fault), copied to the store, and
 //!   each batch is released with one `MADV_DONTNEED` per run of adjacent pages. A fault that
 //!   would pass the budget itself evicts first, so resident bytes stay within the budget plus

@@ -2,8 +2,10 @@
 //! recovery, the cleaner, degraded reads, repair, rebuild and scrub.
 //!
 //! Lock order (never taken in the other direction): `writer` -> `index` -> `drives`.
-//! Readers take `index` (read) for the whole of a disk read, so the cleaner, which moves
-//! records under `index` (write) before it frees their segment, never frees data in use.
+//! A read first looks its record up and reads the drives without the index lock, and accepts
+//! the result only if the checksum and the record's version still match; otherwise it reads
+//! again holding `index` (read), so the cleaner, which moves records under `index` (write)
+//! before it frees their segment, never hands out freed data.
 //!
 //! This module holds the [`Array`] handle, its shared state (drives, index, writer, counters)
 //! and small helpers; the work is split by job:
