@@ -175,7 +175,7 @@ impl Devices {
             let Some(c) = top_cmd::dev_counters(mm) else {
                 continue;
             };
-            let name = dev_label(mm);
+            let name = crate::top_cmd::dev_name(mm);
             let l = [name.as_str()];
             set_counter(&self.read_bytes, &l, c.read_bytes);
             set_counter(&self.write_bytes, &l, c.write_bytes);
@@ -183,16 +183,6 @@ impl Devices {
             set_counter(&self.writes, &l, c.writes);
         }
     }
-}
-
-fn dev_label(majmin: &str) -> String {
-    std::fs::read_to_string(format!("/sys/dev/block/{majmin}/uevent"))
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("DEVNAME=").map(|s| s.to_string()))
-        })
-        .unwrap_or_else(|| majmin.to_string())
 }
 
 /// Whether an open file of the daemon is a drive of its fast tier: not its log in the

@@ -335,14 +335,7 @@ fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
             if let Ok(mut f) = std::fs::File::open(&log_path) {
                 let _ = f.read_to_string(&mut text);
             }
-            let last = text
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim()
-                .trim_start_matches("tierstack: error: ")
-                .to_string();
+            let last = last_error_line(&text);
             bail!(
                 "the mount daemon stopped ({st}): {}",
                 if last.is_empty() {
@@ -531,6 +524,18 @@ fn alive(pid: u32) -> bool {
         && std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| !s.contains(") Z "))
             .unwrap_or(false)
+}
+
+/// The last non-empty line of a tierstack process's output, without its `tierstack: error: `
+/// prefix (what to show of a child that failed).
+pub(crate) fn last_error_line(text: &str) -> String {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .trim_start_matches("tierstack: error: ")
+        .to_string()
 }
 
 pub fn umount(a: UmountArgs) -> Result<()> {

@@ -77,6 +77,21 @@ pub struct Stuck {
     pub since: i64,
 }
 
+/// A journal (or quarantine) row from its first five columns: seq, kind, ino, p1, p2 (None
+/// for a kind this version does not know).
+fn jop_of(r: &rusqlite::Row) -> rusqlite::Result<Option<JOp>> {
+    let Some(kind) = OpKind::from_i64(r.get::<_, i64>(1)?) else {
+        return Ok(None);
+    };
+    Ok(Some(JOp {
+        seq: r.get::<_, i64>(0)?,
+        kind,
+        ino: r.get::<_, i64>(2)? as u64,
+        p1: r.get::<_, Option<Vec<u8>>>(3)?.unwrap_or_default(),
+        p2: r.get::<_, Option<Vec<u8>>>(4)?.unwrap_or_default(),
+    }))
+}
+
 /// An extended attribute: (inode, name, value).
 pub type XattrRow = (u64, Vec<u8>, Vec<u8>);
 
@@ -212,27 +227,10 @@ impl Db {
         let mut st = self.conn.prepare_cached(
             "SELECT seq, kind, ino, p1, p2 FROM journal WHERE seq > ?1 ORDER BY seq LIMIT ?2",
         )?;
-        let rows = st.query_map(params![seq, limit as i64], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)? as u64,
-                r.get::<_, Option<Vec<u8>>>(3)?.unwrap_or_default(),
-                r.get::<_, Option<Vec<u8>>>(4)?.unwrap_or_default(),
-            ))
-        })?;
+        let rows = st.query_map(params![seq, limit as i64], jop_of)?;
         let mut out = Vec::new();
         for r in rows {
-            let (seq, kind, ino, p1, p2) = r?;
-            if let Some(kind) = OpKind::from_i64(kind) {
-                out.push(JOp {
-                    seq,
-                    kind,
-                    ino,
-                    p1,
-                    p2,
-                });
-            }
+            out.extend(r?);
         }
         Ok(out)
     }
@@ -267,32 +265,13 @@ impl Db {
             "SELECT seq, kind, ino, p1, p2, error, since FROM stuck ORDER BY seq",
         )?;
         let rows = st.query_map([], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)? as u64,
-                r.get::<_, Option<Vec<u8>>>(3)?.unwrap_or_default(),
-                r.get::<_, Option<Vec<u8>>>(4)?.unwrap_or_default(),
-                r.get::<_, Option<String>>(5)?.unwrap_or_default(),
-                r.get::<_, i64>(6)?,
-            ))
+            let error = r.get::<_, Option<String>>(5)?.unwrap_or_default();
+            let since = r.get::<_, i64>(6)?;
+            Ok(jop_of(r)?.map(|op| Stuck { op, error, since }))
         })?;
         let mut out = Vec::new();
         for r in rows {
-            let (seq, kind, ino, p1, p2, error, since) = r?;
-            if let Some(kind) = OpKind::from_i64(kind) {
-                out.push(Stuck {
-                    op: JOp {
-                        seq,
-                        kind,
-                        ino,
-                        p1,
-                        p2,
-                    },
-                    error,
-                    since,
-                });
-            }
+            out.extend(r?);
         }
         Ok(out)
     }

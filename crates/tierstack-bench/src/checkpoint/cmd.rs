@@ -106,6 +106,24 @@ pub(super) fn tool(name: &str, args: &[&str], what: &str) -> Result<String> {
 }
 
 /// Mount points (decoded) listed in /proc/self/mounts.
+/// Removes a benchmark's work folder, never through a mount still under it; the error
+/// names the problem and the fix.
+pub(crate) fn remove_work_folder(w: &Path) -> std::result::Result<(), String> {
+    let wc = fs::canonicalize(w).unwrap_or_else(|_| w.to_path_buf());
+    if mount_points().iter().any(|m| m.starts_with(&wc)) {
+        return Err(format!(
+            "a mount under {} is still there: unmount it (umount -l) and remove the folder",
+            w.display()
+        ));
+    }
+    fs::remove_dir_all(w).map_err(|e| {
+        format!(
+            "cannot remove {}: {e}: remove it by hand once nothing uses it",
+            w.display()
+        )
+    })
+}
+
 pub(crate) fn mount_points() -> Vec<PathBuf> {
     let text = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     text.lines()

@@ -84,7 +84,7 @@ pub fn monotonic_ns() -> u64 {
 pub use throttle::throttle_available;
 pub use writer::{run_phase, run_writer, Phase, WriterReport, WriterSpec};
 
-use cmd::{mount_points, run_cmd};
+use cmd::run_cmd;
 use mounted::{sample_status, Mounted};
 use throttle::{cgroup_kind, CgKind, Throttle};
 
@@ -184,15 +184,8 @@ impl Env {
             }
         }
         if let Some(w) = self.work.take() {
-            // Never remove through a mount that is still there.
-            let wc = fs::canonicalize(&w).unwrap_or_else(|_| w.clone());
-            if mount_points().iter().any(|m| m.starts_with(&wc)) {
-                first.get_or_insert(CheckpointError::Setup(format!(
-                    "a mount under {} is still there: unmount it (umount -l) and remove the folder",
-                    w.display()
-                )));
-            } else if let Err(e) = fs::remove_dir_all(&w) {
-                first.get_or_insert(io_err("remove", &w)(e));
+            if let Err(msg) = cmd::remove_work_folder(&w) {
+                first.get_or_insert(CheckpointError::Setup(msg));
             }
         }
         match first {

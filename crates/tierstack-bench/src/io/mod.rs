@@ -416,17 +416,8 @@ impl Env {
             }
         }
         if let Some(w) = self.work.take() {
-            let wc = fs::canonicalize(&w).unwrap_or_else(|_| w.clone());
-            if crate::checkpoint::cmd::mount_points()
-                .iter()
-                .any(|m| m.starts_with(&wc))
-            {
-                first.get_or_insert(IoBenchError::Setup(format!(
-                    "a mount under {} is still there: unmount it (umount -l) and remove the folder",
-                    w.display()
-                )));
-            } else if let Err(e) = fs::remove_dir_all(&w) {
-                first.get_or_insert(io_err("remove", &w)(e));
+            if let Err(msg) = crate::checkpoint::cmd::remove_work_folder(&w) {
+                first.get_or_insert(IoBenchError::Setup(msg));
             }
         }
         match first {

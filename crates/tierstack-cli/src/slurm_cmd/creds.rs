@@ -144,14 +144,7 @@ pub(super) fn run_bounded(mut cmd: Command, what: &str, limit: Duration) -> Resu
     let mut text = String::new();
     let _ = out.rewind();
     let _ = out.read_to_string(&mut text);
-    let last = text
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .trim_start_matches("tierstack: error: ")
-        .to_string();
+    let last = crate::mount_cmd::last_error_line(&text);
     match status {
         None => bail!(
             "{what} did not finish within {} s: raise the hook's --timeout or the burst_buffer.conf timeouts",

@@ -180,7 +180,8 @@ pub struct DevCounters {
     pub write_bytes: u64,
 }
 
-fn dev_name(majmin: &str) -> String {
+/// The kernel's name of block device `majmin` (e.g. `vda`), or `majmin` itself.
+pub(crate) fn dev_name(majmin: &str) -> String {
     std::fs::read_to_string(format!("/sys/dev/block/{majmin}/uevent"))
         .ok()
         .and_then(|t| {
