@@ -444,10 +444,15 @@ fn request_drain_with(mp: &Path, retry: bool) -> Result<()> {
     Ok(())
 }
 
-/// Waits until nothing is left to drain, with a progress bar. Stops with an error when only
-/// quarantined records are left or `timeout` passed.
+/// Asks the daemon to try the quarantined records again, then waits until nothing is left to
+/// drain, with a progress bar. Stops with an error when only records the backing refused again
+/// are left, or `timeout` passed.
 fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
     let t0 = Instant::now();
+    let asked = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    request_drain_with(mp, true)?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -466,7 +471,12 @@ fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
             bar.finish_with_message("done");
             return Ok(());
         }
-        if s.settled && !s.stuck.is_empty() {
+        // Refused again since the retry (a record quarantined before it is being retried).
+        if s.settled
+            && !s.retry_pending
+            && !s.stuck.is_empty()
+            && s.stuck.iter().all(|r| r.since >= asked)
+        {
             bar.abandon_with_message("stuck");
             bail!("{}", stuck_message(mp, &s));
         }

@@ -4,22 +4,14 @@
 //! /dev/fuse allow it, and the one-line errors (MPI missing, bad sizes). Skipped, saying why,
 //! when MPI is not installed (.ci/run installs openmpi-bin and libopenmpi-dev).
 
+mod common;
+use common::{f, s, ts};
+
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 
 const MIB: f64 = 1048576.0;
-
-fn ts(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tierstack"))
-        .args(args)
-        .output()
-        .expect("run tierstack")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
 
 fn on_path(name: &str) -> bool {
     std::env::var_os("PATH")
@@ -43,11 +35,6 @@ fn ok(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout)
     );
     String::from_utf8(o.stdout.clone()).expect("utf8 output")
-}
-
-fn f(j: &serde_json::Value, k: &str) -> f64 {
-    j[k].as_f64()
-        .unwrap_or_else(|| panic!("{k} missing or not a number: {j}"))
 }
 
 fn close(a: f64, b: f64) -> bool {

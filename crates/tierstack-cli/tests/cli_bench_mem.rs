@@ -1,13 +1,7 @@
 //! `tierstack bench mem` through the real binary.
 
-use std::process::Command;
-
-fn ts(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tierstack"))
-        .args(args)
-        .output()
-        .expect("run")
-}
+mod common;
+use common::ts;
 
 #[test]
 fn dram_engine_reports_pmbench_figures() {

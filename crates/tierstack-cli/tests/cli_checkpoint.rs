@@ -1,26 +1,13 @@
 //! `tierstack bench checkpoint` through the real binary: JSON consistency, the throttled
 //! backing file system, and that nothing (loop device, mount, cgroup, image) is left behind.
 
+mod common;
+use common::{f, s, ts};
+
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn ts(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tierstack"))
-        .args(args)
-        .output()
-        .expect("run tierstack")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
-fn f(j: &serde_json::Value, k: &str) -> f64 {
-    j[k].as_f64()
-        .unwrap_or_else(|| panic!("{k} missing or not a number: {j}"))
-}
 
 /// Whether this machine can run the throttled variant (root, loop devices, a blkio cgroup).
 fn can_throttle() -> bool {

@@ -11,17 +11,8 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use rand::{Rng, RngCore, SeedableRng};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tierstack");
-
-fn can_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: needs root and /dev/fuse");
-        return false;
-    }
-    true
-}
+mod common;
+use common::{is_mounted, root_with_fuse as can_run, BIN};
 
 fn run(args: &[&str]) -> Output {
     Command::new(BIN)
@@ -39,13 +30,6 @@ fn ok(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn is_mounted(p: &Path) -> bool {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let s = p.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4).is_some_and(|m| m == s))
 }
 
 /// A backing directory, a mountpoint and a fast tier folder under one temporary directory;

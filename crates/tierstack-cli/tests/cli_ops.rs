@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tierstack");
+mod common;
+use common::BIN;
 
 fn tierstack(rd: &Path, args: &[&str]) -> Output {
     Command::new(BIN)

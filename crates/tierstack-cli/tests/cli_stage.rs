@@ -1,5 +1,8 @@
 //! `tierstack stage in|out` through the real binary.
 
+mod common;
+use common::{s, ts};
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -7,17 +10,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use rand::{Rng, SeedableRng};
-
-fn ts(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tierstack"))
-        .args(args)
-        .output()
-        .expect("run tierstack")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
 
 /// What a tree holds: relative path -> ("f", bytes, mode) / ("d", [], mode) / ("l", target, 0).
 fn snapshot(root: &Path) -> BTreeMap<PathBuf, (char, Vec<u8>, u32)> {

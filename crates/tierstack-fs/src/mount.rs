@@ -69,6 +69,9 @@ pub struct MountStatus {
     /// Nothing waits but the quarantined rows.
     #[serde(default)]
     pub settled: bool,
+    /// A retry of the quarantined rows was asked for and has not started yet.
+    #[serde(default)]
+    pub retry_pending: bool,
     /// Count and latency of each FUSE operation served since the mount.
     #[serde(default)]
     pub ops: Vec<crate::opstats::OpFigures>,
@@ -501,6 +504,7 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         backpressure: core.pressure.load(Relaxed),
         idle: pending_ops == 0 && inflight == 0 && dirty_files == 0,
         settled: drainer.settled(),
+        retry_pending: core.retry.load(Relaxed),
         ops: core.ops.figures(),
         stuck: stuck
             .into_iter()
