@@ -175,6 +175,14 @@ fn tierstack_engine_runs_in_a_userfaultfd_region_and_cleans_up() {
     assert!(p["store_reads"].as_u64().unwrap_or(0) <= p["faults"].as_u64().unwrap_or(0));
     if p["store_reads"].as_u64().unwrap_or(0) > 0 {
         assert!(p["store_read_mean_us"].as_f64().unwrap_or(0.0) > 0.0, "{j}");
+        // What tierstack adds per miss beyond the device read (issue 14's measure).
+        let over = p["overhead_us_per_miss"]
+            .as_f64()
+            .expect("overhead_us_per_miss");
+        let fault = p["store_fault_mean_us"].as_f64().unwrap_or(0.0);
+        let read = p["store_read_mean_us"].as_f64().unwrap_or(0.0);
+        assert!(over >= 0.0 && over <= fault + 0.01, "{j}");
+        assert!((over - (fault - read).max(0.0)).abs() < 1.0, "{j}");
     }
 }
 
