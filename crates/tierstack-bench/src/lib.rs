@@ -4,6 +4,7 @@ pub mod array;
 pub mod checkpoint;
 pub mod io;
 pub mod mem;
+pub mod meta;
 pub mod plot;
 pub mod table;
 

@@ -6,6 +6,7 @@ mod demo;
 mod doctor_cmd;
 mod io_cmd;
 mod mem_cmd;
+mod meta_cmd;
 mod metrics;
 mod mount_cmd;
 mod run_cmd;
@@ -91,6 +92,12 @@ enum BenchCmd {
     /// Seed 001's IOR-style sweep, transfer size x MPI ranks (mpirun), straight into a folder
     /// and through a tierstack mount over it: IOR's summary table, grids, mount / plain.
     Io(io_cmd::BenchIoArgs),
+    /// mdtest's method: N processes create, stat, read and unlink their files, in the plain
+    /// folder and through a tierstack mount over it; rates per phase and mount / plain.
+    Meta(meta_cmd::BenchMetaArgs),
+    /// Internal: one worker process of `bench meta` (takes its spec as JSON).
+    #[command(hide = true)]
+    MetaWorker { spec: String },
     /// Internal: one writer process of `bench checkpoint` (takes its spec as JSON).
     #[command(hide = true)]
     CheckpointWriter { spec: String },
@@ -149,6 +156,8 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Checkpoint(a)) => stage_cmd::bench_checkpoint(a),
         Cmd::Bench(BenchCmd::CheckpointWriter { spec }) => stage_cmd::checkpoint_writer(&spec),
         Cmd::Bench(BenchCmd::Io(a)) => io_cmd::bench(a),
+        Cmd::Bench(BenchCmd::Meta(a)) => meta_cmd::bench(a),
+        Cmd::Bench(BenchCmd::MetaWorker { spec }) => meta_cmd::worker(&spec),
         Cmd::Run(a) => run_cmd::run(a),
         Cmd::Mount(a) => mount_cmd::mount(a),
         Cmd::Status(a) => mount_cmd::status(a),
