@@ -141,6 +141,39 @@ static CONFIGURE: extern "C" fn() = configure;
 
 extern "C" fn after_fork_in_child() {
     FORKED.store(true, SeqCst);
+    // The parent's paged blocks are not in this child (MADV_DONTFORK): a touch of one is a
+    // SIGSEGV. Say why before it ends the child, rather than leave a bare segfault (unless the
+    // program handles SIGSEGV itself; one it installs later replaces this one).
+    if HIGH.load(Acquire) > 0 {
+        // SAFETY: installing a handler for SIGSEGV with a zeroed, then filled, sigaction; the
+        // handler only reads atomics and calls async-signal-safe functions.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut old);
+            // Only where the program has no handler of its own (it inherits that one).
+            if old.sa_sigaction == libc::SIG_DFL {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = forked_segv as *const () as usize;
+                sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
+                libc::sigemptyset(&mut sa.sa_mask);
+                libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+/// SIGSEGV in a child made by `fork` (one-shot: SA_RESETHAND restores the default, so the
+/// faulting access ends the child as before once this returns).
+extern "C" fn forked_segv(_sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler of SIGSEGV.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    if slot_containing(addr).is_some() {
+        let msg = b"tierstack: this process was made by fork() and touched memory that its parent's `tierstack run` pages; a forked child cannot read it (yet): exec a new program, use threads, or run the program without tierstack\n";
+        // SAFETY: write(2) is async-signal-safe; the buffer is a static byte string.
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+        }
+    }
 }
 
 /// Is this one of tierstack's own threads (pager, array writers)?
