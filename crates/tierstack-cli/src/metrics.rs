@@ -215,6 +215,7 @@ pub struct MountMetrics {
     drain_retries: IntCounterVec,
     stuck: IntGaugeVec,
     backpressure: IntGaugeVec,
+    degraded: IntGaugeVec,
     held: IntGaugeVec,
     limit: IntGaugeVec,
     up: IntGaugeVec,
@@ -283,6 +284,7 @@ impl MountMetrics {
             drain_retries: ic("tierstack_drain_retries_total", "Drain attempts retried after an error", &m)?,
             stuck: ig("tierstack_stuck_records", "Journal records the backing directory refused for good (quarantined)", &m)?,
             backpressure: ig("tierstack_backpressure", "1 while writers wait for room in the fast tier", &m)?,
+            degraded: ig("tierstack_array_degraded", "1 while the fast tier's array is not online (degraded, rebuilding or failed)", &m)?,
             held: ig("tierstack_held_bytes", "Bytes the fast tier holds for the mount", &m)?,
             limit: ig("tierstack_held_limit_bytes", "Bytes the fast tier may hold before writers wait", &m)?,
             up: ig("tierstack_mount_up", "1 when the mount's control socket answered this scrape", &m)?,
@@ -364,6 +366,9 @@ impl MountMetrics {
         self.backpressure
             .with_label_values(&l)
             .set(i64::from(s.backpressure));
+        self.degraded.with_label_values(&l).set(i64::from(
+            !s.array_state.is_empty() && s.array_state != "online",
+        ));
         self.held.with_label_values(&l).set(s.held_bytes as i64);
         self.limit.with_label_values(&l).set(s.limit_bytes as i64);
         for o in &s.ops {

@@ -1225,6 +1225,10 @@ fn xattrs_and_sparse_files() {
         f.seek(SeekFrom::Start(5 << 30)).expect("seek");
         f.write_all(b"hello").expect("write");
     }
+    // The fast tier's array health is part of status (top and metrics show it too).
+    let st = fx.status();
+    assert_eq!(st["array_state"], "online", "{st}");
+    assert_eq!(st["drives_not_online"], 0, "{st}");
     let blocks = fs::metadata(fx.m("sparse")).expect("stat").blocks();
     assert!(
         blocks <= 2048 + 8,

@@ -72,6 +72,15 @@ pub struct MountStatus {
     /// A retry of the quarantined rows was asked for and has not started yet.
     #[serde(default)]
     pub retry_pending: bool,
+    /// The fast tier's array: online | degraded | rebuilding | failed.
+    #[serde(default)]
+    pub array_state: String,
+    /// Rebuild progress while the array rebuilds.
+    #[serde(default)]
+    pub rebuild_percent: Option<f64>,
+    /// Drives of the array that are not online.
+    #[serde(default)]
+    pub drives_not_online: usize,
     /// Count and latency of each FUSE operation served since the mount.
     #[serde(default)]
     pub ops: Vec<crate::opstats::OpFigures>,
@@ -488,6 +497,7 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         (db.count_ops().unwrap_or(0), db.stuck().unwrap_or_default())
     };
     let inflight = drainer.in_flight();
+    let array = core.array.status();
     MountStatus {
         mountpoint: mp.to_path_buf(),
         backing: core.backing.clone(),
@@ -505,6 +515,13 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         idle: pending_ops == 0 && inflight == 0 && dirty_files == 0,
         settled: drainer.settled(),
         retry_pending: core.retry.load(Relaxed),
+        array_state: array.state.clone(),
+        rebuild_percent: array.rebuild_percent,
+        drives_not_online: array
+            .drives
+            .iter()
+            .filter(|d| d.state != tierstack_array::format::DriveState::Online)
+            .count(),
         ops: core.ops.figures(),
         stuck: stuck
             .into_iter()

@@ -451,6 +451,10 @@ pub struct MountView {
     pub backpressure: bool,
     pub stuck: usize,
     pub stuck_first: Option<String>,
+    /// The fast tier's array health: state, rebuild progress, drives not online.
+    pub array_state: String,
+    pub rebuild_percent: Option<f64>,
+    pub drives_not_online: usize,
     pub last_error: Option<String>,
     /// The daemon's own I/O (its drives, journal and the drain's writes to BACKING).
     pub read_bytes_per_s: f64,
@@ -558,6 +562,9 @@ fn frame(prev: &Sample, cur: &Sample) -> Frame {
                 .stuck
                 .first()
                 .map(|r| format!("{} {}: {}", r.op, r.path, r.error)),
+            array_state: s.array_state.clone(),
+            rebuild_percent: s.rebuild_percent,
+            drives_not_online: s.drives_not_online,
             last_error: s.last_error.clone(),
             read_bytes_per_s: rd,
             write_bytes_per_s: wr,
@@ -678,6 +685,20 @@ pub fn render(f: &Frame) -> String {
             if m.backpressure { "  BACKPRESSURE" } else { "" }
         ));
         s.push_str(&format!("  tiers  {}\n", tiers_line(&m.tiers)));
+        if !m.array_state.is_empty() {
+            s.push_str(&format!(
+                "  array  {}{}{}\n",
+                m.array_state,
+                m.rebuild_percent
+                    .map(|p| format!(", rebuild {p:.0} %"))
+                    .unwrap_or_default(),
+                if m.drives_not_online > 0 {
+                    format!(", {} drive(s) not online", m.drives_not_online)
+                } else {
+                    String::new()
+                }
+            ));
+        }
         s.push_str(&format!(
             "  drain  waiting {} in {} files, {} journal ops; {}/s, {} drained, ETA {}; stuck {}\n",
             fmt_size(m.dirty_bytes),
