@@ -15,7 +15,7 @@ use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -113,6 +113,9 @@ pub struct Config {
     /// Work folder for the mount point and its fast tier.
     pub dir: PathBuf,
     pub mode: Option<String>,
+    /// Limit for one target's four phases: past it (or on Ctrl-C) the workers are killed and
+    /// the run fails with a message, rather than wait on a hung file system.
+    pub timeout: Duration,
 }
 
 /// The rates of one target.
@@ -154,9 +157,59 @@ fn setup_err(msg: String) -> CheckpointError {
     CheckpointError::Setup(msg)
 }
 
-/// Runs the four phases in `root` and returns the rates.
-fn run_target(cfg: &Config, root: &Path, name: &str) -> Result<TargetResult, CheckpointError> {
+/// Runs the four phases in `root` and returns the rates. A watchdog kills the workers past
+/// `cfg.timeout` or on Ctrl-C, so no read below waits for ever.
+fn run_target(
+    cfg: &Config,
+    root: &Path,
+    name: &str,
+    cancel: &AtomicBool,
+) -> Result<TargetResult, CheckpointError> {
     let mut w = Workers(Vec::new());
+    let done = AtomicBool::new(false);
+    let killed = AtomicBool::new(false);
+    let pids = std::sync::Mutex::new(Vec::<u32>::new());
+    let r = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let t0 = std::time::Instant::now();
+            while !done.load(Ordering::Relaxed) {
+                if t0.elapsed() > cfg.timeout || cancel.load(Ordering::Relaxed) {
+                    killed.store(true, Ordering::Relaxed);
+                    for &p in pids.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                        if let Some(p) = rustix::process::Pid::from_raw(p as i32) {
+                            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                        }
+                    }
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let r = phases(cfg, root, name, &mut w, &pids);
+        done.store(true, Ordering::Relaxed);
+        r
+    });
+    drop(w);
+    if killed.load(Ordering::Relaxed) {
+        return Err(setup_err(if cancel.load(Ordering::Relaxed) {
+            "interrupted: the workers were stopped and their files removed".into()
+        } else {
+            format!(
+                "the {name} run did not finish within {} s: the file system is stuck or slow; raise --timeout or look at `tierstack status`",
+                cfg.timeout.as_secs()
+            )
+        }));
+    }
+    r
+}
+
+fn phases(
+    cfg: &Config,
+    root: &Path,
+    name: &str,
+    w: &mut Workers,
+    pids: &std::sync::Mutex<Vec<u32>>,
+) -> Result<TargetResult, CheckpointError> {
     for i in 0..cfg.procs {
         let dir = if cfg.shared {
             root.to_path_buf()
@@ -179,6 +232,7 @@ fn run_target(cfg: &Config, root: &Path, name: &str) -> Result<TargetResult, Che
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| setup_err(format!("cannot start a worker: {e}")))?;
+        pids.lock().unwrap_or_else(|e| e.into_inner()).push(c.id());
         let (Some(stdin), Some(stdout)) = (c.stdin.take(), c.stdout.take()) else {
             return Err(setup_err("a worker has no pipes".into()));
         };
@@ -247,7 +301,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
     }
     let pid = std::process::id();
     let plain = cfg.target.join(format!("meta-{pid}-plain"));
-    let r = run_target(cfg, &plain, "plain");
+    let r = run_target(cfg, &plain, "plain", cancel);
     let _ = fs::remove_dir_all(&plain);
     let mut results = vec![r?];
     if cfg.mount {
@@ -267,7 +321,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
                 None,
                 cfg.mode.as_deref(),
             )?;
-            let mut r = run_target(cfg, &mnt.join("bench"), "tierstack mount")?;
+            let mut r = run_target(cfg, &mnt.join("bench"), "tierstack mount", cancel)?;
             let t0 = monotonic_ns();
             m.drain_wait(cancel, Duration::from_secs(600))?;
             r.drain_s = Some(monotonic_ns().saturating_sub(t0) as f64 / 1e9);

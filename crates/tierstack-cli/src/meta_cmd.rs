@@ -34,6 +34,9 @@ pub struct BenchMetaArgs {
     /// The mount's fsync guarantee (`tierstack mount --mode`).
     #[arg(long, value_parser = ["sync", "async"])]
     pub mode: Option<String>,
+    /// Seconds one target's four phases may take before the workers are stopped.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -50,6 +53,7 @@ pub fn bench(a: BenchMetaArgs) -> Result<()> {
         mount: a.mount,
         dir: a.dir,
         mode: a.mode,
+        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
     };
     let cancel = crate::stage_cmd::cancel_flag()?;
     let r = meta::run(&cfg, &cancel)?;

@@ -588,10 +588,27 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         );
     }
     // The daemon drains what came in last, makes the fast tier durable and exits.
+    // Bounded by --timeout (default an hour), with a line every 10 s while it takes long.
     let t0 = Instant::now();
+    let limit = timeout.unwrap_or(Duration::from_secs(3600));
+    let mut said = Instant::now();
     while alive(st.pid) {
-        if t0.elapsed() > Duration::from_secs(3600) {
-            bail!("the mount daemon (pid {}) did not exit", st.pid);
+        if t0.elapsed() > limit {
+            bail!(
+                "unmounted {}, but the mount daemon (pid {}) did not finish its last drain within {:.0} s; nothing is lost: its journal in the fast tier resumes at the next mount (stop it with `kill {}` if needed)",
+                mp.display(),
+                st.pid,
+                limit.as_secs_f64(),
+                st.pid
+            );
+        }
+        if said.elapsed() > Duration::from_secs(10) {
+            eprintln!(
+                "tierstack: unmounted; the daemon (pid {}) is finishing its drain ({:.0} s)",
+                st.pid,
+                t0.elapsed().as_secs_f64()
+            );
+            said = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(50));
     }

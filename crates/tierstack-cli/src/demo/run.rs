@@ -13,6 +13,9 @@ use tierstack_bench::fmt_size;
 
 use super::{check_cancel, step, Outcome};
 
+/// The longest a demo program may run (here it takes seconds).
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// DRAM budget of the demo's program.
 const BUDGET_MIB: u64 = 64;
 /// Its working set: four times the budget.
@@ -153,7 +156,26 @@ fn measure(cmd: &mut Command) -> Result<Measured> {
         }
         s
     });
-    let (code, max_rss) = crate::run_cmd::wait_child(child.id())?;
+    // Bounded: a demo program that runs past LIMIT (or Ctrl-C) is killed, and the part fails.
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if rx.recv_timeout(LIMIT) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+        }
+    });
+    let waited = crate::run_cmd::wait_child(pid);
+    let _ = tx.send(());
+    let _ = watchdog.join();
+    let (code, max_rss) = waited?;
+    if t.elapsed() >= LIMIT {
+        bail!(
+            "the demo program did not finish within {} s and was stopped",
+            LIMIT.as_secs()
+        );
+    }
     let secs = t.elapsed().as_secs_f64();
     Ok(Measured {
         code,

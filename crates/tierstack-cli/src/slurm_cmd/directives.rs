@@ -1,4 +1,4 @@
-//! The `#TIERSTACK` directives of a job script: the words, the parser and the request it
+//! The `#BB_LUA` directives of a job script: the words, the parser and the request it
 //! yields.
 
 use std::fs;
