@@ -401,7 +401,9 @@ impl Core {
         let (size, blocks) = match &n.data {
             Some(d) => {
                 let f = d.lock();
-                let held: u64 = f.pages.values().map(|p| p.len as u64).sum();
+                // Pages held, counted whole (O(1): getattr is hot; a page's bytes past the
+                // end of the file are capped by `most` below).
+                let held = f.pages.len() as u64 * PAGE;
                 let base = if f.has_base {
                     (f.base_blocks * 512).min(f.base_len)
                 } else {
