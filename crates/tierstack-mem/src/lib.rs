@@ -27,6 +27,7 @@
 //! a region lock. No lock is held across a store read or write.
 
 mod cpu;
+pub mod gate;
 mod pager;
 pub mod setup;
 pub mod uffd;

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
-use tierstack_store::{ArrayTier, TieredStore};
+use tierstack_store::{ArrayTier, Tier, TieredStore};
 
 use crate::{MemError, PagerOptions, Result};
 
@@ -80,10 +80,25 @@ pub fn store_and_options(
     dram: u64,
     page: usize,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
+    store_over(Arc::new(array), &[], dram, page)
+}
+
+/// [`store_and_options`] for a process that also reads pages from `snapshots` (read-only
+/// views of its ancestors' arrays as they were when it was forked, newest first): they are
+/// read after the array, never written.
+pub fn store_over(
+    array: Arc<Array>,
+    snapshots: &[Arc<Array>],
+    dram: u64,
+    page: usize,
+) -> Result<(Arc<TieredStore>, PagerOptions)> {
     let capacity = array.status().capacity_bytes;
     let (store_dram, budget) = split_budget(dram, array.buffer_bytes(), page);
-    let store = TieredStore::new(store_dram, vec![Box::new(ArrayTier::new(array))])
-        .map_err(|e| MemError::Config(e.to_string()))?;
+    let mut tiers: Vec<Box<dyn Tier>> = vec![Box::new(ArrayTier::shared(array))];
+    for s in snapshots {
+        tiers.push(Box::new(ArrayTier::shared(s.clone())));
+    }
+    let store = TieredStore::new(store_dram, tiers).map_err(|e| MemError::Config(e.to_string()))?;
     Ok((
         Arc::new(store),
         PagerOptions {

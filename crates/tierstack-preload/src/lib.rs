@@ -18,8 +18,9 @@
 //!   otherwise the call fails like an allocation failure (NULL / `MAP_FAILED`, errno ENOMEM).
 //! - Threads: any thread may allocate and touch regions. A child that calls `exec` starts
 //!   afresh with its own budget and store (the environment is inherited). A child made by
-//!   `fork` without `exec` does not inherit regions (they are `MADV_DONTFORK`: touching one
-//!   there faults with SIGSEGV, never reads wrong data) and its own allocations go to glibc.
+//!   `fork` takes the regions over with a pager and an array of its own, reading what the
+//!   parent had paged out from a read-only view of the parent's array as of the fork (see
+//!   [`fork_prepare`] and [`fork_in_child`]).
 //! - `mremap` is declared with its fifth argument (`new_address`), which is only read with
 //!   `MREMAP_FIXED` (the x86-64 calling convention makes the variadic call compatible).
 //! - Threads made with `pthread_create` (interposed: the new thread registers itself, then
@@ -31,11 +32,12 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 use libc::{c_int, c_void, off_t, size_t};
 use parking_lot::Mutex;
+use tierstack_mem::gate::{Gate, Inside};
 use tierstack_mem::{MemError, Pager, Region};
 
 extern "C" {
@@ -68,6 +70,15 @@ struct Engine {
     pager: Pager,
     regions: Mutex<HashMap<usize, Region>>,
     stats_dir: Option<std::path::PathBuf>,
+    /// The process's own paging array (its store's first tier below DRAM).
+    array: Arc<tierstack_array::Array>,
+    /// Read-only views of the arrays of the processes this one was forked from, as they
+    /// were at each fork, newest first (the store reads them after `array`).
+    snapshots: Vec<Arc<tierstack_array::Array>>,
+    dram: u64,
+    page: usize,
+    /// Where a forked child makes its own array.
+    dir: std::path::PathBuf,
 }
 
 static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
@@ -77,17 +88,37 @@ thread_local! {
     static BUSY: Cell<bool> = const { Cell::new(false) };
 }
 
-struct Busy(bool);
+/// The shim's work on regions passes this gate; `fork` closes it (see [`fork_prepare`]).
+static GATE: Gate = Gate::new();
+
+/// The shim at work on this thread (allocations go to glibc); the outermost one is inside
+/// [`GATE`].
+struct Busy {
+    prev: bool,
+    _inside: Option<Inside<'static>>,
+}
 
 impl Busy {
     fn enter() -> Busy {
-        Busy(BUSY.with(|b| b.replace(true)))
+        let prev = BUSY.with(|b| b.replace(true));
+        Busy {
+            prev,
+            _inside: (!prev).then(|| GATE.enter()),
+        }
+    }
+
+    /// Busy without passing the gate (the fork handlers, which close it).
+    fn outside() -> Busy {
+        Busy {
+            prev: BUSY.with(|b| b.replace(true)),
+            _inside: None,
+        }
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let prev = self.0;
+        let prev = self.prev;
         BUSY.with(|b| b.set(prev));
     }
 }
@@ -139,36 +170,13 @@ extern "C" fn configure() {
 #[link_section = ".init_array"]
 static CONFIGURE: extern "C" fn() = configure;
 
-extern "C" fn after_fork_in_child() {
-    FORKED.store(true, SeqCst);
-    // The parent's paged blocks are not in this child (MADV_DONTFORK): a touch of one is a
-    // SIGSEGV. Say why before it ends the child, rather than leave a bare segfault (unless the
-    // program handles SIGSEGV itself; one it installs later replaces this one).
-    if HIGH.load(Acquire) > 0 {
-        // SAFETY: installing a handler for SIGSEGV with a zeroed, then filled, sigaction; the
-        // handler only reads atomics and calls async-signal-safe functions.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut old);
-            // Only where the program has no handler of its own (it inherits that one).
-            if old.sa_sigaction == libc::SIG_DFL {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = forked_segv as *const () as usize;
-                sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
-                libc::sigemptyset(&mut sa.sa_mask);
-                libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
-            }
-        }
-    }
-}
-
 /// SIGSEGV in a child made by `fork` (one-shot: SA_RESETHAND restores the default, so the
 /// faulting access ends the child as before once this returns).
 extern "C" fn forked_segv(_sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler of SIGSEGV.
     let addr = unsafe { (*info).si_addr() } as usize;
     if slot_containing(addr).is_some() {
-        let msg = b"tierstack: this process was made by fork() and touched memory that its parent's `tierstack run` pages; a forked child cannot read it (yet): exec a new program, use threads, or run the program without tierstack\n";
+        let msg = b"tierstack: this process was made by fork() and touched memory that its parent's `tierstack run` pages, which this child could not take over (see the message above): exec a new program, use threads, or run the program without tierstack\n";
         // SAFETY: write(2) is async-signal-safe; the buffer is a static byte string.
         unsafe {
             libc::write(2, msg.as_ptr().cast(), msg.len());
@@ -194,51 +202,289 @@ fn wants_region(size: usize) -> bool {
         && !tierstack_thread()
 }
 
+/// The folder under which a process makes its own paging array (`DIR/<pid>/`).
+fn paging_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("TIERSTACK_DIR")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+}
+
+/// Makes this process's own paging array: RAID 5 of four sparse file drives in
+/// `dir/<pid>/`, whose names go at once (nothing is left behind at exit, even by `kill -9`).
+fn own_array(dir: &std::path::Path, page: usize) -> Result<tierstack_array::Array, String> {
+    let dir = dir.join(std::process::id().to_string());
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(64 << 30);
+    let made =
+        tierstack_mem::setup::create_array(&dir, "", store, tierstack_mem::setup::LEVEL, page);
+    for i in 0..tierstack_mem::setup::DRIVES {
+        let _ = std::fs::remove_file(dir.join(format!("d{i}")));
+    }
+    let _ = std::fs::remove_dir(&dir);
+    Ok(made.map_err(|e| e.to_string())?.0)
+}
+
 fn start() -> Result<Engine, String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let dram = env_size(b"TIERSTACK_DRAM\0").ok_or("TIERSTACK_DRAM is not set")?;
     let page = env_size(b"TIERSTACK_PAGE\0").unwrap_or(64 << 10) as usize;
     let opts = tierstack_array::ArrayOptions::default();
-    let array = if let Some(desc) = env("TIERSTACK_ARRAY") {
+    let (array, dir) = if let Some(desc) = env("TIERSTACK_ARRAY") {
         let a = tierstack_array::descriptor::open_array(std::path::Path::new(&desc), &opts)
             .map_err(|e| format!("cannot open array {desc}: {e}"))?;
         // Paging data of an earlier run is garbage now.
         for k in a.keys_in(0, tierstack_store::MAX_OBJECT_ID - 1) {
             let _ = a.delete(k);
         }
-        a
+        // Forked children make theirs beside the array's first drive.
+        let dir = paging_dir()
+            .or_else(|| {
+                a.drive_paths()
+                    .first()
+                    .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+            })
+            .unwrap_or_else(std::env::temp_dir);
+        (a, dir)
     } else {
-        let dir = env("TIERSTACK_DIR").ok_or("neither TIERSTACK_DIR nor TIERSTACK_ARRAY is set")?;
-        let dir = std::path::Path::new(&dir).join(std::process::id().to_string());
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(64 << 30);
-        let made =
-            tierstack_mem::setup::create_array(&dir, "", store, tierstack_mem::setup::LEVEL, page);
-        // The drives stay open; their names go now, so nothing is left behind at exit.
-        for i in 0..tierstack_mem::setup::DRIVES {
-            let _ = std::fs::remove_file(dir.join(format!("d{i}")));
-        }
-        let _ = std::fs::remove_dir(&dir);
-        made.map_err(|e| e.to_string())?.0
+        let dir = paging_dir().ok_or("neither TIERSTACK_DIR nor TIERSTACK_ARRAY is set")?;
+        (own_array(&dir, page)?, dir)
     };
-    // The same store and budget rule as `bench mem`'s tierstack engine.
-    let (store, options) =
-        tierstack_mem::setup::store_and_options(array, dram, page).map_err(|e| e.to_string())?;
-    let pager = Pager::new(store, &options).map_err(|e| e.to_string())?;
-    let stats_dir = env("TIERSTACK_STATS_DIR").map(std::path::PathBuf::from);
+    let engine = build_engine(Arc::new(array), Vec::new(), dram, page, dir)?;
     // SAFETY: registering plain extern "C" callbacks with no arguments.
     unsafe {
-        libc::pthread_atfork(None, None, Some(after_fork_in_child));
-        if stats_dir.is_some() {
+        libc::pthread_atfork(
+            Some(fork_prepare),
+            Some(fork_in_parent),
+            Some(fork_in_child),
+        );
+        if engine.stats_dir.is_some() {
             libc::atexit(write_stats);
         }
     }
+    Ok(engine)
+}
+
+/// An engine over `array` (and the snapshots a forked child reads), with the same store and
+/// budget rule as `bench mem`'s tierstack engine.
+fn build_engine(
+    array: Arc<tierstack_array::Array>,
+    snapshots: Vec<Arc<tierstack_array::Array>>,
+    dram: u64,
+    page: usize,
+    dir: std::path::PathBuf,
+) -> Result<Engine, String> {
+    let (store, options) = tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page)
+        .map_err(|e| e.to_string())?;
+    let pager = Pager::new(store, &options).map_err(|e| e.to_string())?;
     Ok(Engine {
         pager,
         regions: Mutex::new(HashMap::new()),
-        stats_dir,
+        stats_dir: std::env::var_os("TIERSTACK_STATS_DIR")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from),
+        array,
+        snapshots,
+        dram,
+        page,
+        dir,
     })
+}
+
+/// Descriptors of the hold made for the fork under way (see [`fork_prepare`]); -1: none.
+static HOLD_CHILD: AtomicI32 = AtomicI32::new(-1);
+static HOLD_PARENT: AtomicI32 = AtomicI32::new(-1);
+/// The engine was quiesced and flushed for the fork under way.
+static FORK_READY: AtomicBool = AtomicBool::new(false);
+
+/// Before `fork`: the shim's region work and the pager's threads stop between units of
+/// work, the store is flushed to the array (so what the array's drives hold is every page
+/// not resident), and a hold is made: a file with a shared `flock` on one open file
+/// description (the child keeps it, and its own children inherit it) and a second open file
+/// description the parent gives the array, whose cleaner then frees no segment until every
+/// holder is gone. The child reads the parent's pages from a read-only view of the array
+/// made after this point; the parent only appends meanwhile.
+extern "C" fn fork_prepare() {
+    FORK_READY.store(false, SeqCst);
+    if STATE.load(SeqCst) != RUNNING || FORKED.load(SeqCst) {
+        return;
+    }
+    GATE.close();
+    let _b = Busy::outside();
+    let Some(e) = ENGINE.lock().clone() else {
+        return;
+    };
+    e.pager.pause();
+    if let Err(err) = e.pager.store().flush() {
+        eprintln!("tierstack: fork: cannot flush the paging store ({err}); the child will not be able to read paged memory");
+        return;
+    }
+    match make_hold() {
+        Ok((child, parent)) => {
+            HOLD_CHILD.store(child, SeqCst);
+            HOLD_PARENT.store(parent, SeqCst);
+            FORK_READY.store(true, SeqCst);
+        }
+        Err(err) => {
+            eprintln!("tierstack: fork: {err}; the child will not be able to read paged memory")
+        }
+    }
+}
+
+/// A memfd with a shared lock on its first open file description, and a second one.
+fn make_hold() -> Result<(c_int, c_int), String> {
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; flock and open take the
+    // descriptors and the path made here.
+    unsafe {
+        let a = libc::memfd_create(c"tierstack-fork-hold".as_ptr(), libc::MFD_CLOEXEC);
+        if a < 0 {
+            return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+        }
+        if libc::flock(a, libc::LOCK_SH) != 0 {
+            let e = std::io::Error::last_os_error();
+            libc::close(a);
+            return Err(format!("flock: {e}"));
+        }
+        let path = format!("/proc/self/fd/{a}\0");
+        let b = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if b < 0 {
+            let e = std::io::Error::last_os_error();
+            libc::close(a);
+            return Err(format!("cannot reopen the hold through /proc ({e})"));
+        }
+        Ok((a, b))
+    }
+}
+
+/// After `fork`, in the parent: the array keeps the child's segments; work resumes.
+extern "C" fn fork_in_parent() {
+    if STATE.load(SeqCst) != RUNNING || FORKED.load(SeqCst) {
+        return;
+    }
+    let _b = Busy::outside();
+    if let Some(e) = ENGINE.lock().clone() {
+        let (child, parent) = (HOLD_CHILD.swap(-1, SeqCst), HOLD_PARENT.swap(-1, SeqCst));
+        if parent >= 0 {
+            use std::os::fd::FromRawFd;
+            // SAFETY: `parent` was opened by make_hold for this fork and is owned here.
+            e.array
+                .hold_segments(unsafe { std::os::fd::OwnedFd::from_raw_fd(parent) });
+        }
+        if child >= 0 {
+            // SAFETY: the child's copy keeps the lock; the parent's descriptor goes.
+            unsafe { libc::close(child) };
+        }
+        e.pager.resume();
+    }
+    GATE.open();
+}
+
+/// After `fork`, in the child: it takes over the parent's regions with a pager of its own.
+/// Pages resident at the fork were copied by the kernel; the others are read from a
+/// read-only view of the parent's array (kept in place by the hold); what the child writes
+/// goes to an array of its own. It gets the same budget (`--dram`) as the parent. Where that
+/// cannot be set up, its regions become inaccessible (a touch is a SIGSEGV with a message),
+/// never silently zero.
+extern "C" fn fork_in_child() {
+    GATE.reset();
+    if STATE.load(SeqCst) != RUNNING || FORKED.load(SeqCst) {
+        return;
+    }
+    let _b = Busy::outside();
+    let parent = HOLD_PARENT.swap(-1, SeqCst);
+    if parent >= 0 {
+        // SAFETY: the parent's end of the hold is not the child's to keep.
+        unsafe { libc::close(parent) };
+    }
+    // The child's end (shared lock) stays open for the child's life (close-on-exec).
+    HOLD_CHILD.store(-1, SeqCst);
+    // The parent's engine: its threads do not exist here and its store is the parent's.
+    let old = ENGINE.lock().take();
+    let Some(old) = old else { return };
+    let result = if FORK_READY.load(SeqCst) {
+        take_over(&old)
+    } else {
+        Err("the parent could not prepare its store for the fork".to_string())
+    };
+    match result {
+        Ok(engine) => {
+            *ENGINE.lock() = Some(Arc::new(engine));
+            tierstack_mem::register_current_thread();
+        }
+        Err(msg) => {
+            eprintln!("tierstack: forked child: cannot take over paged memory ({msg}); it is not accessible in this process");
+            fence_regions();
+            FORKED.store(true, SeqCst);
+            STATE.store(OFF, SeqCst);
+        }
+    }
+    // Never dropped: dropping would unmap the regions and write to the parent's store.
+    std::mem::forget(old);
+}
+
+fn take_over(old: &Arc<Engine>) -> Result<Engine, String> {
+    let view = old
+        .array
+        .read_only_view()
+        .map_err(|e| format!("cannot open the parent's array: {e}"))?;
+    let mut snapshots = vec![Arc::new(view)];
+    snapshots.extend(old.snapshots.iter().cloned());
+    let array = own_array(&old.dir, old.page)?;
+    let engine = build_engine(
+        Arc::new(array),
+        snapshots,
+        old.dram,
+        old.page,
+        old.dir.clone(),
+    )?;
+    {
+        let olds = old.regions.lock();
+        let mut news = engine.regions.lock();
+        for (&base, r) in olds.iter() {
+            let n = engine.pager.adopt(r).map_err(|e| e.to_string())?;
+            news.insert(base, n);
+        }
+    }
+    Ok(engine)
+}
+
+/// Makes every region inaccessible in a forked child that cannot page them: a touch is a
+/// SIGSEGV that says why, never a silent zero.
+fn fence_regions() {
+    let high = HIGH.load(Acquire);
+    for i in 0..high {
+        let b = BASES[i].load(Acquire);
+        let l = LENS[i].load(Acquire);
+        if b == 0 || b == usize::MAX {
+            continue;
+        }
+        // SAFETY: replaces the region's range (ours, registered with the parent's userfaultfd
+        // in the parent only) with an inaccessible mapping.
+        unsafe {
+            libc::syscall(
+                libc::SYS_mmap,
+                b,
+                l,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+        }
+    }
+    // SAFETY: installing a handler for SIGSEGV with a zeroed, then filled, sigaction; the
+    // handler only reads atomics and calls async-signal-safe functions.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut old);
+        // Only where the program has no handler of its own (it inherits that one).
+        if old.sa_sigaction == libc::SIG_DFL {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = forked_segv as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+        }
+    }
 }
 
 fn engine() -> Option<Arc<Engine>> {

@@ -88,7 +88,11 @@ impl ArrayTier {
 
 impl Tier for ArrayTier {
     fn name(&self) -> &str {
-        "array"
+        if self.array.is_read_only() {
+            "snapshot"
+        } else {
+            "array"
+        }
     }
 
     fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
@@ -113,6 +117,11 @@ impl Tier for ArrayTier {
     }
 
     fn remove(&self, key: PageKey) -> Result<bool> {
+        // A read-only view (a forked child's snapshot of its parent's pages) keeps its copy:
+        // the page's owner no longer reads it from here once it removed it.
+        if self.array.is_read_only() {
+            return Ok(false);
+        }
         Ok(self.array.delete(key)?)
     }
 

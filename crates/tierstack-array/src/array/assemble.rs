@@ -208,7 +208,6 @@ impl Array {
         opts: &ArrayOptions,
         seq: u64,
     ) -> Array {
-        let image = StripeImage::new(&geo);
         let reserve = 2 + geo.nsegs / 64;
         Array {
             handles: Arc::new(()),
@@ -216,16 +215,7 @@ impl Array {
                 engine: io::make_engine(opts.engine, opts.queue_depth),
                 uuid,
                 drives: RwLock::new(drives),
-                writer: Mutex::new(Writer {
-                    seg: None,
-                    stripe: 0,
-                    image,
-                    spare: Vec::new(),
-                    inflight: std::collections::VecDeque::new(),
-                    used_blocks: 0,
-                    entries: Vec::new(),
-                    dirty: false,
-                }),
+                writer: Mutex::new(Writer::new(StripeImage::new(&geo))),
                 index: RwLock::new(Index {
                     map: HashMap::new(),
                     tombs: HashMap::new(),
@@ -235,6 +225,8 @@ impl Array {
                 counters: Counters::default(),
                 reserve,
                 rebuilding: AtomicBool::new(false),
+                read_only: false,
+                holds: Mutex::new(Vec::new()),
                 geo,
             }),
         }

@@ -15,6 +15,10 @@ impl Array {
     /// Several victims are cleaned together (as many as the free space can take), with one
     /// flush for all of them, so that arrays of small segments still gain space.
     pub(super) fn clean_one(&self, w: &mut Writer) -> Result<bool> {
+        // A forked child still reads segments this array no longer needs.
+        if self.inner.read_only || self.segments_held() {
+            return Ok(false);
+        }
         let geo = self.inner.geo.clone();
         let victims: Vec<u32> = {
             let idx = self.inner.index.read();

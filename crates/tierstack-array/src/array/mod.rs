@@ -18,6 +18,7 @@
 //! * `rebuild`: failing and replacing drives, rebuild;
 //! * `scrub`: scrub and repair;
 //! * `status`: what `array show` prints, counters;
+//! * `snapshot`: read-only views for forked children and the holds that keep their data;
 //! * `stripe_io`: whole-stripe I/O to the drives, sync, superblocks.
 
 mod assemble;
@@ -26,6 +27,7 @@ mod read;
 mod rebuild;
 mod recover;
 mod scrub;
+mod snapshot;
 mod status;
 mod stripe_io;
 mod write;
@@ -234,6 +236,21 @@ struct Writer {
     dirty: bool,
 }
 
+impl Writer {
+    fn new(image: StripeImage) -> Writer {
+        Writer {
+            seg: None,
+            stripe: 0,
+            image,
+            spare: Vec::new(),
+            inflight: std::collections::VecDeque::new(),
+            used_blocks: 0,
+            entries: Vec::new(),
+            dirty: false,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
     user_bytes: AtomicU64,
@@ -256,6 +273,11 @@ struct Inner {
     counters: Counters,
     reserve: u64,
     rebuilding: AtomicBool,
+    /// A read-only view (a forked child's snapshot of its parent's array): never written,
+    /// flushed, cleaned or repaired.
+    read_only: bool,
+    /// Snapshot holds (see `snapshot`): while one is held, the cleaner frees no segment.
+    holds: Mutex<Vec<std::os::fd::OwnedFd>>,
 }
 
 /// A handle to an open array. Cheap to clone; safe to share between threads.

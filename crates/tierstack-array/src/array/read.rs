@@ -233,7 +233,9 @@ impl Array {
                 continue;
             };
             if check(&fixed) {
-                self.repair_in_place(gs, off, &buf, &fixed, &bad);
+                if !self.inner.read_only {
+                    self.repair_in_place(gs, off, &buf, &fixed, &bad);
+                }
                 return Ok(fixed);
             }
         }

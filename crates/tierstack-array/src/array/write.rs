@@ -19,6 +19,7 @@ impl Array {
         if value.len() > MAX_VALUE {
             return Err(ArrayError::TooLarge(value.len(), MAX_VALUE));
         }
+        self.refuse_if_read_only()?;
         let mut w = self.inner.writer.lock();
         let v = self.next_seq();
         self.append(&mut w, key, v, value, Class::User)?;
@@ -31,6 +32,7 @@ impl Array {
 
     /// Removes `key`. Returns whether it existed. Durable after [`Array::flush`].
     pub fn delete(&self, key: Key) -> Result<bool> {
+        self.refuse_if_read_only()?;
         let mut w = self.inner.writer.lock();
         if !self.inner.index.read().map.contains_key(&key) {
             return Ok(false);
@@ -43,6 +45,9 @@ impl Array {
     /// The durability point: returns when everything written before it is on the drives with
     /// its redundancy.
     pub fn flush(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
         let mut w = self.inner.writer.lock();
         self.flush_locked(&mut w)
     }

@@ -116,26 +116,58 @@ static int grow(void) {
     return 0;
 }
 
-/* fork: the child reads the parent's block and writes to it privately. */
+/* Fills each 4 KiB page of a block with one byte: f(page number). */
+static void fill_pages(unsigned char *p, size_t n, unsigned (*f)(size_t)) {
+    for (size_t pg = 0; pg < n / 4096; pg++) memset(p + pg * 4096, (int)(f(pg) & 0xff), 4096);
+}
+
+/* Pages whose first and last bytes are not f(page number). */
+static size_t wrong_pages(const unsigned char *p, size_t n, unsigned (*f)(size_t)) {
+    size_t bad = 0;
+    for (size_t pg = 0; pg < n / 4096; pg++) {
+        unsigned char want = (unsigned char)(f(pg) & 0xff);
+        bad += p[pg * 4096] != want || p[pg * 4096 + 4095] != want;
+    }
+    return bad;
+}
+
+static unsigned at_fork(size_t pg) { return (unsigned)(pg * 7 + 3); }
+static unsigned parent_after(size_t pg) { return (unsigned)(pg + 1); }
+static unsigned child_own(size_t pg) { return (unsigned)(pg * 3); }
+
+/* fork: the child sees the block as it was at the fork while the parent rewrites it, its own
+ * writes stay private (also once paged out and back), and a grandchild sees the child's. */
 static int forked(void) {
     size_t n = MB << 20;
     unsigned char *p = malloc(n);
     if (!p) return 2;
-    memset(p, 0x5A, n);
+    fill_pages(p, n, at_fork);
     fflush(stdout);
     pid_t c = fork();
     if (c == 0) {
-        uint64_t s = sum(p, n & ~(size_t)4095);
-        memset(p, 1, 4096);
-        printf("child sum=%llu\n", (unsigned long long)s);
+        size_t seen = wrong_pages(p, n, at_fork);
+        fill_pages(p, n, child_own);
+        size_t own = wrong_pages(p, n, child_own);
+        pid_t g = fork();
+        if (g == 0) {
+            size_t gseen = wrong_pages(p, n, child_own);
+            printf("grandchild wrong=%zu\n", gseen);
+            fflush(stdout);
+            _exit(0);
+        }
+        int gst = 0;
+        waitpid(g, &gst, 0);
+        printf("child wrong_at_fork=%zu wrong_own=%zu grandchild_status=%d\n", seen, own,
+               WIFEXITED(gst) ? WEXITSTATUS(gst) : 100 + WTERMSIG(gst));
         fflush(stdout);
         _exit(0);
     }
+    fill_pages(p, n, parent_after);
     int st = 0;
     waitpid(c, &st, 0);
-    printf("fork child_status=%s parent_first=%d\n",
+    printf("fork child_status=%s parent_wrong=%zu\n",
            WIFEXITED(st) ? "exit" : (WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV ? "SIGSEGV" : "other"),
-           p[0]);
+           wrong_pages(p, n, parent_after));
     return 0;
 }
 

@@ -31,6 +31,8 @@ impl Inner {
 
     pub(super) fn evictor(&self) {
         while !self.stop.load(Relaxed) {
+            // One unit of work for `fork`, the wait included (see `serve`).
+            let _in = self.gate.enter();
             {
                 let mut k = self.kick.lock();
                 if !*k {
@@ -302,7 +304,7 @@ impl Zapper {
 }
 
 /// Runs of adjacent numbers in a sorted list: (first, count).
-fn runs(v: &[usize]) -> Vec<(usize, usize)> {
+pub(super) fn runs(v: &[usize]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < v.len() {

@@ -44,13 +44,17 @@ impl Inner {
     /// Fault thread loop (thread `me`). For 2 ms after each fault the thread polls without
     /// sleeping, yielding its CPU to any other runnable thread between polls (a sleeping
     /// thread costs a cross-CPU wake-up per fault, 60-90 us here; yielding keeps a program
-    /// thread that shares the CPU from waiting on the spin); then it sleeps in poll. Each
+    /// thread that shares the CPU from waiting on the spin); then it sleeps in poll (25 ms at a
+    /// time, so that a `fork` waits at most that long for it to stop). Each
     /// fault read goes to the fault thread of the faulting thread's CPU when that is known
     /// and the thread polls; mail left untaken for [`STEAL_AFTER`] is served by any thread.
     pub(super) fn serve(&self, me: usize) {
         let mut last_fault = Instant::now();
         self.mail[me].spinning.store(true, Release);
         while !self.stop.load(Relaxed) {
+            // Each turn of the loop, its sleep included, is one unit of work for `fork`: a
+            // thread that waits at the closed gate holds no lock and is in no lock's queue.
+            let _in = self.gate.enter();
             if self.take_mail(me, STEAL_AFTER) {
                 last_fault = Instant::now();
                 continue;
@@ -69,7 +73,7 @@ impl Inner {
                     last_fault = Instant::now();
                     continue;
                 }
-                let ready = self.pending(100_000_000);
+                let ready = self.pending(25_000_000);
                 self.mail[me].spinning.store(true, Release);
                 if !ready {
                     continue;

@@ -77,6 +77,9 @@ struct Inner {
     /// Drops scattered ranges of our own mapping in one call with one TLB flush
     /// (`process_madvise(MADV_DONTNEED)`); per-range `madvise` where the kernel lacks it.
     zapper: Zapper,
+    /// Every unit of the pager threads' work passes it; `fork` closes it (see
+    /// [`Pager::pause`]).
+    gate: crate::gate::Gate,
     /// One per fault thread.
     mail: Vec<Mailbox>,
     /// The fault thread pinned to each CPU.
@@ -162,6 +165,7 @@ impl Pager {
             kick_cv: Condvar::new(),
             failed: Mutex::new(None),
             zapper: Zapper::new(),
+            gate: crate::gate::Gate::new(),
             mail: (0..nthreads).map(|_| Mailbox::default()).collect(),
             thread_on_cpu,
         });
@@ -243,6 +247,42 @@ impl Pager {
 
     pub fn error(&self) -> Option<String> {
         self.inner.failed.lock().clone()
+    }
+
+    /// The store the pager's regions page to.
+    pub fn store(&self) -> &Arc<TieredStore> {
+        &self.inner.store
+    }
+
+    /// Stops the pager's threads between units of work (for `fork`): returns when none is
+    /// serving a fault, prefetching or evicting. Program threads that fault meanwhile wait
+    /// until [`Pager::resume`]. No page is `Loading` or `Evicting` while paused.
+    pub fn pause(&self) {
+        self.inner.gate.close();
+    }
+
+    pub fn resume(&self) {
+        self.inner.gate.open();
+    }
+
+    /// In a child made by `fork`, with this pager inherited from the parent (paused there):
+    /// takes over `old`, one of that pager's regions, at the same address with the same page
+    /// states. Pages resident at the fork are resident here too (the kernel copied them);
+    /// the others are read from this pager's store, which must hold what the parent's store
+    /// held at the fork (see `tierstack_store::ArrayTier` over `Array::read_only_view`).
+    pub fn adopt(&self, old: &Region) -> Result<Region> {
+        region::adopt_region(&self.inner, old)
+    }
+
+    /// In a child made by `fork`: lets go of a pager inherited from the parent without
+    /// touching what it shares with the parent (its threads do not exist here; its store and
+    /// regions belong to the parent). Its userfaultfd descriptor is closed; its memory stays.
+    pub fn abandon(self) {
+        use std::os::fd::AsRawFd;
+        let fd = self.inner.uffd.as_raw_fd();
+        std::mem::forget(self);
+        // SAFETY: the descriptor belongs to the pager just forgotten, which never closes it.
+        unsafe { libc::close(fd) };
     }
 }
 

@@ -218,7 +218,14 @@ impl Inner {
 
     pub(super) fn prefetcher(&self, rx: &Mutex<std::sync::mpsc::Receiver<PrefetchJob>>) {
         while !self.stop.load(Relaxed) {
-            let job = rx.lock().recv_timeout(Duration::from_millis(50));
+            // One unit of work for `fork`, the wait included (see `serve`).
+            let _in = self.gate.enter();
+            // Bounded waits for the shared receiver too: a `fork` waits for each of them.
+            let Some(rx) = rx.try_lock_for(Duration::from_millis(20)) else {
+                continue;
+            };
+            let job = rx.recv_timeout(Duration::from_millis(20));
+            drop(rx);
             match job {
                 Ok(job) => self.load_one(job),
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}

@@ -128,10 +128,9 @@ pub(super) fn map_region(
         if end > base + len {
             let _ = rustix::mm::munmap((base + len) as *mut _, end - base - len);
         }
-        // Forked children do not inherit the region (they could not page it): a child that
-        // touches it gets SIGSEGV instead of silently wrong data. Huge pages would defeat the
-        // page-sized faulting and eviction.
-        let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxDontFork);
+        // Huge pages would defeat the page-sized faulting and eviction. A child made by
+        // `fork` inherits the mapping (the kernel copies resident pages; the others it must
+        // page itself: see `Pager::adopt`).
         let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxNoHugepage);
     }
     if let Err(e) = inner
@@ -160,13 +159,93 @@ pub(super) fn map_region(
             dead: false,
         }),
     });
-    inner.regions.write().insert(base, core.clone());
+    Ok(install(inner, core, own))
+}
+
+/// Enters a new region's core in the pager's table and makes its handle.
+fn install(inner: &Arc<Inner>, core: Arc<RegionCore>, own: Option<Pager>) -> Region {
+    inner.regions.write().insert(core.base, core.clone());
     inner.counters.regions.fetch_add(1, Relaxed);
-    Ok(Region {
+    Region {
         core,
         inner: inner.clone(),
         _own: own,
-    })
+    }
+}
+
+/// See [`Pager::adopt`].
+pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
+    let page = inner.page;
+    if old.inner.page != page {
+        return Err(MemError::Config(format!(
+            "cannot adopt a region of {} KiB pages into a pager of {} KiB pages",
+            old.inner.page / 1024,
+            page / 1024
+        )));
+    }
+    let oc = &old.core;
+    let (base, len) = (oc.base, oc.len);
+    inner
+        .uffd
+        .register(base, len, crate::uffd::MODE_MISSING | crate::uffd::MODE_WP)
+        .map_err(|e| MemError::Uffd(format!("register: {e}")))?;
+    let mut st = {
+        let o = oc.st.lock();
+        RState {
+            pages: o.pages.clone(),
+            dirty: o.dirty.clone(),
+            backed: o.backed.clone(),
+            queued: vec![false; o.pages.len()],
+            resident: 0,
+            streams: [Stream::default(); STREAMS],
+            tick: 0,
+            dead: false,
+        }
+    };
+    let mut resident_idx = Vec::new();
+    for (i, s) in st.pages.iter_mut().enumerate() {
+        match *s {
+            PageState::Resident => resident_idx.push(i),
+            // The parent's pager was paused between units of work: nothing was in flight.
+            // Should one be, the child's copy of the page is what it holds now: resident,
+            // and counted dirty so that it is written before it is dropped.
+            PageState::Loading | PageState::Evicting => {
+                *s = PageState::Resident;
+                st.dirty[i] = true;
+                resident_idx.push(i);
+            }
+            _ => {}
+        }
+    }
+    // Clean pages are tracked again: write-protected, so the first write is seen. Where that
+    // fails they count as dirty (written out before they are dropped).
+    for (a, n) in super::evict::runs(&resident_idx) {
+        if inner.uffd.write_protect(base + a * page, n * page).is_err() {
+            for i in a..a + n {
+                st.dirty[i] = true;
+            }
+        }
+    }
+    st.resident = (resident_idx.len() * page) as u64;
+    *inner.committed.lock() += len as u64;
+    inner.charge(st.resident);
+    let core = Arc::new(RegionCore {
+        write_heat: std::sync::atomic::AtomicU32::new(0),
+        inflight: AtomicU64::new(0),
+        obj: oc.obj,
+        base,
+        len,
+        st: Mutex::new(st),
+    });
+    {
+        let mut st = core.st.lock();
+        let mut clock = inner.clock.lock();
+        for &i in &resident_idx {
+            st.queued[i] = true;
+            clock.push_back((Arc::downgrade(&core), i as u32));
+        }
+    }
+    Ok(install(inner, core, None))
 }
 
 impl Region {
