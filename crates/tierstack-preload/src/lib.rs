@@ -569,13 +569,20 @@ fn slot_containing(p: usize) -> Option<(usize, usize, usize)> {
     })
 }
 
-fn new_region(size: usize, align: usize) -> Got {
+/// A new region of `size` bytes aligned to `align`, at `hint` when that is not 0 and the
+/// kernel can place it there.
+fn new_region(size: usize, align: usize, hint: usize) -> Got {
     let _b = Busy::enter();
     tierstack_mem::register_current_thread();
     let Some(e) = engine() else {
         return Got::Fallback;
     };
-    match e.pager.map(size, align) {
+    let made = if hint != 0 {
+        e.pager.map_near(size, hint)
+    } else {
+        e.pager.map(size, align)
+    };
+    match made {
         Ok(r) => {
             let p = r.as_ptr() as usize;
             if !slot_insert(p, r.len()) {
@@ -625,7 +632,7 @@ fn region_len(p: usize) -> Option<usize> {
 
 fn alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
     if wants_region(size) {
-        match new_region(size, align) {
+        match new_region(size, align, 0) {
             Got::Region(p) => return p,
             Got::NoMemory => {
                 set_errno(libc::ENOMEM);
@@ -712,7 +719,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
         }
         if wants_region(size) {
             let old = real_usable_size(p);
-            match new_region(size, 16) {
+            match new_region(size, 16, 0) {
                 Got::Region(q) => {
                     std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
                     __libc_free(p);
@@ -889,7 +896,7 @@ pub unsafe extern "C" fn mmap(
     // accesses below rely on its arguments following that C contract.
     unsafe {
         if anonymous_private(addr, prot, flags, fd) && wants_region(len) {
-            match new_region(len, 4096) {
+            match new_region(len, 4096, 0) {
                 Got::Region(p) => return p,
                 Got::NoMemory => {
                     set_errno(libc::ENOMEM);
@@ -898,10 +905,28 @@ pub unsafe extern "C" fn mmap(
                 Got::Fallback => {}
             }
         }
-        // A fixed mapping over part of a region replaces those pages: they stop being the
-        // region's (never evicted, never read back) before the kernel maps something else there.
+        // A reservation (address space the JVM, V8 and other runtimes take inaccessible, then
+        // commit piece by piece): a region, inaccessible until parts of it are committed. One
+        // the store cannot back stays the kernel's.
+        if reservation(prot, flags, fd) && wants_region(len) {
+            if let Got::Region(p) = new_region(len, 4096, addr as usize) {
+                if let Some(rlen) = region_len(p as usize) {
+                    libc::syscall(libc::SYS_mprotect, p, rlen, libc::PROT_NONE);
+                }
+                return p;
+            }
+        }
         if flags & libc::MAP_FIXED != 0 && !FORKED.load(Relaxed) {
             if let Some((base, off, olen)) = overlap(addr as usize, len) {
+                // A fresh anonymous private mapping inside a region (a runtime commits or
+                // uncommits part of its reservation): the range reads as zeros, gets the new
+                // protection, and stays paged.
+                if olen == len && fresh_anonymous(flags, fd) {
+                    commit(addr as usize, base, off, len, prot);
+                    return addr;
+                }
+                // Anything else over part of a region replaces those pages: they stop being
+                // the region's (never evicted, never read back) before the kernel maps it.
                 let _b = Busy::enter();
                 if let Some(e) = ENGINE.lock().clone() {
                     if let Some(r) = e.regions.lock().get(&base) {
@@ -911,6 +936,38 @@ pub unsafe extern "C" fn mmap(
             }
         }
         libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void
+    }
+}
+
+/// `mmap` flags of a reservation: private anonymous, inaccessible, not fixed (an address is
+/// a hint).
+fn reservation(prot: c_int, flags: c_int, fd: c_int) -> bool {
+    prot == libc::PROT_NONE && flags & libc::MAP_FIXED == 0 && fresh_anonymous(flags, fd)
+}
+
+/// `mmap` flags of a private anonymous mapping with nothing special about it.
+fn fresh_anonymous(flags: c_int, fd: c_int) -> bool {
+    let odd = libc::MAP_SHARED
+        | libc::MAP_FIXED_NOREPLACE
+        | libc::MAP_HUGETLB
+        | libc::MAP_GROWSDOWN
+        | libc::MAP_STACK;
+    fd == -1
+        && flags & libc::MAP_ANONYMOUS != 0
+        && flags & libc::MAP_PRIVATE != 0
+        && flags & odd == 0
+}
+
+/// `[a, a+len)` (offset `off` of region `base`) becomes a fresh mapping with protection
+/// `prot`: zeros, paged as before.
+///
+/// # Safety
+/// The range must lie in the live region `base`.
+unsafe fn commit(a: usize, base: usize, off: usize, len: usize, prot: c_int) {
+    // SAFETY: the caller upholds this function's `# Safety` contract; the range is ours.
+    unsafe {
+        zero_range(base, off, len);
+        libc::syscall(libc::SYS_mprotect, a, len, prot);
     }
 }
 
@@ -949,20 +1006,30 @@ unsafe fn zero_range(base: usize, off: usize, len: usize) {
         let regions = e.regions.lock();
         let Some(r) = regions.get(&base) else { return };
         // SAFETY (caller): every byte range below lies inside the region's mapping; a page that
-        // is not resident faults in (served by the pager) before it is zeroed.
+        // is not resident is changed in the store, a resident one in place.
+        let part = |o: usize, n: usize| {
+            if n > 0 && !r.zero_part(o, n) {
+                zero_bytes(base + o, n);
+            }
+        };
         if first < end {
             r.discard(first, end - first);
-            if off < first {
-                std::ptr::write_bytes((base + off) as *mut u8, 0, first - off);
-            }
-            if end < off + len {
-                std::ptr::write_bytes((base + end) as *mut u8, 0, off + len - end);
-            }
+            part(off, first - off);
+            part(end, off + len - end);
         } else {
-            // Within one page: its bytes are zeroed in place.
-            std::ptr::write_bytes((base + off) as *mut u8, 0, len);
+            // Within one page: its bytes are zeroed.
+            part(off, len);
         }
     }
+}
+
+/// Writes zeros over `[a, a+len)` of our own memory directly (where the pager could not).
+///
+/// # Safety
+/// The range must lie in a live region the program may write.
+unsafe fn zero_bytes(a: usize, len: usize) {
+    // SAFETY: the caller's range lies in a live region the program may write.
+    unsafe { std::ptr::write_bytes(a as *mut u8, 0, len) }
 }
 
 /// # Safety
@@ -1048,6 +1115,9 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
                         r.discard(a - base, len);
                     }
                 }
+                // A touch there faults, as natively.
+                let len = len.min(base + rlen - a);
+                libc::syscall(libc::SYS_mprotect, a, len, libc::PROT_NONE);
             }
             return 0;
         }
@@ -1087,7 +1157,7 @@ pub unsafe extern "C" fn mremap(
                 set_errno(libc::ENOMEM);
                 return libc::MAP_FAILED;
             }
-            let q = match new_region(new_len, 4096) {
+            let q = match new_region(new_len, 4096, 0) {
                 Got::Region(q) => q,
                 Got::NoMemory | Got::Fallback => {
                     set_errno(libc::ENOMEM);

@@ -171,6 +171,52 @@ static int forked(void) {
     return 0;
 }
 
+/* A runtime's reserve-then-commit heap (the JVM commits with mmap(MAP_FIXED), V8 with
+ * mprotect): reserved inaccessible, committed in pieces and written; a piece uncommitted (a
+ * touch is caught by the program's SIGSEGV handler) and committed again (zeros); a written
+ * piece made inaccessible while the rest is read twice (evictions run meanwhile), then
+ * accessible again with its data. */
+static int reserve(void) {
+    size_t n = MB << 20;
+    unsigned char *r = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return 2;
+    size_t half = (n / 2) & ~(size_t)4095;
+    if (mmap(r, half, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != r)
+        return 3;
+    if (mprotect(r + half, n - half, PROT_READ | PROT_WRITE) != 0) return 4;
+    fill_pages(r, n, at_fork);
+    size_t off = (n / 3) & ~(size_t)4095, len = 8 << 20;
+    if (mmap(r + off, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+             0) != r + off)
+        return 5;
+    signal(SIGSEGV, on_segv);
+    if (sigsetjmp(jb, 1) == 0) {
+        volatile unsigned char x = r[off + 100];
+        (void)x;
+    }
+    if (mmap(r + off, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+             0) != r + off)
+        return 6;
+    size_t zeros = 0;
+    for (size_t i = 0; i < len; i += 4096) zeros += r[off + i] == 0 && r[off + i + 4095] == 0;
+    size_t off2 = (2 * n / 3) & ~(size_t)4095;
+    if (mprotect(r + off2, len, PROT_NONE) != 0) return 7;
+    volatile unsigned char x = 0;
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < n; i += 4096)
+            if (i < off2 || i >= off2 + len) x += r[i];
+    if (mprotect(r + off2, len, PROT_READ | PROT_WRITE) != 0) return 8;
+    size_t wrong = 0;
+    for (size_t pg = 0; pg < n / 4096; pg++) {
+        size_t i = pg * 4096;
+        if (i >= off && i < off + len) continue;
+        unsigned char want = (unsigned char)(at_fork(pg) & 0xff);
+        wrong += r[i] != want || r[i + 4095] != want;
+    }
+    printf("reserve caught=%d zeros=%zu/%zu wrong=%zu\n", caught, zeros, len / 4096, wrong);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 1;
     MB = strtoull(argv[2], 0, 10);
@@ -180,5 +226,6 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "fixed")) return fixed();
     if (!strcmp(c, "grow")) return grow();
     if (!strcmp(c, "fork")) return forked();
+    if (!strcmp(c, "reserve")) return reserve();
     return 1;
 }

@@ -139,15 +139,17 @@ impl Inner {
         let mut written = Vec::with_capacity(dirty.len());
         for &i in &dirty {
             let pa = core.base + i * page;
-            // SAFETY: the page is resident and write-protected (state Evicting): no one
-            // writes it and the mapping stays until the region's drop, which marks the state
-            // dead first (checked below before the result is used).
-            let bytes = unsafe { std::slice::from_raw_parts(pa as *const u8, page) };
+            let mut bytes = self.store.page_buf(page);
+            bytes.resize(page, 0);
+            // The page is resident and write-protected (state Evicting): no one writes it
+            // and the mapping stays until the region's drop, which marks the state dead
+            // first (checked below before the result is used).
+            self.zapper.read(pa, &mut bytes);
             if bytes.iter().all(|&b| b == 0) {
                 let _ = self.store.remove((core.obj, i as u64));
                 written.push((i, Some(PageState::Zero)));
             } else {
-                match self.store.put((core.obj, i as u64), bytes) {
+                match self.store.put_owned((core.obj, i as u64), bytes) {
                     Ok(()) => {
                         self.counters.bytes_out.fetch_add(page as u64, Relaxed);
                         written.push((i, Some(PageState::Stored)));
@@ -231,8 +233,11 @@ impl Inner {
     }
 }
 
-/// Drops pages of this process's own mappings (`MADV_DONTNEED`).
+/// Reads and drops pages of this process's own mappings.
 pub(super) struct Zapper {
+    /// `/proc/self/mem` of this process: reads a page whatever the program's protection of
+    /// it (a runtime may `mprotect(PROT_NONE)` a page that is still to be written out).
+    mem: Option<std::fs::File>,
     /// A pidfd of this process for `process_madvise`, whose vector of ranges costs one TLB
     /// flush in all (one `madvise` per scattered page costs one flush, an IPI to every CPU
     /// running the program, each: 15 us a page measured here); None where the kernel has no
@@ -253,7 +258,36 @@ impl Zapper {
         Zapper {
             vectored: AtomicBool::new(pidfd.is_some()),
             pidfd,
+            mem: std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/{}/mem", std::process::id()))
+                .ok(),
         }
+    }
+
+    /// Writes `data` at `addr` of our own mapping, whatever the program's protection of it.
+    /// The memory must be present and not write-protected by the pager: the kernel cannot
+    /// wait on the userfaultfd for a write made this way. Returns whether it was written.
+    pub(super) fn write(&self, addr: usize, data: &[u8]) -> bool {
+        use std::os::unix::fs::FileExt;
+        self.mem
+            .as_ref()
+            .is_some_and(|m| m.write_all_at(data, addr as u64).is_ok())
+    }
+
+    /// Copies the page at `addr` of our own mapping into `buf`.
+    pub(super) fn read(&self, addr: usize, buf: &mut [u8]) {
+        use std::os::unix::fs::FileExt;
+        if let Some(m) = &self.mem {
+            if m.read_exact_at(buf, addr as u64).is_ok() {
+                return;
+            }
+        }
+        // SAFETY: the caller's page is resident in our mapping and nobody writes it (see
+        // `evict_pages`); without /proc the program's protection must allow reading it.
+        let src = unsafe { std::slice::from_raw_parts(addr as *const u8, buf.len()) };
+        buf.copy_from_slice(src);
     }
 
     /// Drops `(address, length)` ranges of our mappings; their contents must be saved.

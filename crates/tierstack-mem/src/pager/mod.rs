@@ -220,7 +220,13 @@ impl Pager {
     /// Maps `len` bytes (rounded up to whole pages) aligned to `align` (a power of two; the
     /// mapping is at least page-aligned).
     pub fn map(&self, len: usize, align: usize) -> Result<Region> {
-        map_region(&self.inner, len, align, None)
+        map_region(&self.inner, len, align, 0, None)
+    }
+
+    /// [`Pager::map`] at `hint` if the kernel can place it there (as `mmap` with an address
+    /// and no `MAP_FIXED`: elsewhere otherwise).
+    pub fn map_near(&self, len: usize, hint: usize) -> Result<Region> {
+        map_region(&self.inner, len, 4096, hint, None)
     }
 
     /// Resident bytes of all regions.

@@ -74,6 +74,7 @@ pub(super) fn map_region(
     inner: &Arc<Inner>,
     len: usize,
     align: usize,
+    hint: usize,
     own: Option<Pager>,
 ) -> Result<Region> {
     if !align.is_power_of_two() {
@@ -98,13 +99,14 @@ pub(super) fn map_region(
         *c += len as u64;
     }
     let uncommit = || *inner.committed.lock() -= len as u64;
-    let align = align.max(4096);
+    // With an address hint (where the program asked for it), the kernel's page alignment.
+    let align = if hint != 0 { 4096 } else { align.max(4096) };
     let extra = if align > 4096 { align } else { 0 };
     // SAFETY: a fresh private anonymous mapping at an address the kernel chooses; nothing else
     // refers to it until this function returns it.
     let raw = unsafe {
         rustix::mm::mmap_anonymous(
-            std::ptr::null_mut(),
+            hint as *mut _,
             len + extra,
             rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
             rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
@@ -261,7 +263,7 @@ impl Region {
             },
         )?;
         let inner = pager.inner.clone();
-        map_region(&inner, len, 4096, Some(pager))
+        map_region(&inner, len, 4096, 0, Some(pager))
     }
 
     pub fn as_ptr(&self) -> *mut u8 {
@@ -339,7 +341,8 @@ impl Region {
     }
 
     /// Releases the pages of `[off, off+len)` (whole pages inside it): they read as zeros
-    /// afterwards and leave the store. The address range stays mapped.
+    /// afterwards and leave the store. The address range stays mapped. A page being loaded or
+    /// written out is waited for (its load or eviction ends with store I/O).
     pub fn discard(&self, off: usize, len: usize) {
         let page = self.inner.page;
         let first = off.div_ceil(page);
@@ -347,24 +350,31 @@ impl Region {
         if first >= end {
             return;
         }
-        let mut st = self.core.st.lock();
-        for i in first..end {
-            match st.pages[i] {
-                PageState::Resident => {
-                    st.resident -= page as u64;
-                    self.inner.resident.fetch_sub(page as u64, Relaxed);
-                    if st.backed[i] == PageState::Stored {
-                        let _ = self.inner.store.remove((self.core.obj, i as u64));
+        let mut i = first;
+        while i < end {
+            let mut st = self.core.st.lock();
+            while i < end {
+                match st.pages[i] {
+                    PageState::Loading | PageState::Evicting => break,
+                    PageState::Resident => {
+                        st.resident -= page as u64;
+                        self.inner.resident.fetch_sub(page as u64, Relaxed);
+                        if st.backed[i] == PageState::Stored {
+                            let _ = self.inner.store.remove((self.core.obj, i as u64));
+                        }
+                        st.pages[i] = PageState::Zero;
                     }
-                    st.pages[i] = PageState::Zero;
+                    PageState::Stored => {
+                        let _ = self.inner.store.remove((self.core.obj, i as u64));
+                        st.pages[i] = PageState::Zero;
+                    }
+                    PageState::Zero | PageState::Foreign => {}
                 }
-                PageState::Stored => {
-                    let _ = self.inner.store.remove((self.core.obj, i as u64));
-                    st.pages[i] = PageState::Zero;
-                }
-                // In flight: leave it to its owner (the range is being discarded by a
-                // program that no longer uses it).
-                _ => {}
+                i += 1;
+            }
+            if i < end {
+                drop(st);
+                std::thread::yield_now();
             }
         }
         let a = self.core.base + first * page;
@@ -377,6 +387,64 @@ impl Region {
                 rustix::mm::Advice::LinuxDontNeed,
             )
         };
+    }
+}
+
+impl Region {
+    /// Zeros the bytes `[off, off+len)` of one page (a part of a page that
+    /// `MADV_DONTNEED` or a fresh mapping covers), whatever the program's protection of it
+    /// and wherever the page is: nothing to do for a page that reads as zeros, in the store
+    /// for a page that is there, in place for a resident one. Returns false where it could
+    /// not (no `/proc/self/mem`): the caller then writes the bytes itself.
+    pub fn zero_part(&self, off: usize, len: usize) -> bool {
+        let page = self.inner.page;
+        let i = off / page;
+        if len == 0 || i >= self.core.st.lock().pages.len() {
+            return true;
+        }
+        let inpage = off - i * page;
+        let len = len.min(page - inpage);
+        let key = (self.core.obj, i as u64);
+        loop {
+            let mut st = self.core.st.lock();
+            match st.pages[i] {
+                PageState::Zero | PageState::Foreign => return true,
+                PageState::Loading | PageState::Evicting => {
+                    drop(st);
+                    std::thread::yield_now();
+                }
+                PageState::Resident => {
+                    // Present; no write protection (a write through /proc cannot wait for the
+                    // pager), and dirty from now on.
+                    let pa = self.core.base + i * page;
+                    let _ = self.inner.uffd.remove_write_protection(pa, page, false);
+                    st.dirty[i] = true;
+                    return self.inner.zapper.write(pa + inpage, &vec![0u8; len]);
+                }
+                PageState::Stored => {
+                    // Faults on the page wait while it is changed in the store.
+                    st.pages[i] = PageState::Loading;
+                    drop(st);
+                    let data = self.inner.read_page(&self.core, i);
+                    let mut st = self.core.st.lock();
+                    st.pages[i] = PageState::Stored;
+                    if let Some(mut d) = data {
+                        d[inpage..inpage + len].fill(0);
+                        if d.iter().all(|&b| b == 0) {
+                            let _ = self.inner.store.remove(key);
+                            st.pages[i] = PageState::Zero;
+                        } else if self.inner.store.put_owned(key, d).is_err() {
+                            drop(st);
+                            let _ = self.inner.uffd.wake(self.core.base + i * page, page);
+                            return false;
+                        }
+                    }
+                    drop(st);
+                    let _ = self.inner.uffd.wake(self.core.base + i * page, page);
+                    return true;
+                }
+            }
+        }
     }
 }
 
