@@ -588,6 +588,10 @@ fn new_region(size: usize, align: usize, hint: usize) -> Got {
             if !slot_insert(p, r.len()) {
                 return Got::Fallback;
             }
+            // Under mlockall(MCL_FUTURE) the new mapping is locked (on fault, see `mlockall`):
+            // the pager decides what of it is resident.
+            // SAFETY: munlock of the region just made; it changes no contents.
+            unsafe { libc::syscall(libc::SYS_munlock, p, r.len()) };
             e.regions.lock().insert(p, r);
             Got::Region(p as *mut c_void)
         }
@@ -1090,6 +1094,85 @@ pub unsafe extern "C" fn mmap64(
     // SAFETY: the program calls this as C `mmap64`; the calls and pointer
     // accesses below rely on its arguments following that C contract.
     unsafe { mmap(addr, len, prot, flags, fd, off) }
+}
+
+/// Applies `lock` (a memory-locking system call on a range) to the parts of `[a, a+len)`
+/// outside the region it overlaps: the pager decides what of a region is resident (locking
+/// would fault all of it in past the budget, and locked pages could not be released).
+fn lock_outside_regions(a: usize, len: usize, lock: impl Fn(usize, usize) -> c_int) -> c_int {
+    if FORKED.load(Relaxed) {
+        return lock(a, len);
+    }
+    let Some((base, off, olen)) = overlap(a, len) else {
+        return lock(a, len);
+    };
+    let (lo, hi) = (base + off, base + off + olen);
+    let mut rc = 0;
+    if a < lo {
+        rc |= lock(a, lo - a);
+    }
+    if hi < a + len {
+        rc |= lock(hi, a + len - hi);
+    }
+    rc
+}
+
+/// # Safety
+/// C `mlock`: on a region, accepted and left to the pager (see [`lock_outside_regions`]).
+#[no_mangle]
+pub unsafe extern "C" fn mlock(addr: *const c_void, len: size_t) -> c_int {
+    lock_outside_regions(addr as usize, len, |a, n| {
+        // SAFETY: mlock of a range of the program's choosing, as it asked.
+        unsafe { libc::syscall(libc::SYS_mlock, a, n) as c_int }
+    })
+}
+
+/// # Safety
+/// C `mlock2`: as [`mlock`].
+#[no_mangle]
+pub unsafe extern "C" fn mlock2(addr: *const c_void, len: size_t, flags: libc::c_uint) -> c_int {
+    lock_outside_regions(addr as usize, len, |a, n| {
+        // SAFETY: mlock2 of a range of the program's choosing, as it asked.
+        unsafe { libc::syscall(libc::SYS_mlock2, a, n, flags) as c_int }
+    })
+}
+
+/// # Safety
+/// C `munlock`.
+#[no_mangle]
+pub unsafe extern "C" fn munlock(addr: *const c_void, len: size_t) -> c_int {
+    lock_outside_regions(addr as usize, len, |a, n| {
+        // SAFETY: munlock of a range of the program's choosing, as it asked.
+        unsafe { libc::syscall(libc::SYS_munlock, a, n) as c_int }
+    })
+}
+
+/// # Safety
+/// C `mlockall`. Pages are locked as they are faulted in (`MCL_ONFAULT` is added: locking
+/// everything at once would fault every region in past the budget), and regions, present and
+/// future, are left to the pager.
+#[no_mangle]
+pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
+    // SAFETY: mlockall with the program's flags plus MCL_ONFAULT; then munlock of our regions.
+    unsafe {
+        let onfault = if THRESHOLD.load(Relaxed) != 0 && !FORKED.load(Relaxed) {
+            libc::MCL_ONFAULT
+        } else {
+            0
+        };
+        let rc = libc::syscall(libc::SYS_mlockall, flags | onfault) as c_int;
+        if rc == 0 && onfault != 0 {
+            let high = HIGH.load(Acquire);
+            for i in 0..high {
+                let b = BASES[i].load(Acquire);
+                let l = LENS[i].load(Acquire);
+                if b != 0 && b != usize::MAX {
+                    libc::syscall(libc::SYS_munlock, b, l);
+                }
+            }
+        }
+        rc
+    }
 }
 
 /// # Safety

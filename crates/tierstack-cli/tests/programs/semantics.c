@@ -2,6 +2,7 @@
  * times the budget the test gives and prints one line that must be the same natively and
  * under tierstack run. Usage: semantics CASE MIB */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -217,6 +218,30 @@ static int reserve(void) {
     return 0;
 }
 
+/* mlock of part of a block and mlockall: the program's view is unchanged (the pager keeps
+ * the pages it can within the budget) and nothing hangs while the rest is paged. */
+static int locked(void) {
+    size_t n = MB << 20;
+    unsigned char *p = malloc(n);
+    if (!p) return 2;
+    fill_pages(p, n, at_fork);
+    size_t off = (n / 2) & ~(size_t)4095, len = 32 << 20;
+    int rc1 = mlock(p + off, len);
+    int rc2 = mlockall(MCL_CURRENT | MCL_FUTURE);
+    unsigned char *q = malloc(n / 4);
+    if (!q) return 3;
+    memset(q, 9, n / 4);
+    volatile unsigned char x = 0;
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < n; i += 4096) x += p[i];
+    munlockall();
+    munlock(p + off, len);
+    printf("mlock rc=%d,%d wrong=%zu q=%llu\n", rc1 == 0 || errno == ENOMEM || errno == EPERM,
+           rc2 == 0 || errno == ENOMEM || errno == EPERM, wrong_pages(p, n, at_fork),
+           (unsigned long long)sum(q, (n / 4) & ~(size_t)4095));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 1;
     MB = strtoull(argv[2], 0, 10);
@@ -227,5 +252,6 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "grow")) return grow();
     if (!strcmp(c, "fork")) return forked();
     if (!strcmp(c, "reserve")) return reserve();
+    if (!strcmp(c, "mlock")) return locked();
     return 1;
 }
