@@ -3,6 +3,7 @@
  * under tierstack run. Usage: semantics CASE MIB */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -242,6 +243,65 @@ static int locked(void) {
     return 0;
 }
 
+/* fork while other threads fault on the block; the child checks it with threads of its own,
+ * then runs a program (fork + exec) and waits for it. Three rounds. */
+static unsigned char *TB;
+static size_t TN;
+static volatile int stop_readers;
+static void *reader(void *arg) {
+    size_t seed = (size_t)arg * 2654435761u + 1;
+    volatile unsigned char x = 0;
+    while (!stop_readers) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        x += TB[(seed >> 20) % TN];
+    }
+    return NULL;
+}
+struct part { size_t from, to, wrong; };
+static void *checker(void *arg) {
+    struct part *pt = arg;
+    for (size_t pg = pt->from; pg < pt->to; pg++) {
+        unsigned char want = (unsigned char)(at_fork(pg) & 0xff);
+        pt->wrong += TB[pg * 4096] != want || TB[pg * 4096 + 4095] != want;
+    }
+    return NULL;
+}
+static int threads(void) {
+    TN = MB << 20;
+    TB = malloc(TN);
+    if (!TB) return 2;
+    fill_pages(TB, TN, at_fork);
+    pthread_t r[2];
+    for (long i = 0; i < 2; i++) pthread_create(&r[i], NULL, reader, (void *)i);
+    int ok = 0;
+    for (int round = 0; round < 3; round++) {
+        fflush(stdout);
+        pid_t c = fork();
+        if (c == 0) {
+            size_t pages = TN / 4096;
+            struct part pt[2] = {{0, pages / 2, 0}, {pages / 2, pages, 0}};
+            pthread_t t[2];
+            for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, checker, &pt[i]);
+            for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+            pid_t e = fork();
+            if (e == 0) {
+                execl("/bin/true", "true", (char *)NULL);
+                _exit(127);
+            }
+            int est = 0;
+            waitpid(e, &est, 0);
+            _exit(pt[0].wrong + pt[1].wrong == 0 && WIFEXITED(est) && WEXITSTATUS(est) == 0 ? 0 : 1);
+        }
+        int st = 0;
+        waitpid(c, &st, 0);
+        ok += WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
+    stop_readers = 1;
+    for (int i = 0; i < 2; i++) pthread_join(r[i], NULL);
+    printf("threads rounds_ok=%d wrong=%zu\n", ok, wrong_pages(TB, TN, at_fork));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 1;
     MB = strtoull(argv[2], 0, 10);
@@ -253,5 +313,6 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "fork")) return forked();
     if (!strcmp(c, "reserve")) return reserve();
     if (!strcmp(c, "mlock")) return locked();
+    if (!strcmp(c, "threads")) return threads();
     return 1;
 }
