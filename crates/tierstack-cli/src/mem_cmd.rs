@@ -48,8 +48,9 @@ pub struct BenchMemArgs {
     /// object) instead of running a benchmark; `-` reads standard input.
     #[arg(long, requires = "plot")]
     from_json: Option<PathBuf>,
-    /// tierstack page size (unit of faulting and I/O): a multiple of 4K up to 1M.
-    #[arg(long, default_value = "64K")]
+    /// tierstack page size (unit of faulting and eviction): a multiple of 4K up to 1M; 4K, as
+    /// `tierstack run`, by default.
+    #[arg(long, default_value = "4K")]
     page: String,
     /// RAID level of the tierstack engine's four file drives. 5 by default: what `tierstack
     /// run --dir` makes (the engine uses run's own constructor and budget rule); 0 is like a
@@ -100,7 +101,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     let page = parse_size(&a.page).map_err(anyhow::Error::msg)? as usize;
     if page == 0 || !page.is_multiple_of(4096) || page > (1 << 20) {
         bail!(
-            "--page {} is not a multiple of 4K up to 1M: use e.g. --page 64K",
+            "--page {} is not a multiple of 4K up to 1M: use e.g. --page 4K",
             a.page
         );
     }

@@ -27,8 +27,9 @@ pub struct RunArgs {
     /// Folder for the per-process file drives (sparse; removed at exit). Default: $TMPDIR or /tmp.
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// tierstack page (unit of faulting, eviction and I/O): a multiple of 4K up to 1M.
-    #[arg(long, default_value = "64K")]
+    /// tierstack page (unit of faulting and eviction): a multiple of 4K up to 1M. Along a
+    /// sequential stream pages are read in runs of up to 256K, whatever the page.
+    #[arg(long, default_value = "4K")]
     pub page: String,
     /// Allocations of at least this size are paged; smaller ones use the ordinary allocator.
     #[arg(long, default_value = "64M")]
@@ -204,7 +205,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let page = parse_size(&a.page).map_err(|e| anyhow::anyhow!("--page: {e}"))?;
     if page == 0 || page % 4096 != 0 || page > tierstack_store::MAX_PAGE as u64 {
         bail!(
-            "--page {} is not a multiple of 4K up to 1M: use e.g. --page 64K",
+            "--page {} is not a multiple of 4K up to 1M: use e.g. --page 4K",
             a.page
         );
     }

@@ -444,7 +444,9 @@ fn memory_semantics_battery() {
         return;
     };
     let exe = b.exe.to_str().expect("utf8");
-    for case in ["dontneed", "guard", "fixed", "grow", "reserve", "mlock", "threads"] {
+    for case in [
+        "dontneed", "guard", "fixed", "grow", "reserve", "mlock", "threads",
+    ] {
         let (native, r) = native_and_run(&[exe, case, "768"], &b.dir, 300);
         assert_eq!(r.code, 0, "{case}: {}", r.stderr);
         assert_eq!(r.stdout, native, "{case} differs: {}", r.stderr);

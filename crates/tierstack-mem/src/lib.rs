@@ -3,7 +3,7 @@
 //! A [`Pager`] is the process's paging engine: one userfaultfd, several fault threads, an
 //! evictor thread, and **one DRAM budget over all its regions**. A [`Region`] is an anonymous
 //! mapping registered with that userfaultfd (missing and write-protect faults) whose pages
-//! (the tierstack page size, default 64 KiB) live in the tiered store when not resident.
+//! (the tierstack page size, default 4 KiB) live in the tiered store when not resident.
 //!
 //! - A missing fault is served from the store (`UFFDIO_COPY`) or with the zero page when the
 //!   page was never written (or was evicted all-zero). The store read happens outside the
@@ -19,7 +19,10 @@
 //!   would pass the budget itself evicts first, so resident bytes stay within the budget plus
 //!   one page per fault thread.
 //! - Fault streams with a constant stride (sequential, backwards, strided) are detected per
-//!   region and prefetched ahead (a window that doubles on each hit).
+//!   region and prefetched ahead (a window that doubles on each hit). The read unit adapts: a
+//!   fault that continues a forward sequential stream reads the pages after it with it (a run
+//!   of up to 256 KiB: one request per drive through `Array::get_many`, one `UFFDIO_COPY`),
+//!   prefetches of adjacent pages go as runs too, and a random fault reads one page.
 //! - `map` refuses a region the store could not hold (`commit_limit`): allocation failure up
 //!   front instead of a page that cannot be written out later.
 //!

@@ -19,6 +19,10 @@ use tierstack_store::{ArrayTier, Tier, TieredStore};
 
 use crate::{MemError, PagerOptions, Result};
 
+/// The page `run` uses unless told otherwise: random access reads only what it touches; a
+/// sequential stream grows its read unit to runs of pages (see the pager's read-ahead).
+pub const DEFAULT_PAGE: usize = 4096;
+
 /// The RAID level `run` pages to.
 pub const LEVEL: Level = Level::Raid5;
 /// Drives of the array `run` makes.

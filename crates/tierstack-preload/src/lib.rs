@@ -227,7 +227,8 @@ fn own_array(dir: &std::path::Path, page: usize) -> Result<tierstack_array::Arra
 fn start() -> Result<Engine, String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let dram = env_size(b"TIERSTACK_DRAM\0").ok_or("TIERSTACK_DRAM is not set")?;
-    let page = env_size(b"TIERSTACK_PAGE\0").unwrap_or(64 << 10) as usize;
+    let page =
+        env_size(b"TIERSTACK_PAGE\0").unwrap_or(tierstack_mem::setup::DEFAULT_PAGE as u64) as usize;
     let opts = tierstack_array::ArrayOptions::default();
     let (array, dir) = if let Some(desc) = env("TIERSTACK_ARRAY") {
         let a = tierstack_array::descriptor::open_array(std::path::Path::new(&desc), &opts)

@@ -231,6 +231,43 @@ impl TieredStore {
         Ok(None)
     }
 
+    /// [`TieredStore::get_uncached`] of several pages: those not in DRAM are asked of each
+    /// tier below in one call (neighbours in the array are read together).
+    pub fn get_many_uncached(&self, keys: &[PageKey]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
+        let mut missing: Vec<usize> = Vec::new();
+        for (i, &k) in keys.iter().enumerate() {
+            Self::check(k, 0)?;
+            match self.dram.get(k) {
+                Some(v) => {
+                    let mut o = self.page_buf(v.len());
+                    o.extend_from_slice(&v);
+                    out.push(Some(o));
+                }
+                None => {
+                    out.push(None);
+                    missing.push(i);
+                }
+            }
+        }
+        for t in &self.lower {
+            if missing.is_empty() {
+                break;
+            }
+            let ks: Vec<PageKey> = missing.iter().map(|&i| keys[i]).collect();
+            let got = t.get_many(&ks)?;
+            let mut still = Vec::new();
+            for (&i, v) in missing.iter().zip(got) {
+                match v {
+                    Some(v) => out[i] = Some(v),
+                    None => still.push(i),
+                }
+            }
+            missing = still;
+        }
+        Ok(out)
+    }
+
     /// Removes a page from every tier. Returns whether any tier had it.
     pub fn remove(&self, key: PageKey) -> Result<bool> {
         Self::check(key, 0)?;
@@ -322,10 +359,13 @@ impl TieredStore {
         };
         let mut any = false;
         while self.dram.used() > target {
-            let batch = self.dram.pick_victims(16);
+            let mut batch = self.dram.pick_victims(64);
             if batch.is_empty() {
                 break;
             }
+            // In key order: the pages of a run land next to each other in the tier below,
+            // where a later read of the run takes one request.
+            batch.sort_unstable_by_key(|v| v.0);
             any = true;
             for (k, v, dirty, gen) in batch {
                 if dirty {

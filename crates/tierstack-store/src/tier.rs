@@ -56,6 +56,10 @@ pub trait Tier: Send + Sync {
     /// Stores a page (durable after `flush`).
     fn put(&self, key: PageKey, data: &[u8]) -> Result<()>;
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>>;
+    /// Several pages at once (a tier that can reads neighbours with fewer requests).
+    fn get_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|k| self.get(*k)).collect()
+    }
     fn remove(&self, key: PageKey) -> Result<bool>;
     /// Makes everything put so far durable.
     fn flush(&self) -> Result<()>;
@@ -84,6 +88,18 @@ impl ArrayTier {
     pub fn array(&self) -> &Array {
         &self.array
     }
+
+    fn count_read(&self, v: &Option<Vec<u8>>) {
+        match v {
+            Some(d) => {
+                self.counters.hits.fetch_add(1, Relaxed);
+                self.counters.bytes_out.fetch_add(d.len() as u64, Relaxed);
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Relaxed);
+            }
+        }
+    }
 }
 
 impl Tier for ArrayTier {
@@ -104,14 +120,14 @@ impl Tier for ArrayTier {
 
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
         let v = self.array.get(key)?;
-        match &v {
-            Some(d) => {
-                self.counters.hits.fetch_add(1, Relaxed);
-                self.counters.bytes_out.fetch_add(d.len() as u64, Relaxed);
-            }
-            None => {
-                self.counters.misses.fetch_add(1, Relaxed);
-            }
+        self.count_read(&v);
+        Ok(v)
+    }
+
+    fn get_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Vec<u8>>>> {
+        let v = self.array.get_many(keys)?;
+        for d in &v {
+            self.count_read(d);
         }
         Ok(v)
     }

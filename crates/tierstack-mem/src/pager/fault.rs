@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::uffd::{Event, FaultKind};
 use parking_lot::Mutex;
 
-use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX};
+use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX, WRITE_HEAT_ON};
 use super::{fatal, Inner};
 
 /// A page fault to serve (read from the userfaultfd, or handed over by another thread).
@@ -271,39 +271,111 @@ impl Inner {
             }
             PageState::Stored => {}
         }
-        st.pages[idx] = PageState::Loading;
-        self.charge(page as u64);
+        // Along a sequential stream the fault unit grows: the pages right after this one that
+        // the stream wants next are read with it (one request per drive) and mapped in one
+        // call, as far as there is room under the high watermark.
+        let mut ahead = self.stream(&mut st, idx);
+        let room = (self.high.saturating_sub(self.resident.load(Relaxed)) / page as u64) as usize;
+        let run_max = (super::readahead::RUN_BYTES / page).max(1).min(room + 1);
+        let mut run = vec![idx];
+        if st.sequential {
+            while run.len() < run_max
+                && idx + run.len() < st.pages.len()
+                && st.pages[idx + run.len()] == PageState::Stored
+            {
+                run.push(idx + run.len());
+            }
+            let end = idx + run.len();
+            ahead.retain(|&j| j >= end);
+        }
+        for &j in &run {
+            st.pages[j] = PageState::Loading;
+        }
+        self.charge((run.len() * page) as u64);
         drop(st);
         let t0 = Instant::now();
         busy.store(true, Release);
-        let data = self.read_page(core, idx);
+        let data = self.read_run(core, &run);
         busy.store(false, Release);
         let Some(data) = data else {
-            self.resident.fetch_sub(page as u64, Relaxed);
+            self.resident.fetch_sub((run.len() * page) as u64, Relaxed);
             return;
         };
         let c = &self.counters;
         c.store_reads.fetch_add(1, Relaxed);
         c.store_read_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-        self.counters.bytes_in.fetch_add(page as u64, Relaxed);
-        let tracked = self.place(pa, &data, !write);
+        self.counters
+            .bytes_in
+            .fetch_add((run.len() * page) as u64, Relaxed);
+        let tracked = self.place(pa, &data[0], !write);
+        // The rest of the run in one call: tracked clean, or writable while the region is
+        // being written (see the prefetch's write heat).
+        let mut rest_tracked = Vec::new();
+        if run.len() > 1 {
+            let mut buf = Vec::with_capacity((run.len() - 1) * page);
+            for d in &data[1..] {
+                buf.extend_from_slice(d);
+            }
+            let heat = core.write_heat.load(Relaxed);
+            let protect = heat < WRITE_HEAT_ON;
+            if !protect {
+                core.write_heat
+                    .store(heat.saturating_sub(run.len() as u32 - 1), Relaxed);
+            }
+            rest_tracked = match self.uffd.copy(&buf, pa + page, protect) {
+                Ok(()) => vec![protect; run.len() - 1],
+                Err(_) => run[1..]
+                    .iter()
+                    .zip(&data[1..])
+                    .map(|(&j, d)| self.place(core.base + j * page, d, protect))
+                    .collect(),
+            };
+        }
         let mut st = core.st.lock();
         if st.dead {
             drop(st);
-            self.resident.fetch_sub(page as u64, Relaxed);
+            self.resident.fetch_sub((run.len() * page) as u64, Relaxed);
             return;
         }
         self.mark_resident(core, &mut st, idx, PageState::Stored, !tracked);
-        let pf = self.stream(&mut st, idx);
+        for (&j, &t) in run[1..].iter().zip(&rest_tracked) {
+            self.mark_resident(core, &mut st, j, PageState::Stored, !t);
+        }
         drop(st);
+        if run.len() > 1 {
+            self.counters
+                .prefetched
+                .fetch_add(run.len() as u64 - 1, Relaxed);
+        }
         // Timed up to the wake-up call: the woken thread, on this CPU, usually runs at once,
         // so the call itself returns only when the program faults again.
         self.counters
             .store_fault_ns
             .fetch_add(entered.elapsed().as_nanos() as u64, Relaxed);
-        let _ = self.uffd.wake(pa, page);
-        self.prefetch(core, pf);
+        let _ = self.uffd.wake(pa, run.len() * page);
+        self.prefetch(core, ahead);
+    }
+
+    /// Reads the pages `run` (adjacent, the first being faulted on) from the store; None when
+    /// the region was unmapped meanwhile.
+    fn read_run(&self, core: &RegionCore, run: &[usize]) -> Option<Vec<Vec<u8>>> {
+        if run.len() == 1 {
+            return self.read_page(core, run[0]).map(|d| vec![d]);
+        }
+        let keys: Vec<(u64, u64)> = run.iter().map(|&j| (core.obj, j as u64)).collect();
+        let got = self.store.get_many_uncached(&keys).unwrap_or_default();
+        let mut out = Vec::with_capacity(run.len());
+        for (n, &j) in run.iter().enumerate() {
+            match got.get(n).cloned().flatten() {
+                Some(mut v) => {
+                    v.resize(self.page, 0);
+                    out.push(v);
+                }
+                None => out.push(self.read_page(core, j)?),
+            }
+        }
+        Some(out)
     }
 
     /// Copies one page into place without waking, write-protected in the same step when

@@ -31,11 +31,16 @@ pub(super) struct Stream {
     used: u64,
 }
 
-/// A page to read ahead of a fault stream.
+/// Pages to read ahead of a fault stream: one page, or a run of adjacent ones read and mapped
+/// together.
 pub(super) struct PrefetchJob {
     core: Arc<RegionCore>,
-    idx: usize,
+    idxs: Vec<usize>,
 }
+
+/// Largest run of adjacent pages read and mapped as one, in bytes: the read-ahead unit of a
+/// sequential stream grows to this, whatever the page size.
+pub(super) const RUN_BYTES: usize = 256 << 10;
 
 /// Threads that read prefetched pages in parallel (the store's reads are synchronous).
 pub(super) const PREFETCH_THREADS: usize = 8;
@@ -67,8 +72,10 @@ impl Inner {
                 && d % s.stride == 0
                 && (i - s.ahead) * sign <= s.stride.abs()
         };
+        st.sequential = false;
         if let Some(s) = st.streams.iter_mut().find(|s| continues(s)) {
             s.hits += 1;
+            let forward = s.stride == 1;
             s.used = tick;
             let sign = s.stride.signum();
             // Pages the program went through without a fault were prefetched ones.
@@ -80,6 +87,7 @@ impl Inner {
                 return Vec::new();
             }
             s.window = (s.window * 2).clamp(1, max_window);
+            let window = s.window;
             let target = i + s.stride * s.window as i64;
             let mut p = if (s.ahead - i) * sign > 0 { s.ahead } else { i } + s.stride;
             let mut out = Vec::new();
@@ -88,6 +96,7 @@ impl Inner {
                 s.ahead = p;
                 p += s.stride;
             }
+            st.sequential = forward && window > 1;
             return out;
         }
         // Near a stream's last fault: a (new) stride.
@@ -146,12 +155,21 @@ impl Inner {
             let _ = self.place(core.base + j * self.page, &self.zeros, false);
         }
         self.finish_loads(core, &zeros, PageState::Zero, &vec![false; zeros.len()]);
-        // Pages in the store: read in parallel by the prefetch threads.
+        // Pages in the store: read in parallel by the prefetch threads, runs of adjacent pages
+        // as one job (one read per drive, one mapping call).
         let tx = self.prefetch_tx.lock().clone();
+        let run_max = (RUN_BYTES / self.page).max(1);
+        let mut runs: Vec<Vec<usize>> = Vec::new();
         for j in stored {
+            match runs.last_mut() {
+                Some(r) if r.len() < run_max && r.last().is_some_and(|&l| l + 1 == j) => r.push(j),
+                _ => runs.push(vec![j]),
+            }
+        }
+        for idxs in runs {
             let job = PrefetchJob {
                 core: core.clone(),
-                idx: j,
+                idxs,
             };
             let job = match &tx {
                 Some(tx) => match tx.send(job) {
@@ -164,24 +182,66 @@ impl Inner {
         }
     }
 
-    /// Reads one page of a prefetch from the store and maps it, write-protected (clean).
+    /// Reads the pages of a prefetch from the store and maps them, write-protected (clean)
+    /// unless the region is being written; a run of adjacent pages with one mapping call.
     fn load_one(&self, job: PrefetchJob) {
-        let pa = job.core.base + job.idx * self.page;
-        let Some(data) = self.read_page(&job.core, job.idx) else {
-            self.resident.fetch_sub(self.page as u64, Relaxed);
-            return;
+        let page = self.page;
+        let core = &job.core;
+        let keys: Vec<(u64, u64)> = job.idxs.iter().map(|&j| (core.obj, j as u64)).collect();
+        let got = match self.store.get_many_uncached(&keys) {
+            Ok(v) => v,
+            Err(_) => job.idxs.iter().map(|&j| self.read_page(core, j)).collect(),
         };
-        self.counters.bytes_in.fetch_add(self.page as u64, Relaxed);
+        let mut data: Vec<Vec<u8>> = Vec::with_capacity(got.len());
+        for (&j, v) in job.idxs.iter().zip(got) {
+            match v {
+                Some(mut v) => {
+                    v.resize(page, 0);
+                    data.push(v);
+                }
+                // Gone (region unmapped meanwhile) or never there: read_page decides.
+                None => match self.read_page(core, j) {
+                    Some(v) => data.push(v),
+                    None => {
+                        self.resident
+                            .fetch_sub(job.idxs.len() as u64 * page as u64, Relaxed);
+                        return;
+                    }
+                },
+            }
+        }
+        self.counters
+            .bytes_in
+            .fetch_add((data.len() * page) as u64, Relaxed);
         // Each page mapped writable spends heat; each write-protect fault adds two. A stream
         // that writes everything settles at two writable pages in three; one that stops
         // writing is back to tracked (clean) pages within a few dozen pages.
-        let heat = job.core.write_heat.load(Relaxed);
+        let heat = core.write_heat.load(Relaxed);
         let protect = heat < WRITE_HEAT_ON;
         if !protect {
-            job.core.write_heat.store(heat - 1, Relaxed);
+            core.write_heat
+                .store(heat.saturating_sub(data.len() as u32), Relaxed);
         }
-        let tracked = self.place(pa, &data, protect);
-        self.finish_loads(&job.core, &[job.idx], PageState::Stored, &[tracked]);
+        let base = core.base + job.idxs[0] * page;
+        let tracked: Vec<bool> = if data.len() > 1 {
+            let mut run = Vec::with_capacity(data.len() * page);
+            for d in &data {
+                run.extend_from_slice(d);
+            }
+            match self.uffd.copy(&run, base, protect) {
+                Ok(()) => vec![protect; data.len()],
+                // Some page of the run exists already: one at a time.
+                Err(_) => job
+                    .idxs
+                    .iter()
+                    .zip(&data)
+                    .map(|(&j, d)| self.place(core.base + j * page, d, protect))
+                    .collect(),
+            }
+        } else {
+            vec![self.place(base, &data[0], protect)]
+        };
+        self.finish_loads(core, &job.idxs, PageState::Stored, &tracked);
     }
 
     /// Marks loaded pages resident (or undoes the charge if the region went away) and wakes

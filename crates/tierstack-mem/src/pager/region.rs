@@ -45,6 +45,8 @@ pub(super) struct RState {
     pub(super) resident: u64,
     pub(super) streams: [Stream; STREAMS],
     pub(super) tick: u64,
+    /// The last fault continued a forward sequential stream (set by `stream`).
+    pub(super) sequential: bool,
     /// The region was unmapped; late fault and eviction work undoes itself.
     pub(super) dead: bool,
 }
@@ -158,6 +160,7 @@ pub(super) fn map_region(
             resident: 0,
             streams: [Stream::default(); STREAMS],
             tick: 0,
+            sequential: false,
             dead: false,
         }),
     });
@@ -201,6 +204,7 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
             resident: 0,
             streams: [Stream::default(); STREAMS],
             tick: 0,
+            sequential: false,
             dead: false,
         }
     };
