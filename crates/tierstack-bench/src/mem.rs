@@ -46,6 +46,33 @@ impl std::str::FromStr for Pattern {
     }
 }
 
+/// What each page holds after the warm-up (and so how well swapped pages compress).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fill {
+    /// One word per page, the rest zeros (pmbench's way; compresses extremely well).
+    #[default]
+    OneWord,
+    /// Every word random (does not compress).
+    Random,
+    /// Every word a double of a smooth field, as a simulation's state (compresses a little).
+    Floats,
+}
+
+impl std::str::FromStr for Fill {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "one-word" => Ok(Fill::OneWord),
+            "random" => Ok(Fill::Random),
+            "floats" => Ok(Fill::Floats),
+            o => Err(format!(
+                "unknown fill '{o}': use one-word, random or floats"
+            )),
+        }
+    }
+}
+
 /// What one worker run does.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerSpec {
@@ -60,6 +87,9 @@ pub struct WorkerSpec {
     /// Run in a tierstack userfaultfd region instead of plain memory.
     #[serde(default)]
     pub tierstack: Option<TierstackSpec>,
+    /// What the warm-up writes into each page.
+    #[serde(default)]
+    pub fill: Fill,
 }
 
 /// The tierstack engine: an array of four file drives in `dir` (RAID `level`), the tiered
@@ -264,9 +294,29 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
         ),
     };
     let mem = backing.words();
-    // Touch every page once, as pmbench does, so the map is resident or swapped out.
+    // Touch every page once, as pmbench does, so the map is resident or swapped out; with a
+    // fill other than one word, write all of it.
     for p in 0..pages {
-        mem[p * words_per_page].store(p as u64, Relaxed);
+        let page = &mem[p * words_per_page..(p + 1) * words_per_page];
+        match spec.fill {
+            Fill::OneWord => page[0].store(p as u64, Relaxed),
+            Fill::Random => {
+                let mut x = (p as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                for w in page {
+                    // xorshift64
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    w.store(x, Relaxed);
+                }
+            }
+            Fill::Floats => {
+                for (i, w) in page.iter().enumerate() {
+                    let t = (p * words_per_page + i) as f64 * 1e-4;
+                    w.store((t.sin() * 0.5 + (3.0 * t).cos()).to_bits(), Relaxed);
+                }
+            }
+        }
     }
     let stop = AtomicBool::new(false);
     let total = AtomicU64::new(0);

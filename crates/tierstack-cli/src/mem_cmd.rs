@@ -37,7 +37,15 @@ pub struct BenchMemArgs {
     /// Run tierstack and kernel-swap back to back and print the ratio of accesses/s.
     #[arg(long)]
     compare: bool,
-    /// With --compare: run both engines this many times, alternately, and report each
+    /// What each page holds: one-word (one word per page, pmbench's way), random (does not
+    /// compress) or floats (a smooth field of doubles, as a simulation's state).
+    #[arg(long, default_value = "one-word")]
+    fill: String,
+    /// With --compare: do not run kernel swap with zswap (by default it runs where the host
+    /// lets the switch be set).
+    #[arg(long)]
+    no_zswap: bool,
+    /// With --compare: run the engines this many times, alternately, and report each
     /// engine's median run.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     repeat: u32,
@@ -48,9 +56,9 @@ pub struct BenchMemArgs {
     /// object) instead of running a benchmark; `-` reads standard input.
     #[arg(long, requires = "plot")]
     from_json: Option<PathBuf>,
-    /// tierstack page size (unit of faulting and eviction): a multiple of 4K up to 1M; 4K, as
+    /// tierstack page size (unit of faulting and eviction): a multiple of 4K up to 1M; 8K, as
     /// `tierstack run`, by default.
-    #[arg(long, default_value = "4K")]
+    #[arg(long, default_value = "8K")]
     page: String,
     /// RAID level of the tierstack engine's four file drives. 5 by default: what `tierstack
     /// run --dir` makes (the engine uses run's own constructor and budget rule); 0 is like a
@@ -143,6 +151,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         seconds: a.seconds,
         cgroup_procs: None,
         tierstack: None,
+        fill: a.fill.parse().map_err(anyhow::Error::msg)?,
     };
     let exe = std::env::current_exe()?;
     if a.compare {
@@ -150,8 +159,12 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         // --repeat, alternately, and each engine's median run is reported (this machine's
         // disk swings run to run).
         let repeat = a.repeat as usize;
+        // Kernel swap with zswap too, where the host has it (set for the run, restored after).
+        let zswap = if a.no_zswap { None } else { Zswap::find() };
+        let mut zswap_error: Option<String> = None;
         let mut ts = Vec::new();
         let mut ks = Vec::new();
+        let mut zs = Vec::new();
         for i in 0..repeat {
             if repeat > 1 && !a.json {
                 eprintln!("round {} of {repeat}", i + 1);
@@ -164,33 +177,72 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
                 mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page, level)
                     .map_err(anyhow::Error::msg)?,
             );
+            if let (Some(z), None) = (&zswap, &zswap_error) {
+                let r = z.with_enabled(|| {
+                    mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page, level)
+                });
+                // A peer that fails is reported, not the end of the comparison.
+                match r {
+                    Ok(mut r) => {
+                        r.engine = "kernel-swap-zswap".into();
+                        zs.push(r);
+                    }
+                    Err(e) => zswap_error = Some(e),
+                }
+            }
         }
         let rounds: Vec<serde_json::Value> = ts
             .iter()
             .zip(&ks)
-            .map(|(t, k)| serde_json::json!([t.accesses_per_s, k.accesses_per_s]))
+            .enumerate()
+            .map(|(i, (t, k))| match zs.get(i) {
+                Some(z) => {
+                    serde_json::json!([t.accesses_per_s, k.accesses_per_s, z.accesses_per_s])
+                }
+                None => serde_json::json!([t.accesses_per_s, k.accesses_per_s]),
+            })
             .collect();
         let t = median_run(ts);
         let k = median_run(ks);
-        let ratio = if k.accesses_per_s > 0.0 {
-            t.accesses_per_s / k.accesses_per_s
-        } else {
-            0.0
+        let z = (!zs.is_empty() && zswap_error.is_none()).then(|| median_run(zs));
+        let ratio_of = |o: &mem::MemReport| {
+            if o.accesses_per_s > 0.0 {
+                t.accesses_per_s / o.accesses_per_s
+            } else {
+                0.0
+            }
         };
+        let ratio = ratio_of(&k);
+        let ratio_zswap = z.as_ref().map(ratio_of);
         if a.json {
             println!(
                 "{}",
                 serde_json::json!({"tierstack": t, "kernel_swap": k, "ratio": ratio,
-                    "repeat": repeat, "rounds_accesses_per_s": rounds})
+                    "kernel_swap_zswap": z, "ratio_zswap": ratio_zswap,
+                    "zswap_error": zswap_error,
+                    "fill": a.fill, "repeat": repeat, "rounds_accesses_per_s": rounds})
             );
         } else {
             print!("{}{}", mem::render(&t), mem::render(&k));
+            if let Some(z) = &z {
+                print!("{}", mem::render(z));
+            }
             if repeat > 1 {
                 println!("(median of {repeat} rounds each)");
             }
             println!("ratio (tierstack / kernel-swap accesses/s): {ratio:.2}");
+            match (ratio_zswap, &zswap_error) {
+                (Some(rz), _) => println!("ratio (tierstack / kernel-swap with zswap): {rz:.2}"),
+                (None, Some(e)) => println!("kernel swap with zswap: failed: {e}"),
+                (None, None) if a.no_zswap => println!("kernel swap with zswap: not run (--no-zswap)"),
+                (None, None) => println!(
+                    "kernel swap with zswap: not run (no writable /sys/module/zswap/parameters/enabled)"
+                ),
+            }
         }
-        return draw(&[t, k]);
+        let mut all = vec![t, k];
+        all.extend(z);
+        return draw(&all);
     }
     let r = mem::run_engine(&exe, &a.engine, &spec, dram, &a.dir, page, level)
         .map_err(anyhow::Error::msg)?;
@@ -200,6 +252,30 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         print!("{}", mem::render(&r));
     }
     draw(&[r])
+}
+
+/// The host's zswap switch, when it can be set.
+struct Zswap {
+    path: PathBuf,
+}
+
+impl Zswap {
+    fn find() -> Option<Zswap> {
+        let path = PathBuf::from("/sys/module/zswap/parameters/enabled");
+        let now = std::fs::read_to_string(&path).ok()?;
+        // Writable: writing the value it has changes nothing.
+        std::fs::write(&path, now.trim()).ok()?;
+        Some(Zswap { path })
+    }
+
+    /// Runs `f` with zswap enabled, then puts the switch back as it was.
+    fn with_enabled<T>(&self, f: impl FnOnce() -> T) -> T {
+        let before = std::fs::read_to_string(&self.path).unwrap_or_else(|_| "N".into());
+        let _ = std::fs::write(&self.path, "Y");
+        let r = f();
+        let _ = std::fs::write(&self.path, before.trim());
+        r
+    }
 }
 
 /// The run with the median accesses/s (the lower middle one of an even count).

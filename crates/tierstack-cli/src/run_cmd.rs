@@ -29,7 +29,7 @@ pub struct RunArgs {
     pub dir: Option<PathBuf>,
     /// tierstack page (unit of faulting and eviction): a multiple of 4K up to 1M. Along a
     /// sequential stream pages are read in runs of up to 256K, whatever the page.
-    #[arg(long, default_value = "4K")]
+    #[arg(long, default_value = "8K")]
     pub page: String,
     /// Allocations of at least this size are paged; smaller ones use the ordinary allocator.
     #[arg(long, default_value = "64M")]

@@ -3,7 +3,7 @@
 //! A [`Pager`] is the process's paging engine: one userfaultfd, several fault threads, an
 //! evictor thread, and **one DRAM budget over all its regions**. A [`Region`] is an anonymous
 //! mapping registered with that userfaultfd (missing and write-protect faults) whose pages
-//! (the tierstack page size, default 4 KiB) live in the tiered store when not resident.
+//! (the tierstack page size, default 8 KiB) live in the tiered store when not resident.
 //!
 //! - A missing fault is served from the store (`UFFDIO_COPY`) or with the zero page when the
 //!   page was never written (or was evicted all-zero). The store read happens outside the
