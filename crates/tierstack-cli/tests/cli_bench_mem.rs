@@ -119,6 +119,7 @@ fn bad_options_get_one_line() {
         (vec!["--level", "7"], "unknown RAID level"),
         (vec!["--repeat", "0"], "--repeat"),
         (vec!["--level", "60"], "more than four drives"),
+        (vec!["--fill", "zeros"], "unknown fill"),
     ] {
         let mut a = vec!["bench", "mem", "--seconds", "0.2"];
         if !args.contains(&"--engine") {
@@ -323,4 +324,31 @@ fn compare_with_repeat_reports_each_engines_median() {
     let r = j["ratio"].as_f64().unwrap_or(0.0);
     assert!((r - t / k).abs() < 1e-9, "{j}");
     assert_eq!(std::fs::read_dir(tmp.path()).expect("dir").count(), 0);
+}
+
+/// `--fill random` and `--fill floats` write whole pages in the warm-up and still measure.
+#[test]
+fn fills_run() {
+    for fill in ["random", "floats", "one-word"] {
+        let o = ts(&[
+            "bench",
+            "mem",
+            "--engine",
+            "dram",
+            "--map",
+            "16M",
+            "--seconds",
+            "0.2",
+            "--fill",
+            fill,
+            "--json",
+        ]);
+        assert!(
+            o.status.success(),
+            "{fill}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        assert!(v["accesses"].as_u64().unwrap_or(0) > 0, "{fill}: {v}");
+    }
 }
