@@ -298,8 +298,9 @@ static HOLD_PARENT: AtomicI32 = AtomicI32::new(-1);
 static FORK_READY: AtomicBool = AtomicBool::new(false);
 
 /// Before `fork`: the shim's region work and the pager's threads stop between units of
-/// work, the store is flushed to the array (so what the array's drives hold is every page
-/// not resident), and a hold is made: a file with a shared `flock` on one open file
+/// work, the store's write buffer is written to the array and the array's open stripe sealed
+/// (so what the drives' files hold is every page not resident; not synced: the child reads
+/// the same files), and a hold is made: a file with a shared `flock` on one open file
 /// description (the child keeps it, and its own children inherit it) and a second open file
 /// description the parent gives the array, whose cleaner then frees no segment until every
 /// holder is gone. The child reads the parent's pages from a read-only view of the array
@@ -315,8 +316,15 @@ extern "C" fn fork_prepare() {
         return;
     };
     e.pager.pause();
-    if let Err(err) = e.pager.store().flush() {
-        eprintln!("tierstack: fork: cannot flush the paging store ({err}); the child will not be able to read paged memory");
+    // The child reads the same files: what they hold must be complete, not durable.
+    let settled = e
+        .pager
+        .store()
+        .write_back(u64::MAX)
+        .map_err(|e| e.to_string())
+        .and_then(|_| e.array.settle().map_err(|e| e.to_string()));
+    if let Err(err) = settled {
+        eprintln!("tierstack: fork: cannot write the paging store out ({err}); the child will not be able to read paged memory");
         return;
     }
     match make_hold() {

@@ -52,6 +52,20 @@ impl Array {
         self.flush_locked(&mut w)
     }
 
+    /// Puts everything written so far in the drives' files, without waiting for it to be
+    /// durable: the open stripe is sealed (padded) and the stripes in flight are written.
+    /// What a read-only view made next sees (see `Array::read_only_view`).
+    pub fn settle(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        let mut w = self.inner.writer.lock();
+        if w.dirty {
+            self.seal_stripe(&mut w)?;
+        }
+        self.finish_inflight(&mut w)
+    }
+
     pub(super) fn flush_locked(&self, w: &mut Writer) -> Result<()> {
         if w.dirty {
             self.seal_stripe(w)?;
