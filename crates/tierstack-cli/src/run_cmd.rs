@@ -287,20 +287,31 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     // Every process reports its pager's figures at exit (the end-of-run check needs them).
     cmd.env("TIERSTACK_STATS_DIR", &run_dir.0);
-    // The program gets Ctrl-C itself; we wait for it and clean up.
-    // SAFETY: ignoring SIGINT/SIGQUIT in this process; the child resets them before exec.
+    // The program gets Ctrl-C itself; we wait for it and clean up. SIGTERM and SIGHUP sent to
+    // us (`timeout`, `kill`, a scheduler's cancel) are passed on to the program, and we still
+    // wait for it and clean up: never an orphan that goes on paging, nor a run folder left.
+    // SAFETY: ignoring SIGINT/SIGQUIT and installing a handler that only calls kill(2) on an
+    // atomic pid; the child resets all four before exec.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
         cmd.pre_exec(|| {
             libc::signal(libc::SIGINT, libc::SIG_DFL);
             libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
             Ok(())
         });
     }
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
+    PROGRAM_PID.store(child.id() as i32, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: `pass_on` is async-signal-safe (an atomic load and kill(2)).
+    unsafe {
+        libc::signal(libc::SIGTERM, pass_on as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, pass_on as *const () as libc::sighandler_t);
+    }
     // `tierstack top` finds the run through this record (removed when `_reg` drops).
     let rec = crate::top_cmd::RunRecord {
         tierstack_pid: std::process::id(),
@@ -367,6 +378,18 @@ pub fn run(a: RunArgs) -> Result<()> {
         std::process::exit(code);
     }
     Ok(())
+}
+
+/// The program `run` started, for [`pass_on`].
+static PROGRAM_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Signal handler of `run` for SIGTERM and SIGHUP: the program gets the signal.
+extern "C" fn pass_on(sig: libc::c_int) {
+    let pid = PROGRAM_PID.load(std::sync::atomic::Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe; `pid` is our child.
+        unsafe { libc::kill(pid, sig) };
+    }
 }
 
 /// Waits for our child `pid` (not waited for yet): its exit code (128 + signal when killed)

@@ -605,3 +605,65 @@ fn jvm_heap_is_paged_within_the_budget() {
     );
     assert_eq!(std::fs::read_dir(tmp.path()).expect("dir").count(), 1);
 }
+
+/// SIGTERM to `tierstack run` (as `timeout` or a scheduler's cancel sends it) reaches the
+/// program, and `run` still waits for it and cleans up: no orphan, no run folder left.
+#[test]
+fn sigterm_is_passed_on_and_the_run_cleans_up() {
+    let _s = serial();
+    if !usable() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let pidfile = t.path().join("pid");
+    let dir = t.path().join("d");
+    std::fs::create_dir(&dir).expect("dir");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let mut child = Command::new(BIN)
+        .args(["run", "--dram", "64M", "--dir"])
+        .arg(&dir)
+        .args(["--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !pidfile.exists()
+        || std::fs::read_to_string(&pidfile)
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the program did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let prog: i32 = std::fs::read_to_string(&pidfile)
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("pid number");
+    // SAFETY: sending SIGTERM to the tierstack process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            start.elapsed().as_secs() < 20,
+            "run did not end after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{prog}")).exists(),
+        "the program outlived run"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).expect("dir").count(),
+        0,
+        "run folder left"
+    );
+}
