@@ -374,3 +374,20 @@ impl Drop for Array {
         }
     }
 }
+
+/// For tests: a RAID 5 array of four file drives `dir/d0..d3` of `size` bytes each, 64 KiB
+/// chunks.
+#[cfg(test)]
+pub(crate) fn test_raid5(dir: &Path, size: u64) -> Array {
+    let paths: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("d{i}"))).collect();
+    let params = CreateParams {
+        level: Level::Raid5,
+        chunk: 64 << 10,
+        groups: None,
+        size: Some(size),
+    };
+    match Array::create(&paths, &params, &ArrayOptions::default()) {
+        Ok(a) => a,
+        Err(e) => panic!("create a test array: {e}"),
+    }
+}

@@ -504,23 +504,13 @@ pub(super) fn culprit_sets(geo: &Geometry, gs: u64, off: usize, len: usize) -> V
 
 #[cfg(test)]
 mod tests {
-    use crate::array::{ArrayOptions, CreateParams};
-    use crate::layout::Level;
-    use crate::Array;
 
     /// `get_many` gives what `get` gives, key by key: runs written together, scattered keys,
     /// overwritten and deleted ones, absent ones, values still in the open stripe.
     #[test]
     fn get_many_matches_get() {
         let t = tempfile::tempdir().expect("tempdir");
-        let paths: Vec<_> = (0..4).map(|i| t.path().join(format!("d{i}"))).collect();
-        let params = CreateParams {
-            level: Level::Raid5,
-            chunk: 64 << 10,
-            groups: None,
-            size: Some(96 << 20),
-        };
-        let a = Array::create(&paths, &params, &ArrayOptions::default()).expect("create");
+        let a = crate::array::test_raid5(t.path(), 96 << 20);
         let val = |k: u64, r: u64| vec![(k * 7 + r) as u8; 4096 - (k as usize % 3) * 100];
         for k in 0..300u64 {
             a.put((1, k), &val(k, 0)).expect("put");

@@ -113,21 +113,11 @@ impl Array {
 
 #[cfg(test)]
 mod tests {
-    use crate::array::{ArrayOptions, CreateParams};
-    use crate::layout::Level;
-    use crate::Array;
 
     #[test]
     fn a_view_keeps_its_values_while_held() {
         let t = tempfile::tempdir().expect("tempdir");
-        let paths: Vec<_> = (0..4).map(|i| t.path().join(format!("d{i}"))).collect();
-        let params = CreateParams {
-            level: Level::Raid5,
-            chunk: 64 << 10,
-            groups: None,
-            size: Some(128 << 20),
-        };
-        let a = Array::create(&paths, &params, &ArrayOptions::default()).expect("create");
+        let a = crate::array::test_raid5(t.path(), 128 << 20);
         for k in 0..200u64 {
             a.put((1, k), &vec![k as u8; 64 << 10]).expect("put");
         }

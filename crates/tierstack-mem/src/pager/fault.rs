@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::uffd::{Event, FaultKind};
 use parking_lot::Mutex;
 
-use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX, WRITE_HEAT_ON};
+use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX};
 use super::{fatal, Inner};
 
 /// A page fault to serve (read from the userfaultfd, or handed over by another thread).
@@ -309,29 +309,12 @@ impl Inner {
             .bytes_in
             .fetch_add((run.len() * page) as u64, Relaxed);
         let tracked = self.place(pa, &data[0], !write);
-        // The rest of the run in one call: tracked clean, or writable while the region is
-        // being written (see the prefetch's write heat).
-        let mut rest_tracked = Vec::new();
-        if run.len() > 1 {
-            let mut buf = Vec::with_capacity((run.len() - 1) * page);
-            for d in &data[1..] {
-                buf.extend_from_slice(d);
-            }
-            let heat = core.write_heat.load(Relaxed);
-            let protect = heat < WRITE_HEAT_ON;
-            if !protect {
-                core.write_heat
-                    .store(heat.saturating_sub(run.len() as u32 - 1), Relaxed);
-            }
-            rest_tracked = match self.uffd.copy(&buf, pa + page, protect) {
-                Ok(()) => vec![protect; run.len() - 1],
-                Err(_) => run[1..]
-                    .iter()
-                    .zip(&data[1..])
-                    .map(|(&j, d)| self.place(core.base + j * page, d, protect))
-                    .collect(),
-            };
-        }
+        // The rest of the run in one call.
+        let rest_tracked = if run.len() > 1 {
+            self.place_run(core, &run[1..], &data[1..])
+        } else {
+            Vec::new()
+        };
         let mut st = core.st.lock();
         if st.dead {
             drop(st);
@@ -359,7 +342,7 @@ impl Inner {
 
     /// Reads the pages `run` (adjacent, the first being faulted on) from the store; None when
     /// the region was unmapped meanwhile.
-    fn read_run(&self, core: &RegionCore, run: &[usize]) -> Option<Vec<Vec<u8>>> {
+    pub(super) fn read_run(&self, core: &RegionCore, run: &[usize]) -> Option<Vec<Vec<u8>>> {
         if run.len() == 1 {
             return self.read_page(core, run[0]).map(|d| vec![d]);
         }

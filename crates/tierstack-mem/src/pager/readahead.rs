@@ -187,61 +187,57 @@ impl Inner {
     fn load_one(&self, job: PrefetchJob) {
         let page = self.page;
         let core = &job.core;
-        let keys: Vec<(u64, u64)> = job.idxs.iter().map(|&j| (core.obj, j as u64)).collect();
-        let got = match self.store.get_many_uncached(&keys) {
-            Ok(v) => v,
-            Err(_) => job.idxs.iter().map(|&j| self.read_page(core, j)).collect(),
+        let Some(data) = self.read_run(core, &job.idxs) else {
+            self.resident
+                .fetch_sub((job.idxs.len() * page) as u64, Relaxed);
+            return;
         };
-        let mut data: Vec<Vec<u8>> = Vec::with_capacity(got.len());
-        for (&j, v) in job.idxs.iter().zip(got) {
-            match v {
-                Some(mut v) => {
-                    v.resize(page, 0);
-                    data.push(v);
-                }
-                // Gone (region unmapped meanwhile) or never there: read_page decides.
-                None => match self.read_page(core, j) {
-                    Some(v) => data.push(v),
-                    None => {
-                        self.resident
-                            .fetch_sub(job.idxs.len() as u64 * page as u64, Relaxed);
-                        return;
-                    }
-                },
-            }
-        }
         self.counters
             .bytes_in
             .fetch_add((data.len() * page) as u64, Relaxed);
-        // Each page mapped writable spends heat; each write-protect fault adds two. A stream
-        // that writes everything settles at two writable pages in three; one that stops
-        // writing is back to tracked (clean) pages within a few dozen pages.
+        let tracked = self.place_run(core, &job.idxs, &data);
+        self.finish_loads(core, &job.idxs, PageState::Stored, &tracked);
+    }
+
+    /// Maps the adjacent pages `idxs` of `core` with contents `data` in one call (page by page
+    /// where part of the range exists already): tracked clean, or writable while the region
+    /// is being written. Each page mapped writable spends heat; each write-protect fault adds
+    /// two. A stream that writes everything settles at two writable pages in three; one that
+    /// stops writing is back to tracked (clean) pages within a few dozen pages. Returns, per
+    /// page, whether it is tracked.
+    pub(super) fn place_run(
+        &self,
+        core: &RegionCore,
+        idxs: &[usize],
+        data: &[Vec<u8>],
+    ) -> Vec<bool> {
+        let page = self.page;
         let heat = core.write_heat.load(Relaxed);
         let protect = heat < WRITE_HEAT_ON;
         if !protect {
             core.write_heat
                 .store(heat.saturating_sub(data.len() as u32), Relaxed);
         }
-        let base = core.base + job.idxs[0] * page;
-        let tracked: Vec<bool> = if data.len() > 1 {
+        let Some(&first) = idxs.first() else {
+            return Vec::new();
+        };
+        if data.len() > 1 {
             let mut run = Vec::with_capacity(data.len() * page);
-            for d in &data {
+            for d in data {
                 run.extend_from_slice(d);
             }
-            match self.uffd.copy(&run, base, protect) {
-                Ok(()) => vec![protect; data.len()],
-                // Some page of the run exists already: one at a time.
-                Err(_) => job
-                    .idxs
-                    .iter()
-                    .zip(&data)
-                    .map(|(&j, d)| self.place(core.base + j * page, d, protect))
-                    .collect(),
+            if self
+                .uffd
+                .copy(&run, core.base + first * page, protect)
+                .is_ok()
+            {
+                return vec![protect; data.len()];
             }
-        } else {
-            vec![self.place(base, &data[0], protect)]
-        };
-        self.finish_loads(core, &job.idxs, PageState::Stored, &tracked);
+        }
+        idxs.iter()
+            .zip(data)
+            .map(|(&j, d)| self.place(core.base + j * page, d, protect))
+            .collect()
     }
 
     /// Marks loaded pages resident (or undoes the charge if the region went away) and wakes
