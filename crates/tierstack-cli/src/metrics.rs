@@ -6,8 +6,12 @@
 //! (`tierstack_fs::mount::status`), /proc/self and the block devices of its drives. Two
 //! latency histograms are measured here: the control socket's status round trip and a statfs
 //! probe through the mount every second (a client's view of how quickly the mount answers).
-//! The FUSE operations' own latencies come from the daemon's hdrhistograms as p50/p99/max
-//! gauges plus count and sum counters: `status` reports quantiles, not buckets.
+//! The FUSE operations' own latencies (from the daemon's per-operation histograms, which
+//! `status` reports in the shared buckets of `tierstack_common::latency`) and a run's fault
+//! service times (from the pager's bucket counters, which each paged process publishes about
+//! once a second) are exported as Prometheus histograms with those buckets: [`Buckets`]
+//! builds them with the `prometheus` crate's data model, since its own `Histogram` can only
+//! be observed into, not set.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -15,10 +19,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, MetricFamily, MetricType};
 use prometheus::{
-    CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
+use std::sync::Mutex;
 
 use crate::top_cmd;
 
@@ -122,11 +132,98 @@ fn set_counter(c: &IntCounterVec, labels: &[&str], total: u64) {
     c.inc_by(total.saturating_sub(c.get()));
 }
 
-fn set_fcounter(c: &CounterVec, labels: &[&str], total: f64) {
-    let c = c.with_label_values(labels);
-    let d = total - c.get();
-    if d > 0.0 {
-        c.inc_by(d);
+/// A family of Prometheus histograms whose buckets are counted elsewhere (a daemon's
+/// per-operation histograms, a pager's fault histogram) and set here at each scrape, in the
+/// shared buckets of `tierstack_common::latency`.
+#[derive(Clone)]
+pub struct Buckets(Arc<BucketsInner>);
+
+type LabelValues = Vec<String>;
+/// Per-bucket counts and their sum in seconds.
+type Series = (Vec<u64>, f64);
+
+struct BucketsInner {
+    desc: Desc,
+    labels: Vec<String>,
+    series: Mutex<BTreeMap<LabelValues, Series>>,
+}
+
+impl Buckets {
+    /// A histogram family `name` with `labels`, registered in `reg`.
+    pub fn register(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<Buckets> {
+        let desc = Desc::new(
+            name.into(),
+            help.into(),
+            labels.iter().map(|l| l.to_string()).collect(),
+            Default::default(),
+        )
+        .map_err(reg_err)?;
+        let b = Buckets(Arc::new(BucketsInner {
+            desc,
+            labels: labels.iter().map(|l| l.to_string()).collect(),
+            series: Mutex::new(BTreeMap::new()),
+        }));
+        reg.register(Box::new(b.clone())).map_err(reg_err)?;
+        Ok(b)
+    }
+
+    /// Sets the series of `values` (one per label) to per-bucket `counts` (not cumulative;
+    /// the last one the overflow bucket) and their sum in seconds.
+    pub fn set(&self, values: &[&str], counts: &[u64], sum_seconds: f64) {
+        let mut series = self.0.series.lock().unwrap_or_else(|p| p.into_inner());
+        series.insert(
+            values.iter().map(|v| v.to_string()).collect(),
+            (counts.to_vec(), sum_seconds),
+        );
+    }
+}
+
+impl Collector for Buckets {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut mf = MetricFamily::default();
+        mf.set_name(self.0.desc.fq_name.clone());
+        mf.set_help(self.0.desc.help.clone());
+        mf.set_field_type(MetricType::HISTOGRAM);
+        let series = self.0.series.lock().unwrap_or_else(|p| p.into_inner());
+        for (values, (counts, sum)) in series.iter() {
+            let mut h = proto::Histogram::default();
+            let mut cum = 0;
+            let mut bs = Vec::new();
+            for (i, &bound) in tierstack_common::LATENCY_BOUNDS_US.iter().enumerate() {
+                cum += counts.get(i).copied().unwrap_or(0);
+                let mut b = proto::Bucket::default();
+                b.set_upper_bound(bound as f64 / 1e6);
+                b.set_cumulative_count(cum);
+                bs.push(b);
+            }
+            h.set_bucket(bs);
+            h.set_sample_count(counts.iter().sum());
+            h.set_sample_sum(*sum);
+            let mut m = proto::Metric::default();
+            m.set_label(
+                self.0
+                    .labels
+                    .iter()
+                    .zip(values)
+                    .map(|(n, v)| {
+                        let mut l = proto::LabelPair::default();
+                        l.set_name(n.clone());
+                        l.set_value(v.clone());
+                        l
+                    })
+                    .collect(),
+            );
+            m.set_histogram(h);
+            mf.mut_metric().push(m);
+        }
+        if mf.get_metric().is_empty() {
+            return Vec::new();
+        }
+        vec![mf]
     }
 }
 
@@ -220,9 +317,7 @@ pub struct MountMetrics {
     limit: IntGaugeVec,
     up: IntGaugeVec,
     ops: IntCounterVec,
-    op_sum: CounterVec,
-    op_p50: GaugeVec,
-    op_p99: GaugeVec,
+    op_time: Buckets,
     op_max: GaugeVec,
     control: HistogramVec,
     probe: HistogramVec,
@@ -260,15 +355,6 @@ impl MountMetrics {
         let m = ["mountpoint"];
         let mt = ["mountpoint", "tier"];
         let mo = ["mountpoint", "op"];
-        let op_sum = CounterVec::new(
-            Opts::new(
-                "tierstack_fuse_op_duration_seconds_total",
-                "Time spent serving each FUSE operation since the mount (mean x count)",
-            ),
-            &mo,
-        )
-        .map_err(reg_err)?;
-        reg.register(Box::new(op_sum.clone())).map_err(reg_err)?;
         Ok(MountMetrics {
             mp: mp.to_path_buf(),
             mpl: mp.display().to_string(),
@@ -289,9 +375,7 @@ impl MountMetrics {
             limit: ig("tierstack_held_limit_bytes", "Bytes the fast tier may hold before writers wait", &m)?,
             up: ig("tierstack_mount_up", "1 when the mount's control socket answered this scrape", &m)?,
             ops: ic("tierstack_fuse_ops_total", "FUSE operations served since the mount", &mo)?,
-            op_sum,
-            op_p50: fg("tierstack_fuse_op_latency_p50_seconds", "Median latency of a FUSE operation since the mount", &mo)?,
-            op_p99: fg("tierstack_fuse_op_latency_p99_seconds", "99th percentile latency of a FUSE operation since the mount", &mo)?,
+            op_time: Buckets::register(reg, "tierstack_fuse_op_duration_seconds", "Time the daemon took to serve a FUSE operation, since the mount", &mo)?,
             op_max: fg("tierstack_fuse_op_latency_max_seconds", "Longest FUSE operation since the mount", &mo)?,
             control: hist("tierstack_control_request_duration_seconds", "Round trip of a status request on the mount's control socket")?,
             probe: hist("tierstack_mount_probe_duration_seconds", "statfs(2) through the mount, once a second: how quickly the mount answers a client")?,
@@ -374,13 +458,8 @@ impl MountMetrics {
         for o in &s.ops {
             let lo = [self.mpl.as_str(), o.op.as_str()];
             set_counter(&self.ops, &lo, o.count);
-            set_fcounter(&self.op_sum, &lo, o.mean_us * o.count as f64 / 1e6);
-            self.op_p50
-                .with_label_values(&lo)
-                .set(o.p50_us as f64 / 1e6);
-            self.op_p99
-                .with_label_values(&lo)
-                .set(o.p99_us as f64 / 1e6);
+            self.op_time
+                .set(&lo, &o.buckets, o.mean_us * o.count as f64 / 1e6);
             self.op_max
                 .with_label_values(&lo)
                 .set(o.max_us as f64 / 1e6);
@@ -452,34 +531,35 @@ pub fn serve_run(listener: TcpListener, rec: top_cmd::RunRecord) -> Result<()> {
     )?;
     let exited = ic(
         "tierstack_run_exited_processes_total",
-        "Paged processes of the program that exited and reported their counters",
+        "Paged processes of the program that exited",
+    )?;
+    let paging = ig(
+        "tierstack_run_paging_processes",
+        "Processes of the program paging now (each reports about once a second)",
     )?;
     let faults = ic(
         "tierstack_run_faults_total",
-        "Page faults served by tierstack (processes that exited)",
+        "Page faults served by tierstack (live and exited processes)",
     )?;
     let paged_in = ic(
         "tierstack_run_paged_in_bytes_total",
-        "Bytes paged in from the store (processes that exited)",
+        "Bytes paged in from the store",
     )?;
     let paged_out = ic(
         "tierstack_run_paged_out_bytes_total",
-        "Bytes paged out to the store (processes that exited)",
+        "Bytes paged out to the store",
     )?;
-    let evictions = ic(
-        "tierstack_run_evictions_total",
-        "Pages evicted (processes that exited)",
+    let evictions = ic("tierstack_run_evictions_total", "Pages evicted")?;
+    let resident = ig(
+        "tierstack_run_paged_resident_bytes",
+        "Bytes of paged memory resident now (processes paging now)",
     )?;
-    let fault_time = CounterVec::new(
-        Opts::new(
-            "tierstack_run_fault_duration_seconds_total",
-            "Time spent serving faults from the store (processes that exited)",
-        ),
+    let fault_time = Buckets::register(
+        &reg,
+        "tierstack_run_fault_duration_seconds",
+        "Time from a fault served from the store to the program's wake-up",
         &l,
-    )
-    .map_err(reg_err)?;
-    reg.register(Box::new(fault_time.clone()))
-        .map_err(reg_err)?;
+    )?;
     let devices = Devices::new(&reg)?;
     let pid = rec.pid.to_string();
     serve(listener, reg, move || {
@@ -495,14 +575,15 @@ pub fn serve_run(listener: TcpListener, rec: top_cmd::RunRecord) -> Result<()> {
             set_counter(&read, &lv, io.read_bytes);
             set_counter(&write, &lv, io.write_bytes);
         }
-        let (n, c) = top_cmd::run_counters(&rec.stats_dir);
-        let g = |k: &str| c.get(k).copied().unwrap_or(0);
-        set_counter(&exited, &lv, n);
-        set_counter(&faults, &lv, g("faults"));
-        set_counter(&paged_in, &lv, g("bytes_in"));
-        set_counter(&paged_out, &lv, g("bytes_out"));
-        set_counter(&evictions, &lv, g("evictions"));
-        set_fcounter(&fault_time, &lv, g("store_fault_ns") as f64 / 1e9);
+        let c = top_cmd::run_counters(&rec.stats_dir);
+        set_counter(&exited, &lv, c.exited);
+        paging.with_label_values(&lv).set(c.live as i64);
+        set_counter(&faults, &lv, c.get("faults"));
+        set_counter(&paged_in, &lv, c.get("bytes_in"));
+        set_counter(&paged_out, &lv, c.get("bytes_out"));
+        set_counter(&evictions, &lv, c.get("evictions"));
+        resident.with_label_values(&lv).set(c.live_resident as i64);
+        fault_time.set(&lv, &c.fault_buckets, c.get("store_fault_ns") as f64 / 1e9);
         devices.update(
             &top_cmd::open_files(rec.pid, Some(&rec.stats_dir))
                 .into_iter()

@@ -7,6 +7,7 @@
 //! every process makes its drives in a fresh run folder under DIR that is removed when the
 //! program ends, however it ends.
 
+use crate::top_cmd::RunCounters;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -335,13 +336,13 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
     }
     let (code, max_rss) = wait_child(child.id())?;
-    let st = collect_stats(&run_dir.0);
+    let st = crate::top_cmd::run_counters(&run_dir.0);
     if a.stats {
         eprintln!("{}", stats_line(&st, max_rss, code));
     }
     let over = max_rss.saturating_sub(dram + RSS_ALLOWANCE);
     if a.json {
-        let g = |k: &str| st.sum.get(k).copied().unwrap_or(0);
+        let g = |k: &str| st.get(k);
         eprintln!(
             "{}",
             serde_json::json!({
@@ -350,11 +351,13 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "budget_bytes": dram,
                 "allowance_bytes": RSS_ALLOWANCE,
                 "over_budget_bytes": over,
-                "paged_processes": st.procs,
+                "paged_processes": st.processes(),
                 "peak_resident_bytes": g("peak_resident"),
                 "faults": g("faults"),
                 "bytes_paged_in": g("bytes_in"),
                 "bytes_paged_out": g("bytes_out"),
+                "store_fault_p50_us": st.fault_quantile_us(0.5),
+                "store_fault_p99_us": st.fault_quantile_us(0.99),
             })
         );
     }
@@ -365,7 +368,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             fmt_size(dram),
             fmt_size(over),
             fmt_size(RSS_ALLOWANCE),
-            if st.procs == 0 {
+            if st.processes() == 0 {
                 "no process made an allocation of --threshold or more: lower --threshold, or the program reserves and commits address space itself (JVM, V8)"
             } else {
                 "allocations below --threshold, or address space the program's runtime reserves and commits itself (JVM, V8)"
@@ -424,55 +427,18 @@ pub fn wait_child(pid: u32) -> Result<(i32, u64)> {
 /// stacks and buffers, the program's allocations below `--threshold`, and its code.
 pub const RSS_ALLOWANCE: u64 = 192 << 20;
 
-/// The figures every paged process of a run left in the run folder, added up.
-struct RunStats {
-    procs: u64,
-    budget: u64,
-    sum: std::collections::BTreeMap<String, u64>,
-}
-
-fn collect_stats(dir: &Path) -> RunStats {
-    let mut procs = 0u64;
-    let mut sum: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut budget = 0u64;
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.extension().is_none_or(|x| x != "json") {
-                continue;
-            }
-            let Ok(v) = std::fs::read_to_string(&p)
-                .map_err(|_| ())
-                .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).map_err(|_| ()))
-            else {
-                continue;
-            };
-            procs += 1;
-            budget = budget.max(v["budget"].as_u64().unwrap_or(0));
-            if let Some(o) = v["stats"].as_object() {
-                for (k, x) in o {
-                    let x = x.as_u64().unwrap_or(0);
-                    let e = sum.entry(k.clone()).or_default();
-                    if k == "peak_resident" {
-                        *e = (*e).max(x);
-                    } else {
-                        *e += x;
-                    }
-                }
-            }
-        }
-    }
-    RunStats { procs, budget, sum }
-}
-
 /// One line: the program's peak RSS and the sums of its processes' counters.
-fn stats_line(st: &RunStats, peak_rss: u64, code: i32) -> String {
-    let (procs, budget) = (st.procs, st.budget);
-    let g = |k: &str| st.sum.get(k).copied().unwrap_or(0);
+fn stats_line(st: &RunCounters, peak_rss: u64, code: i32) -> String {
+    let procs = st.processes();
+    let g = |k: &str| st.get(k);
+    let q = |x: f64| {
+        st.fault_quantile_us(x)
+            .map_or("-".into(), |v| v.to_string())
+    };
     format!(
-        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} handed_over={} stolen={}",
+        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={}",
         fmt_size(peak_rss),
-        fmt_size(budget),
+        fmt_size(st.budget),
         fmt_size(g("peak_resident")),
         g("regions"),
         g("faults"),
@@ -488,6 +454,8 @@ fn stats_line(st: &RunStats, peak_rss: u64, code: i32) -> String {
         g("store_reads"),
         g("store_read_ns") as f64 / g("store_reads").max(1) as f64 / 1000.0,
         g("store_fault_ns") as f64 / g("store_reads").max(1) as f64 / 1000.0,
+        q(0.5),
+        q(0.99),
         g("handed_over"),
         g("stolen"),
     )

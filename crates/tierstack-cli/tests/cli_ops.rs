@@ -426,12 +426,23 @@ fn mount_metrics_while_writing_and_top_lists_the_mount() {
         "tierstack_tier_used_bytes",
         "tierstack_drain_backlog_bytes",
         "tierstack_fuse_ops_total",
+        "tierstack_fuse_op_duration_seconds_bucket",
         "tierstack_mount_probe_duration_seconds_bucket",
         "tierstack_control_request_duration_seconds_bucket",
     ] {
         assert!(names.iter().any(|x| x == n), "no {n} in:\n{body}");
     }
     assert!(body.contains("# TYPE tierstack_control_request_duration_seconds histogram"));
+    // The daemon's per-operation latencies are histograms too, in the shared buckets.
+    assert!(body.contains("# TYPE tierstack_fuse_op_duration_seconds histogram"));
+    assert!(
+        body.lines().any(
+            |l| l.starts_with("tierstack_fuse_op_duration_seconds_bucket{")
+                && l.contains("op=\"write\"")
+                && l.contains("le=\"+Inf\"")
+        ),
+        "{body}"
+    );
     let mp = std::fs::canonicalize(&mnt).expect("canon");
     assert!(
         body.contains(&format!("mountpoint=\"{}\"", mp.display())),
@@ -491,6 +502,14 @@ fn mount_metrics_while_writing_and_top_lists_the_mount() {
     );
 }
 
+/// The value of the first sample line starting with `prefix` (name and labels).
+fn sample(body: &str, prefix: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 #[test]
 fn run_is_listed_by_top_and_serves_metrics() {
     if !root_and_fuse() {
@@ -500,6 +519,9 @@ fn run_is_listed_by_top_and_serves_metrics() {
     let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
+    // A program that pages for a few seconds: 256 MiB touched over and over with 64 MiB of
+    // DRAM, so its counters must show while it runs, not only at its exit.
+    let prog = "import time\nb = bytearray(256 << 20)\nt = time.time()\nz = b'\\x01' * len(range(0, len(b), 4096))\nwhile time.time() - t < 5:\n    b[::4096] = z\n";
     let mut child = Command::new(BIN)
         .args([
             "run",
@@ -510,8 +532,9 @@ fn run_is_listed_by_top_and_serves_metrics() {
             "--metrics",
             &addr,
             "--",
-            "sleep",
-            "3",
+            "/usr/bin/python3",
+            "-c",
+            prog,
         ])
         .env("TIERSTACK_RUN_DIR", rd.path())
         .stdin(Stdio::null())
@@ -526,24 +549,29 @@ fn run_is_listed_by_top_and_serves_metrics() {
     {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = ok(
-        rd.path(),
-        &["top", "--batch", "--iterations", "1", "--interval", "100ms"],
-    );
-    if !out.contains("RUN pid") {
+    // Live figures: within the program's 5 s, a scrape shows faults and the fault-time
+    // histogram of a process that is still paging.
+    let mut live = None;
+    while t0.elapsed() < Duration::from_secs(12) && child.try_wait().expect("wait").is_none() {
+        let (status, body) = scrape(port);
+        assert!(status.contains("200"), "{status}");
+        if sample(&body, "tierstack_run_paging_processes{").unwrap_or(0.0) >= 1.0
+            && sample(&body, "tierstack_run_faults_total{").unwrap_or(0.0) > 0.0
+            && sample(&body, "tierstack_run_fault_duration_seconds_count{").unwrap_or(0.0) > 0.0
+        {
+            live = Some(body);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let Some(body) = live else {
         let _ = child.kill();
         let o = child.wait_with_output().expect("wait");
         panic!(
-            "top does not list the run: {out}\nrun said: {}",
+            "no live fault counters while the program ran; run said: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-    }
-    assert!(
-        out.contains("sleep 3") && out.contains("budget 64.0 MiB"),
-        "{out}"
-    );
-    let (status, body) = scrape(port);
-    assert!(status.contains("200"), "{status}");
+    };
     let names = check_format(&body);
     assert!(
         names.iter().any(|n| n == "tierstack_run_dram_budget_bytes"),
@@ -555,7 +583,32 @@ fn run_is_listed_by_top_and_serves_metrics() {
                 && l.ends_with(" 67108864")),
         "{body}"
     );
+    assert!(
+        body.contains("# TYPE tierstack_run_fault_duration_seconds histogram"),
+        "{body}"
+    );
+    assert!(
+        sample(&body, "tierstack_run_fault_duration_seconds_count{").unwrap_or(0.0) > 0.0,
+        "{body}"
+    );
     promtool(&body);
+    let out = ok(
+        rd.path(),
+        &["top", "--batch", "--iterations", "1", "--interval", "100ms"],
+    );
+    assert!(
+        out.contains("RUN pid") && out.contains("python3") && out.contains("budget 64.0 MiB"),
+        "{out}"
+    );
+    assert!(out.contains("1 paging, 0 exited"), "{out}");
+    let out = ok(
+        rd.path(),
+        &["top", "--json", "--iterations", "1", "--interval", "100ms"],
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    let r = &v["runs"][0];
+    assert!(r["faults"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert!(r["fault_p99_us"].as_u64().is_some(), "{v}");
     let st = child.wait().expect("wait");
     assert!(st.success());
     // The record is gone with the run.

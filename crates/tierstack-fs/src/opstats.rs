@@ -52,6 +52,10 @@ pub struct OpFigures {
     pub p50_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
+    /// Operations per latency bucket (not cumulative; bounds:
+    /// `tierstack_common::LATENCY_BOUNDS_US`, then the overflow bucket).
+    #[serde(default)]
+    pub buckets: Vec<u64>,
 }
 
 /// Records the time from its creation to its drop under one operation.
@@ -108,10 +112,24 @@ impl OpStats {
                     p50_us: h.value_at_quantile(0.5),
                     p99_us: h.value_at_quantile(0.99),
                     max_us: h.max(),
+                    buckets: buckets(&h),
                 })
             })
             .collect()
     }
+}
+
+/// The histogram's counts in the shared latency buckets.
+fn buckets(h: &Histogram<u64>) -> Vec<u64> {
+    let mut out = Vec::with_capacity(tierstack_common::latency::BUCKETS);
+    let mut below = 0;
+    for &b in &tierstack_common::LATENCY_BOUNDS_US {
+        let upto = h.count_between(0, b).max(below);
+        out.push(upto - below);
+        below = upto;
+    }
+    out.push(h.len().saturating_sub(below));
+    out
 }
 
 #[cfg(test)]
@@ -134,5 +152,17 @@ mod tests {
         assert_eq!(f[0].count, 10);
         assert_eq!(f[1].op, "write");
         assert!(f[1].p50_us >= 2000, "{:?}", f[1]);
+        // Ten lookups of a few microseconds at most, one write of 2 ms or more (le 2.5 ms,
+        // 5 ms or later on a busy machine).
+        assert_eq!(f[0].buckets.iter().sum::<u64>(), 10);
+        assert_eq!(f[1].buckets.iter().sum::<u64>(), 1);
+        let w = f[1].buckets.iter().position(|&c| c == 1).unwrap_or(0);
+        assert!(
+            tierstack_common::LATENCY_BOUNDS_US
+                .get(w)
+                .is_none_or(|&b| b >= 2_500),
+            "{:?}",
+            f[1]
+        );
     }
 }

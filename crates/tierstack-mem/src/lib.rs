@@ -36,7 +36,9 @@ pub mod setup;
 pub mod uffd;
 
 pub use cpu::register_current_thread;
-pub use pager::{default_fault_threads, Pager, PagerOptions, Region, RegionOptions};
+pub use pager::{
+    default_fault_threads, Pager, PagerOptions, PagerReport, Region, RegionOptions, Reporter,
+};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -83,6 +85,8 @@ pub struct MemCounters {
     pub store_read_ns: AtomicU64,
     /// Time from taking such a fault to the call that wakes the program, in all.
     pub store_fault_ns: AtomicU64,
+    /// The same times, one by one, in the shared latency buckets.
+    pub fault_latency: tierstack_common::AtomicHistogram,
     pub madvise_calls: AtomicU64,
     /// Faults handed by the fault thread that read them to the one on the faulting thread's
     /// CPU.
@@ -116,6 +120,10 @@ pub struct MemStats {
     pub store_read_ns: u64,
     #[serde(default)]
     pub store_fault_ns: u64,
+    /// Faults served from the store per latency bucket (not cumulative; bounds:
+    /// `tierstack_common::LATENCY_BOUNDS_US`, then the overflow bucket).
+    #[serde(default)]
+    pub fault_latency_buckets: Vec<u64>,
     pub madvise_calls: u64,
     #[serde(default)]
     pub handed_over: u64,
@@ -142,6 +150,7 @@ impl MemCounters {
             store_reads: self.store_reads.load(Relaxed),
             store_read_ns: self.store_read_ns.load(Relaxed),
             store_fault_ns: self.store_fault_ns.load(Relaxed),
+            fault_latency_buckets: self.fault_latency.counts(),
             madvise_calls: self.madvise_calls.load(Relaxed),
             handed_over: self.handed_over.load(Relaxed),
             stolen: self.stolen.load(Relaxed),

@@ -277,12 +277,22 @@ fn build_engine(
     let (store, options) = tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page)
         .map_err(|e| e.to_string())?;
     let pager = Pager::new(store, &options).map_err(|e| e.to_string())?;
+    let stats_dir = std::env::var_os("TIERSTACK_STATS_DIR")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from);
+    if let Some(dir) = stats_dir.clone() {
+        // Live figures for `tierstack top` and `run --metrics`, about once a second.
+        // It runs on the evictor inside one unit of the pager's work, which `fork_prepare`
+        // waits for after closing GATE: passing GATE here could deadlock.
+        pager.set_reporter(Some(Box::new(move |r| {
+            let _b = Busy::outside();
+            publish_stats(&dir, r, true);
+        })));
+    }
     Ok(Engine {
         pager,
         regions: Mutex::new(HashMap::new()),
-        stats_dir: std::env::var_os("TIERSTACK_STATS_DIR")
-            .filter(|v| !v.is_empty())
-            .map(std::path::PathBuf::from),
+        stats_dir,
         array,
         snapshots,
         dram,
@@ -525,18 +535,28 @@ extern "C" fn write_stats() {
         return;
     };
     let Some(dir) = &e.stats_dir else { return };
-    let s = e.pager.counters().snapshot();
+    // No live report may land after the final one.
+    e.pager.set_reporter(None);
+    publish_stats(dir, &e.pager.report(), false);
+}
+
+/// Writes this process's pager figures to `DIR/PID.json` (whole: a temporary file renamed
+/// into place), `live` while the process runs, not after its exit.
+fn publish_stats(dir: &std::path::Path, r: &tierstack_mem::PagerReport, live: bool) {
+    let pid = std::process::id();
     let v = serde_json::json!({
-        "pid": std::process::id(),
-        "budget": e.pager.budget(),
-        "page": e.pager.page(),
-        "committed": e.pager.committed(),
-        "stats": s,
+        "pid": pid,
+        "live": live,
+        "budget": r.budget,
+        "page": r.page,
+        "committed": r.committed,
+        "resident": r.resident,
+        "stats": r.stats,
     });
-    let _ = std::fs::write(
-        dir.join(format!("{}.json", std::process::id())),
-        v.to_string(),
-    );
+    let tmp = dir.join(format!(".{pid}.json.tmp"));
+    if std::fs::write(&tmp, v.to_string()).is_ok() {
+        let _ = std::fs::rename(&tmp, dir.join(format!("{pid}.json")));
+    }
 }
 
 enum Got {

@@ -12,8 +12,9 @@
 //! a mount's daemon and of a run's program (`/proc/PID/io`), a program's resident memory, and
 //! the read/write throughput and IOPS of each block device that holds a drive of theirs
 //! (`/sys/dev/block/MAJ:MIN/stat`, the same counters as iostat; shared by everything on that
-//! device). A run's pager counters (faults, bytes paged) are written by each process of the
-//! program when it exits, so they show up for exited processes only.
+//! device). A run's pager counters (faults, bytes paged, the fault latency histogram) are
+//! rewritten by each paged process of the program about once a second and at its exit
+//! (`PID.json` in the run folder), so they are live.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -55,7 +56,7 @@ pub struct RunRecord {
     pub page_bytes: u64,
     /// Unix seconds.
     pub started: u64,
-    /// Where the program's processes write their pager counters at exit.
+    /// Where the program's processes write their pager counters (live, and at exit).
     pub stats_dir: PathBuf,
     /// `--metrics` address, if any.
     #[serde(default)]
@@ -258,8 +259,7 @@ struct RunSample {
     rss: Option<u64>,
     io: Option<ProcIo>,
     devices: BTreeSet<String>,
-    exited: u64,
-    counters: BTreeMap<String, u64>,
+    counters: RunCounters,
 }
 
 #[derive(Debug, Clone)]
@@ -333,16 +333,54 @@ fn read_runs() -> Vec<RunRecord> {
     out
 }
 
-/// Sums the pager counters the exited processes of a run left in its run folder.
-pub fn run_counters(dir: &Path) -> (u64, BTreeMap<String, u64>) {
-    let mut n = 0;
-    let mut sum = BTreeMap::new();
+/// The pager counters of a run's processes, summed over the files they leave in its run
+/// folder: rewritten about once a second while a process runs (`live`), a last time at its
+/// exit.
+#[derive(Debug, Clone, Default)]
+pub struct RunCounters {
+    /// Processes paging now (their last report said live).
+    pub live: u64,
+    /// Processes that exited and wrote their final counters.
+    pub exited: u64,
+    /// Paged bytes resident in the processes paging now.
+    pub live_resident: u64,
+    /// The largest `--dram` budget a process reported.
+    pub budget: u64,
+    /// Each numeric counter of `tierstack_mem::MemStats`, summed.
+    pub sum: BTreeMap<String, u64>,
+    /// Faults served from the store per latency bucket
+    /// (`tierstack_common::LATENCY_BOUNDS_US`, then the overflow bucket), summed.
+    pub fault_buckets: Vec<u64>,
+}
+
+impl RunCounters {
+    pub fn get(&self, k: &str) -> u64 {
+        self.sum.get(k).copied().unwrap_or(0)
+    }
+
+    /// Processes that paged, running or exited.
+    pub fn processes(&self) -> u64 {
+        self.live + self.exited
+    }
+
+    /// The `q` quantile of fault service time in microseconds (bucket upper bound).
+    pub fn fault_quantile_us(&self, q: f64) -> Option<u64> {
+        tierstack_common::latency::quantile_us(&self.fault_buckets, q)
+    }
+}
+
+/// Reads and sums the pager counters in a run folder (see [`RunCounters`]).
+pub fn run_counters(dir: &Path) -> RunCounters {
+    let mut rc = RunCounters::default();
     let Ok(rd) = std::fs::read_dir(dir) else {
-        return (n, sum);
+        return rc;
     };
     for e in rd.flatten() {
         let p = e.path();
-        if p.extension().is_none_or(|x| x != "json") {
+        if p.extension().is_none_or(|x| x != "json")
+            || p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
             continue;
         }
         let Some(v) = std::fs::read(&p)
@@ -351,14 +389,32 @@ pub fn run_counters(dir: &Path) -> (u64, BTreeMap<String, u64>) {
         else {
             continue;
         };
-        n += 1;
+        if v["live"].as_bool() == Some(true) {
+            rc.live += 1;
+            rc.live_resident += v["resident"].as_u64().unwrap_or(0);
+        } else {
+            rc.exited += 1;
+        }
+        rc.budget = rc.budget.max(v["budget"].as_u64().unwrap_or(0));
         if let Some(o) = v["stats"].as_object() {
             for (k, x) in o {
-                *sum.entry(k.clone()).or_insert(0) += x.as_u64().unwrap_or(0);
+                if let Some(n) = x.as_u64() {
+                    let e = rc.sum.entry(k.clone()).or_insert(0);
+                    // A peak is not a sum: the highest of the processes'.
+                    if k == "peak_resident" {
+                        *e = (*e).max(n);
+                    } else {
+                        *e += n;
+                    }
+                }
+            }
+            if let Some(b) = o.get("fault_latency_buckets").and_then(|b| b.as_array()) {
+                let b: Vec<u64> = b.iter().map(|x| x.as_u64().unwrap_or(0)).collect();
+                tierstack_common::latency::add_counts(&mut rc.fault_buckets, &b);
             }
         }
     }
-    (n, sum)
+    rc
 }
 
 fn sample() -> Sample {
@@ -383,14 +439,12 @@ fn sample() -> Sample {
             .into_iter()
             .map(|(_, d)| d)
             .collect();
-        let (exited, counters) = run_counters(&rec.stats_dir);
         rs.push(RunSample {
             alive: alive(rec.pid),
             rss: rss_bytes(rec.pid),
             io: proc_io(rec.pid),
             devices,
-            exited,
-            counters,
+            counters: run_counters(&rec.stats_dir),
             rec,
         });
     }
@@ -476,12 +530,19 @@ pub struct RunView {
     /// The program's block I/O (its paging to the drives in its run folder, and its own I/O).
     pub read_bytes_per_s: f64,
     pub write_bytes_per_s: f64,
+    /// Processes of the program paging now (they report about once a second).
+    pub paging_processes: u64,
     /// Processes of the program that have exited and left their pager counters.
     pub exited_processes: u64,
+    /// Faults served by tierstack so far (live and exited processes).
     pub faults: u64,
+    pub faults_per_s: f64,
     pub bytes_paged_in: u64,
     pub bytes_paged_out: u64,
+    /// Time from a fault to the program's wake-up, for faults read from the store.
     pub mean_fault_us: Option<f64>,
+    pub fault_p50_us: Option<u64>,
+    pub fault_p99_us: Option<u64>,
     pub devices: Vec<String>,
 }
 
@@ -585,7 +646,8 @@ fn frame(prev: &Sample, cur: &Sample) -> Frame {
             ),
             _ => (0.0, 0.0),
         };
-        let g = |k: &str| r.counters.get(k).copied().unwrap_or(0);
+        let g = |k: &str| r.counters.get(k);
+        let faults_per_s = old.map_or(0.0, |o| rate(g("faults"), o.counters.get("faults"), dt));
         for d in &r.devices {
             users
                 .entry(d.clone())
@@ -603,12 +665,16 @@ fn frame(prev: &Sample, cur: &Sample) -> Frame {
             rss_bytes: r.rss,
             read_bytes_per_s: rd,
             write_bytes_per_s: wr,
-            exited_processes: r.exited,
+            paging_processes: r.counters.live,
+            exited_processes: r.counters.exited,
             faults: g("faults"),
+            faults_per_s,
             bytes_paged_in: g("bytes_in"),
             bytes_paged_out: g("bytes_out"),
             mean_fault_us: (g("store_reads") > 0)
                 .then(|| g("store_fault_ns") as f64 / g("store_reads") as f64 / 1000.0),
+            fault_p50_us: r.counters.fault_quantile_us(0.5),
+            fault_p99_us: r.counters.fault_quantile_us(0.99),
             devices: r.devices.iter().map(|d| dev_name(d)).collect(),
         });
     }
@@ -748,14 +814,17 @@ pub fn render(f: &Frame) -> String {
             mbs(r.read_bytes_per_s),
             mbs(r.write_bytes_per_s),
             r.uptime_s,
-            if r.exited_processes > 0 {
+            if r.paging_processes + r.exited_processes > 0 {
                 format!(
-                    "; {} exited process(es): {} faults, {} in, {} out, mean fault {:.1} us",
+                    "; {} paging, {} exited: {} faults ({:.0}/s), {} in, {} out, fault p50 {} us p99 {} us",
+                    r.paging_processes,
                     r.exited_processes,
                     r.faults,
+                    r.faults_per_s,
                     fmt_size(r.bytes_paged_in),
                     fmt_size(r.bytes_paged_out),
-                    r.mean_fault_us.unwrap_or(0.0)
+                    r.fault_p50_us.map_or("-".into(), |x| x.to_string()),
+                    r.fault_p99_us.map_or("-".into(), |x| x.to_string()),
                 )
             } else {
                 String::new()

@@ -229,8 +229,12 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
             fmt_size(r.dram_budget_bytes),
             r.rss_bytes.map_or("-".into(), fmt_size),
             format!("{} / {}", mbs(r.read_bytes_per_s), mbs(r.write_bytes_per_s)),
-            format!("{} ({} exited)", r.faults, r.exited_processes),
-            r.mean_fault_us.map_or("-".into(), |x| format!("{x:.1}")),
+            format!("{} ({:.0}/s)", r.faults, r.faults_per_s),
+            format!(
+                "{} / {}",
+                r.fault_p50_us.map_or("-".into(), |x| x.to_string()),
+                r.fault_p99_us.map_or("-".into(), |x| x.to_string())
+            ),
         ])
     });
     let t = Table::new(
@@ -241,8 +245,8 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
             Constraint::Length(10),
             Constraint::Length(10),
             Constraint::Length(22),
-            Constraint::Length(18),
-            Constraint::Length(10),
+            Constraint::Length(20),
+            Constraint::Length(14),
         ],
     )
     .header(
@@ -253,7 +257,7 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
             "rss",
             "io read/write",
             "faults",
-            "fault us",
+            "fault p50/p99 us",
         ])
         .style(head),
     )

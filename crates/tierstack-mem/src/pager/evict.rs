@@ -33,6 +33,7 @@ impl Inner {
         while !self.stop.load(Relaxed) {
             // One unit of work for `fork`, the wait included (see `serve`).
             let _in = self.gate.enter();
+            self.maybe_report();
             {
                 let mut k = self.kick.lock();
                 if !*k {
@@ -67,6 +68,8 @@ impl Inner {
             if batch.is_empty() {
                 return;
             }
+            // Under steady pressure this loop may run for seconds: the live figures go on.
+            self.maybe_report();
             // Group by region, pages in order (for runs of adjacent pages).
             batch.sort_by_key(|(c, i)| (c.base, *i));
             let mut start = 0;

@@ -333,9 +333,9 @@ impl Inner {
         }
         // Timed up to the wake-up call: the woken thread, on this CPU, usually runs at once,
         // so the call itself returns only when the program faults again.
-        self.counters
-            .store_fault_ns
-            .fetch_add(entered.elapsed().as_nanos() as u64, Relaxed);
+        let ns = entered.elapsed().as_nanos() as u64;
+        self.counters.store_fault_ns.fetch_add(ns, Relaxed);
+        self.counters.fault_latency.observe_ns(ns);
         let _ = self.uffd.wake(pa, run.len() * page);
         self.prefetch(core, ahead);
     }

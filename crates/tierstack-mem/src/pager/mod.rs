@@ -84,7 +84,29 @@ struct Inner {
     mail: Vec<Mailbox>,
     /// The fault thread pinned to each CPU.
     thread_on_cpu: Vec<Option<usize>>,
+    reporter: Mutex<Option<Reporter>>,
+    /// When the reporter was last called.
+    reported: Mutex<std::time::Instant>,
 }
+
+/// What a [`Reporter`] is handed: the pager's figures now.
+#[derive(Debug, Clone)]
+pub struct PagerReport {
+    pub budget: u64,
+    pub page: usize,
+    pub committed: u64,
+    pub resident: u64,
+    pub stats: crate::MemStats,
+}
+
+/// Called by the evictor about once a second with the pager's figures (for live views such
+/// as `tierstack top` and `run --metrics`). It runs on a pager thread inside one unit of
+/// the pager's work (see [`Pager::pause`]): it must be short and take none of the pager's
+/// locks.
+pub type Reporter = Box<dyn Fn(&PagerReport) + Send>;
+
+/// How often the evictor calls the [`Reporter`].
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The paging engine of a process: every region it maps shares its budget.
 pub struct Pager {
@@ -168,6 +190,8 @@ impl Pager {
             gate: crate::gate::Gate::new(),
             mail: (0..nthreads).map(|_| Mailbox::default()).collect(),
             thread_on_cpu,
+            reporter: Mutex::new(None),
+            reported: Mutex::new(std::time::Instant::now()),
         });
         let mut threads = Vec::new();
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
@@ -246,6 +270,17 @@ impl Pager {
         &self.inner.counters
     }
 
+    /// The pager's figures now.
+    pub fn report(&self) -> PagerReport {
+        self.inner.report()
+    }
+
+    /// Sets (or with None removes) the function the evictor calls about once a second with
+    /// [`Pager::report`]. When this returns, no call of the previous one is under way.
+    pub fn set_reporter(&self, r: Option<Reporter>) {
+        *self.inner.reporter.lock() = r;
+    }
+
     /// Bytes of regions mapped now.
     pub fn committed(&self) -> u64 {
         *self.inner.committed.lock()
@@ -289,6 +324,35 @@ impl Pager {
         std::mem::forget(self);
         // SAFETY: the descriptor belongs to the pager just forgotten, which never closes it.
         unsafe { libc::close(fd) };
+    }
+}
+
+impl Inner {
+    fn report(&self) -> PagerReport {
+        PagerReport {
+            budget: self.budget,
+            page: self.page,
+            committed: *self.committed.lock(),
+            resident: self.resident.load(Relaxed),
+            stats: self.counters.snapshot(),
+        }
+    }
+
+    /// Calls the reporter if one is set, its last call was [`REPORT_EVERY`] ago or more and
+    /// nobody is replacing it now.
+    fn maybe_report(&self) {
+        let Some(mut last) = self.reported.try_lock() else {
+            return;
+        };
+        if last.elapsed() < REPORT_EVERY {
+            return;
+        }
+        *last = std::time::Instant::now();
+        if let Some(g) = self.reporter.try_lock() {
+            if let Some(f) = g.as_ref() {
+                f(&self.report());
+            }
+        }
     }
 }
 

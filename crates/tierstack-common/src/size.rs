@@ -1,0 +1,71 @@
+//! Sizes on command lines, in configs and in reports: `64K`, `1.5G`, `8GiB`, `4096`.
+
+/// Parses sizes like `64K`, `1.5G`, `512` (bytes). Suffixes K, M, G, T are powers of 1024;
+/// `B`, `iB` after them are accepted. The error names the value and the accepted forms.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "invalid size '{s}': use a number with an optional K, M, G or T suffix, e.g. 64K or 8G"
+        )
+    };
+    let mut t = s.trim().to_ascii_uppercase();
+    // Accept 8G, 8GB, 8GIB and a plain byte count (optionally with B).
+    if let Some(x) = t.strip_suffix("IB") {
+        t = x.to_string();
+    } else if t.len() > 1 && t.ends_with('B') {
+        t.pop();
+    }
+    let (num, mult) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        Some(c) if c.is_ascii_digit() || c == '.' => (&t[..], 1),
+        _ => return Err(bad()),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(bad());
+    }
+    let bytes = v * mult as f64;
+    if bytes > u64::MAX as f64 / 2.0 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+/// Formats bytes with a binary suffix: `512 B`, `1.5 MiB`.
+pub fn fmt_size(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("8G"), Ok(8 << 30));
+        assert_eq!(parse_size("1.5M"), Ok(3 << 19));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("-1G").is_err());
+        assert_eq!(fmt_size(512), "512 B");
+        assert_eq!(fmt_size(3 << 19), "1.5 MiB");
+    }
+}
