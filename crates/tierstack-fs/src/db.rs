@@ -138,6 +138,7 @@ impl Db {
                 PRIMARY KEY(parent, name));
              CREATE TABLE IF NOT EXISTS journal(seq INTEGER PRIMARY KEY AUTOINCREMENT,
                 kind INTEGER, ino INTEGER, p1 BLOB, p2 BLOB);
+             CREATE INDEX IF NOT EXISTS journal_ino ON journal(ino, seq);
              CREATE TABLE IF NOT EXISTS xattrs(ino INTEGER, name BLOB, value BLOB,
                 PRIMARY KEY(ino, name));
              CREATE TABLE IF NOT EXISTS stuck(seq INTEGER PRIMARY KEY, kind INTEGER,
@@ -287,6 +288,40 @@ impl Db {
         tx.execute("DELETE FROM stuck", [])?;
         tx.commit()?;
         Ok(n)
+    }
+
+    /// Whether the journal has rows after row `seq`.
+    pub fn has_ops_after(&self, seq: i64) -> Result<bool> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT 1 FROM journal WHERE seq > ?1 LIMIT 1")?;
+        Ok(st.exists([seq])?)
+    }
+
+    /// The journal rows of inode `ino` after row `seq`, in order.
+    pub fn ops_of(&self, ino: u64, seq: i64) -> Result<Vec<JOp>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT seq, kind, ino, p1, p2 FROM journal WHERE ino=?1 AND seq > ?2 ORDER BY seq",
+        )?;
+        let rows = st.query_map(params![ino as i64, seq], jop_of)?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.extend(r?);
+        }
+        Ok(out)
+    }
+
+    /// Deletes journal rows `seqs` in one transaction.
+    pub fn del_ops(&mut self, seqs: &[i64]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut st = tx.prepare_cached("DELETE FROM journal WHERE seq=?1")?;
+            for s in seqs {
+                st.execute([s])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     pub fn del_op(&self, seq: i64) -> Result<()> {

@@ -130,6 +130,12 @@ impl fuser::Filesystem for TierFs {
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_POSIX_ACL);
         // The mode arrives without the umask; `masked` applies it unless a default ACL rules.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_DONT_MASK);
+        // Set-ID bits and file capabilities are cleared here on write, truncate and chown
+        // (`Core::kill_priv`), so the kernel need not ask for `security.capability` before
+        // every write (it marks inodes S_NOSEC): one round trip less per write(2).
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        // open(O_TRUNC) truncates in the open request instead of a separate setattr.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
         Ok(())
     }
 
@@ -151,7 +157,7 @@ impl fuser::Filesystem for TierFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -168,6 +174,16 @@ impl fuser::Filesystem for TierFs {
         reply: ReplyAttr,
     ) {
         let _t = self.core.ops.time("setattr");
+        // Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing privileges to us: a chown
+        // of a file clears set-ID (as the kernel's chown does, for anyone), a truncate by an
+        // unprivileged user too; both drop file capabilities.
+        let chown = (uid.is_some() || gid.is_some()) && mode.is_none();
+        if chown || size.is_some() {
+            if let Err(e) = self.core.kill_priv(ino.0, chown || req.uid() != 0) {
+                reply.error(err(e));
+                return;
+            }
+        }
         match self
             .core
             .setattr(ino.0, mode, uid, gid, size, tot(atime), tot(mtime))
@@ -244,6 +260,7 @@ impl fuser::Filesystem for TierFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _t = self.core.ops.time("getxattr");
+        tracing::debug!("getxattr {ino:?} {name:?}");
         xattr_reply(reply, size, self.core.getxattr(ino.0, name.as_bytes()))
     }
 
@@ -348,8 +365,21 @@ impl fuser::Filesystem for TierFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.core.ops.time("open");
+        // FUSE_ATOMIC_O_TRUNC: the truncate of open(O_TRUNC) arrives here (the kernel checked
+        // write permission). Like the truncate it replaces, it clears privileges.
+        if flags.0 & libc::O_TRUNC != 0 {
+            let r = self.core.kill_priv(ino.0, req.uid() != 0).and_then(|()| {
+                self.core
+                    .setattr(ino.0, None, None, None, Some(0), None, None)
+                    .map(|_| ())
+            });
+            if let Err(e) = r {
+                reply.error(err(e));
+                return;
+            }
+        }
         match self.core.open(ino.0) {
             Ok(()) => reply.opened(FileHandle(0), open_flags(flags.0)),
             Err(e) => reply.error(err(e)),
@@ -381,13 +411,14 @@ impl fuser::Filesystem for TierFs {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _t = self.core.ops.time("write");
-        match self.core.write(ino.0, offset, data, req.uid() != 0) {
+        let kill = req.uid() != 0 || write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.core.write(ino.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }

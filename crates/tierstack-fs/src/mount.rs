@@ -61,6 +61,10 @@ pub struct MountStatus {
     pub backpressure: bool,
     pub idle: bool,
     pub drain_retries: u64,
+    /// Journal rows that cancelled out before reaching BACKING (files created and removed
+    /// within one burst).
+    #[serde(default)]
+    pub cancelled_ops: u64,
     pub last_error: Option<String>,
     pub tiers: Vec<TierUse>,
     /// Journal rows BACKING refused for good (quarantined; their data stays in the fast tier).
@@ -533,6 +537,7 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
             })
             .collect(),
         drain_retries: drainer.retries.load(Relaxed),
+        cancelled_ops: drainer.cancelled_rows.load(Relaxed),
         last_error: core.last_error.lock().clone(),
         tiers: core
             .store

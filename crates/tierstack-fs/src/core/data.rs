@@ -299,10 +299,11 @@ impl Core {
     /// Writes `data` at `off`. `kill_priv`: the writer is not privileged, so the file loses
     /// its set-user-ID bit and, when group-executable, its set-group-ID bit (as the kernel
     /// does on ext4).
-    pub fn write(&self, ino: u64, off: u64, data: &[u8], kill_priv: bool) -> R<usize> {
-        if kill_priv {
-            self.kill_setid(ino)?;
-        }
+    /// Writes `data` at `off`; `kill_setid` when the writer may not keep set-ID bits (see
+    /// [`Core::kill_priv`]; file capabilities go on every write).
+    pub fn write(&self, ino: u64, off: u64, data: &[u8], kill_setid: bool) -> R<usize> {
+        self.kill_priv(ino, kill_setid)?;
+        self.touch();
         let (d, obj) = self.file(ino)?;
         self.wait_space(data.len() as u64);
         loop {

@@ -110,6 +110,11 @@ pub struct Core {
     pub pressure: AtomicBool,
     /// `tierstack drain` asked for every dirty file to be drained now.
     pub force: AtomicBool,
+    /// When the foreground last changed something (a namespace transaction or a write), in
+    /// nanoseconds since `epoch`: the drainer waits for a gap in this work (see
+    /// `drain::DRAIN_QUIET`).
+    activity: AtomicU64,
+    epoch: std::time::Instant,
     pub drained_bytes: AtomicU64,
     pub last_error: Mutex<Option<String>>,
     /// Group commit of `fsync` in sync mode: `fsync` calls so far, and how many of them the
@@ -164,6 +169,8 @@ impl Core {
             wake_cv: Condvar::new(),
             pressure: AtomicBool::new(false),
             force: AtomicBool::new(false),
+            activity: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
             drained_bytes: AtomicU64::new(0),
             last_error: Mutex::new(None),
             sync_arrived: AtomicU64::new(0),
@@ -348,11 +355,24 @@ impl Core {
 
     /// Runs `f` in one transaction of the journal database.
     pub fn tx<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
+        self.touch();
         let mut db = self.db.lock();
         let tx = db.conn.transaction()?;
         let v = f(&tx)?;
         tx.commit()?;
         Ok(v)
+    }
+
+    /// Notes foreground work now.
+    pub fn touch(&self) {
+        self.activity
+            .store(self.epoch.elapsed().as_nanos() as u64, Relaxed);
+    }
+
+    /// How long the foreground has been quiet.
+    pub fn quiet_for(&self) -> std::time::Duration {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        std::time::Duration::from_nanos(now.saturating_sub(self.activity.load(Relaxed)))
     }
 
     pub fn wake_drainer(&self) {

@@ -701,16 +701,34 @@ impl Core {
         Ok(())
     }
 
-    /// Clears set-user-ID, and set-group-ID where the group may execute, as a write or
-    /// truncate by an unprivileged user does.
-    pub fn kill_setid(&self, ino: u64) -> R<()> {
-        let mode = {
+    /// What the kernel leaves to the file system under `FUSE_HANDLE_KILLPRIV_V2`, as a write,
+    /// truncate or chown of a regular file does: removes `security.capability`, and with
+    /// `setid` clears set-user-ID, and set-group-ID where the group may execute.
+    pub fn kill_priv(&self, ino: u64, setid: bool) -> R<()> {
+        let (mode, kind, caps) = {
             let ns = self.ns.lock();
-            ns.nodes.get(&ino).ok_or(libc::ENOENT)?.mode
+            let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+            (
+                n.mode,
+                n.kind,
+                n.xattrs.contains_key(&b"security.capability"[..]),
+            )
         };
-        let mut kill = mode & libc::S_ISUID;
-        if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
-            kill |= libc::S_ISGID;
+        if kind != Kind::File {
+            return Ok(());
+        }
+        if caps {
+            match self.setxattr(ino, b"security.capability", None, 0) {
+                Ok(()) | Err(libc::ENODATA) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut kill = 0;
+        if setid {
+            kill = mode & libc::S_ISUID;
+            if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+                kill |= libc::S_ISGID;
+            }
         }
         if kill == 0 {
             return Ok(());

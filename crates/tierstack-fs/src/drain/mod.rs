@@ -125,6 +125,9 @@ pub struct Drainer {
     /// (time, drained bytes) samples for the drain rate.
     samples: Mutex<VecDeque<(Instant, u64)>>,
     pub retries: AtomicU64,
+    /// Journal rows that cancelled out before reaching BACKING (a file created and removed
+    /// within one burst).
+    pub cancelled_rows: AtomicU64,
 }
 
 fn backoff(attempt: u32) -> Duration {
@@ -149,6 +152,7 @@ impl Drainer {
             stop: AtomicBool::new(false),
             samples: Mutex::new(VecDeque::new()),
             retries: AtomicU64::new(0),
+            cancelled_rows: AtomicU64::new(0),
         })
     }
 
@@ -295,6 +299,11 @@ impl Drainer {
 
     fn dispatch(self: Arc<Self>, tx: mpsc::Sender<JOp>) {
         let mut last = 0i64;
+        // Since when journal rows have been waiting for a gap in the foreground's work.
+        let mut waiting_since: Option<Instant> = None;
+        // Until when the drain goes on without waiting for gaps (after `drain`, under
+        // pressure).
+        let mut urgent_until = Instant::now();
         loop {
             self.sample();
             if self.stop.load(Relaxed) {
@@ -303,12 +312,46 @@ impl Drainer {
             if self.core.retry.swap(false, Relaxed) && self.release_stuck() {
                 last = 0;
             }
-            if self.core.pressure.load(Relaxed) || self.core.force.swap(false, Relaxed) {
+            let pressure = self.core.pressure.load(Relaxed);
+            if pressure || self.core.force.swap(false, Relaxed) {
+                urgent_until = Instant::now() + URGENT_FOR;
                 if let Err(e) = self.core.queue_all_dirty() {
                     self.note_error("queueing dirty files", &e);
                 }
             }
-            let ops = match self.core.db.lock().ops_after(last, 256) {
+            let any = match self.core.db.lock().has_ops_after(last) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.note_error("reading the journal", &e);
+                    std::thread::sleep(Duration::from_millis(500));
+                    continue;
+                }
+            };
+            if !any {
+                waiting_since = None;
+                let mut g = self.core.wake_lock.lock();
+                self.core
+                    .wake_cv
+                    .wait_for(&mut g, Duration::from_millis(200));
+                continue;
+            }
+            // Drain in the gaps of the foreground's work: while the job creates, writes and
+            // removes, the drain would take CPU and disk from it, and a file created and
+            // removed within the burst need never reach BACKING (see `cancels`).
+            let since = *waiting_since.get_or_insert_with(Instant::now);
+            let quiet = self.core.quiet_for();
+            if Instant::now() >= urgent_until
+                && quiet < DRAIN_QUIET
+                && since.elapsed() < DRAIN_MAX_DELAY
+            {
+                let mut g = self.core.wake_lock.lock();
+                self.core.wake_cv.wait_for(
+                    &mut g,
+                    (DRAIN_QUIET - quiet).min(Duration::from_millis(100)),
+                );
+                continue;
+            }
+            let ops = match self.core.db.lock().ops_after(last, BATCH) {
                 Ok(o) => o,
                 Err(e) => {
                     self.note_error("reading the journal", &e);
@@ -316,15 +359,20 @@ impl Drainer {
                     continue;
                 }
             };
-            if ops.is_empty() {
-                let mut g = self.core.wake_lock.lock();
-                self.core
-                    .wake_cv
-                    .wait_for(&mut g, Duration::from_millis(200));
-                continue;
-            }
+            waiting_since = None;
+            // Rows of this batch dropped with a create they cancel with.
+            let mut dropped = std::collections::HashSet::new();
             for op in ops {
                 last = op.seq;
+                if dropped.remove(&op.seq) {
+                    continue;
+                }
+                if op.kind == OpKind::Create {
+                    if let Some(seqs) = self.cancel(&op) {
+                        dropped.extend(seqs);
+                        continue;
+                    }
+                }
                 if op.kind == OpKind::Data {
                     let mut fl = self.inflight.lock();
                     while fl.total >= self.jobs || fl.per_ino.get(&op.ino).is_some_and(|c| *c > 0) {
@@ -348,6 +396,37 @@ impl Drainer {
                 if self.stop.load(Relaxed) {
                     return;
                 }
+            }
+        }
+    }
+
+    /// Drops `create` and the rows that cancel with it (see [`cancels`]) when its file is
+    /// gone now; the rows dropped.
+    fn cancel(&self, create: &JOp) -> Option<Vec<i64>> {
+        let gone = self
+            .core
+            .ns
+            .lock()
+            .nodes
+            .get(&create.ino)
+            .is_none_or(|n| n.links.is_empty());
+        if !gone {
+            return None;
+        }
+        let mut db = self.core.db.lock();
+        let seqs = db
+            .ops_of(create.ino, create.seq)
+            .ok()
+            .and_then(|later| cancels(create, &later))?;
+        match db.del_ops(&seqs) {
+            Ok(()) => {
+                self.cancelled_rows.fetch_add(seqs.len() as u64, Relaxed);
+                Some(seqs)
+            }
+            Err(e) => {
+                drop(db);
+                self.note_error("dropping cancelled journal rows", &e);
+                None
             }
         }
     }
@@ -397,6 +476,37 @@ impl Drainer {
     }
 }
 
+/// Journal rows read at once.
+const BATCH: usize = 1024;
+/// The drain waits until the foreground has done no namespace work or write for this long
+/// (a gap in the job's I/O) ...
+pub const DRAIN_QUIET: Duration = Duration::from_millis(300);
+/// ... or until rows have waited this long, whichever comes first.
+pub const DRAIN_MAX_DELAY: Duration = Duration::from_secs(5);
+/// After `tierstack drain` (and `drain --wait`, `umount`) or under pressure, the drain does
+/// not wait for gaps for this long.
+const URGENT_FOR: Duration = Duration::from_secs(2);
+
+/// The rows that cancel out with `create` given the rows of its inode after it (`later`,
+/// in order): a regular file created and unlinked again before either reached BACKING, with
+/// only its own attribute, xattr and data rows between (no link or rename: its path is the
+/// one it was created at). None of them needs to touch BACKING: nothing was created there,
+/// nothing staged (its data rows come after its create). None when they do not cancel.
+fn cancels(create: &JOp, later: &[JOp]) -> Option<Vec<i64>> {
+    let mut own = vec![create.seq];
+    for o in later {
+        match o.kind {
+            OpKind::Data | OpKind::SetAttr | OpKind::Xattr => own.push(o.seq),
+            OpKind::Unlink if o.p1 == create.p1 => {
+                own.push(o.seq);
+                return Some(own);
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
 fn under(p: &[u8], root: &[u8]) -> bool {
     p == root || (p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/')
 }
@@ -409,6 +519,37 @@ pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn op(seq: i64, kind: OpKind, ino: u64, p1: &str) -> JOp {
+        JOp {
+            seq,
+            kind,
+            ino,
+            p1: p1.as_bytes().to_vec(),
+            p2: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_create_and_its_unlink_cancel() {
+        use OpKind::*;
+        let c = op(1, Create, 10, "a");
+        // Created, written, its times set, removed: nothing reaches BACKING.
+        let later = [
+            op(3, SetAttr, 10, "a"),
+            op(4, Data, 10, "a"),
+            op(6, Unlink, 10, "a"),
+        ];
+        assert_eq!(cancels(&c, &later), Some(vec![1, 3, 4, 6]));
+        // Renamed or linked in between: its create must be replayed.
+        let later = [op(3, Rename, 10, "a"), op(6, Unlink, 10, "b")];
+        assert_eq!(cancels(&c, &later), None);
+        let later = [op(3, Link, 10, "a"), op(6, Unlink, 10, "a")];
+        assert_eq!(cancels(&c, &later), None);
+        // Not removed (yet), or removed under another path: nothing cancels.
+        assert_eq!(cancels(&c, &[op(3, Data, 10, "a")]), None);
+        assert_eq!(cancels(&c, &[op(6, Unlink, 10, "x")]), None);
+    }
 
     #[test]
     fn under_matches_whole_components() {
