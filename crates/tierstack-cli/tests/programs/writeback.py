@@ -107,3 +107,25 @@ with open(p, "wb") as f:
     for i in range(1, 200):
         f.write(bytes([i]) * (i * 7))
 report("odd", p)
+
+# A file removed while open (a temporary file): its descriptor still changes mode, times,
+# size and data.
+p = f"{d}/unlinked.bin"
+fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"abc")
+os.unlink(p)
+res = []
+for name, f in [
+    ("fchmod", lambda: os.fchmod(fd, 0o600)),
+    ("futimes", lambda: os.utime(fd, (1, 2))),
+    ("ftruncate", lambda: os.ftruncate(fd, 1)),
+    ("pwrite", lambda: os.pwrite(fd, b"xyz", 10)),
+]:
+    try:
+        f()
+        res.append(f"{name}=ok")
+    except OSError as e:
+        res.append(f"{name}={e.errno}")
+st = os.fstat(fd)
+print(f"unlinked {' '.join(res)} mode={oct(st.st_mode)} size={st.st_size} data={os.pread(fd, 20, 0)!r}")
+os.close(fd)

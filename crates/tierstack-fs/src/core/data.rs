@@ -296,9 +296,6 @@ impl Core {
         }
     }
 
-    /// Writes `data` at `off`. `kill_priv`: the writer is not privileged, so the file loses
-    /// its set-user-ID bit and, when group-executable, its set-group-ID bit (as the kernel
-    /// does on ext4).
     /// Writes `data` at `off`; `kill_setid` when the writer may not keep set-ID bits (see
     /// [`Core::kill_priv`]; file capabilities go on every write).
     pub fn write(&self, ino: u64, off: u64, data: &[u8], kill_setid: bool) -> R<usize> {

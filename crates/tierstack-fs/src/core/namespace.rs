@@ -777,6 +777,13 @@ impl Core {
             }
             n.ctime = t;
         }
+        // A file removed while still open (its last name gone) is no longer in the namespace:
+        // its attributes change in memory only, nothing of it drains.
+        let linked = ns.nodes.get(&ino).is_some_and(|n| !n.links.is_empty()) || ino == ROOT;
+        if !linked {
+            let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+            return Ok(Self::attr_of(ino, n));
+        }
         if meta_change || time_change {
             let path = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
             let row = {
