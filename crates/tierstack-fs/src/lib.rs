@@ -13,6 +13,7 @@ pub mod db;
 pub mod drain;
 pub mod error;
 pub mod fuse;
+pub mod intent;
 pub mod mount;
 pub mod opstats;
 pub mod stage;

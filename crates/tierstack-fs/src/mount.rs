@@ -65,6 +65,15 @@ pub struct MountStatus {
     /// within one burst).
     #[serde(default)]
     pub cancelled_ops: u64,
+    /// `fsync`s made durable in the intent log (sync mode, small changes), and by a full
+    /// flush of the fast tier.
+    #[serde(default)]
+    pub fsync_logged: u64,
+    #[serde(default)]
+    pub fsync_flushed: u64,
+    /// Intent log records replayed when this mount started (after a crash).
+    #[serde(default)]
+    pub intent_replayed: u64,
     pub last_error: Option<String>,
     pub tiers: Vec<TierUse>,
     /// Journal rows BACKING refused for good (quarantined; their data stays in the fast tier).
@@ -350,6 +359,10 @@ impl Daemon {
         let store = TieredStore::new(spec.dram, vec![Box::new(tier)])?;
         // The array is a log: keep half of it free for the cleaner.
         let limit = spec.dram + capacity / 2;
+        // The intent log of sync mode's small fsyncs, beside the journal; its records are
+        // replayed whatever the mode now (they were acknowledged as durable).
+        let log_path = dbp.with_extension("intent");
+        let intent = crate::intent::IntentLog::open(&log_path).map_err(io_err(&log_path))?;
         let core = Arc::new(Core::new(
             backing.clone(),
             spec.sync,
@@ -357,6 +370,7 @@ impl Daemon {
             array,
             db,
             limit,
+            Some(intent),
         )?);
         let drainer = Drainer::new(core.clone(), spec.drain_jobs, spec.drain_rate);
         drainer
@@ -538,6 +552,9 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
             .collect(),
         drain_retries: drainer.retries.load(Relaxed),
         cancelled_ops: drainer.cancelled_rows.load(Relaxed),
+        fsync_logged: core.fsync_logged.load(Relaxed),
+        fsync_flushed: core.fsync_flushed.load(Relaxed),
+        intent_replayed: core.intent_replayed.load(Relaxed),
         last_error: core.last_error.lock().clone(),
         tiers: core
             .store

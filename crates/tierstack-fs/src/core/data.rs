@@ -49,6 +49,11 @@ pub struct FileData {
     pub staged: Option<Vec<u8>>,
     /// 512-byte blocks the base holds in BACKING (holes excluded), for `st_blocks`.
     pub base_blocks: u64,
+    /// Byte ranges written since the full flush of generation `unsynced_gen` (adjacent ones
+    /// merged) and their bytes in all: what an `fsync` logs (`crate::intent`).
+    pub unsynced: Vec<(u64, u64)>,
+    pub unsynced_gen: u64,
+    pub unsynced_bytes: u64,
 }
 
 impl FileData {
@@ -306,7 +311,11 @@ impl Core {
         loop {
             let r = {
                 let mut f = d.lock();
-                self.write_locked(ino, obj, &mut f, off, data)
+                let r = self.write_locked(ino, obj, &mut f, off, data);
+                if r.is_ok() {
+                    self.note_unsynced(&mut f, off, data.len() as u64);
+                }
+                r
             };
             match r {
                 Ok(()) => break,
@@ -332,7 +341,12 @@ impl Core {
     pub fn read(&self, ino: u64, off: u64, size: u32) -> R<Vec<u8>> {
         let (d, obj) = self.file(ino)?;
         let mut f = d.lock();
-        let end = (off + size as u64).min(f.size);
+        self.read_locked(obj, &mut f, off, size as u64)
+    }
+
+    /// Up to `len` bytes at `off` (fewer at the end of the file).
+    pub(super) fn read_locked(&self, obj: u64, f: &mut FileData, off: u64, len: u64) -> R<Vec<u8>> {
+        let end = (off + len).min(f.size);
         if off >= end {
             return Ok(Vec::new());
         }
@@ -340,7 +354,7 @@ impl Core {
         let mut p = off / PAGE;
         while p * PAGE < end {
             let pstart = p * PAGE;
-            if let Some(v) = self.read_page(obj, &mut f, p, true).map_err(eio)? {
+            if let Some(v) = self.read_page(obj, f, p, true).map_err(eio)? {
                 let lo = off.max(pstart);
                 let hi = end.min(pstart + v.len() as u64);
                 if hi > lo {
@@ -351,6 +365,31 @@ impl Core {
             p += 1;
         }
         Ok(out)
+    }
+
+    /// Notes a write of `len` bytes at `off` for the next `fsync`'s intent record (sync mode;
+    /// beyond `intent::MAX_RECORD` bytes the list stops growing: that `fsync` flushes).
+    fn note_unsynced(&self, f: &mut FileData, off: u64, len: u64) {
+        if self.intent.is_none() {
+            return;
+        }
+        let gen = self.flush_gen.load(std::sync::atomic::Ordering::SeqCst);
+        if f.unsynced_gen != gen {
+            f.unsynced.clear();
+            f.unsynced_bytes = 0;
+            f.unsynced_gen = gen;
+        }
+        f.unsynced_bytes += len;
+        if f.unsynced_bytes > crate::intent::MAX_RECORD {
+            return;
+        }
+        if let Some(last) = f.unsynced.last_mut() {
+            if last.0 + last.1 == off {
+                last.1 += len;
+                return;
+            }
+        }
+        f.unsynced.push((off, len));
     }
 
     pub(super) fn truncate(&self, ino: u64, new: u64) -> R<()> {

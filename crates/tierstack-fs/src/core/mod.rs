@@ -123,6 +123,20 @@ pub struct Core {
     sync_arrived: AtomicU64,
     sync_covered: AtomicU64,
     sync_lock: Mutex<()>,
+    /// Sync mode's intent log (`crate::intent`): small `fsync`s are made durable there.
+    pub intent: Option<crate::intent::IntentLog>,
+    /// Bumped when a full flush starts: writes noted under an older value are covered by it.
+    pub flush_gen: AtomicU64,
+    /// Log commits hold it shared, a full flush (which voids the log) exclusively.
+    flush_rw: parking_lot::RwLock<()>,
+    /// Namespace commits so far, and how many of them the last durable point covered.
+    db_commits: AtomicU64,
+    db_durable: AtomicU64,
+    /// `fsync`s made durable in the intent log, and by a full flush.
+    pub fsync_logged: AtomicU64,
+    pub fsync_flushed: AtomicU64,
+    /// Intent log records this mount replayed at its start (after a crash).
+    pub intent_replayed: AtomicU64,
     /// The daemon is stopping: background threads end.
     pub stopping: AtomicBool,
     /// Inodes with a quarantined journal row (their dirty data stays in the fast tier).
@@ -143,6 +157,9 @@ pub const WRITE_BACK_START: u64 = 32 << 20;
 impl Core {
     /// Opens the namespace from the database (creating the root from BACKING if new) and
     /// reconciles it with the pages the array holds after a restart.
+    /// The core of a mount; `intent`: the fast tier's intent log and the records it held
+    /// (replayed here, after the namespace is loaded, then voided by a full flush). The log
+    /// is kept for `fsync` in sync mode only.
     pub fn new(
         backing: PathBuf,
         sync_mode: bool,
@@ -150,9 +167,10 @@ impl Core {
         array: Arc<Array>,
         db: Db,
         limit: u64,
+        intent: Option<(crate::intent::IntentLog, Vec<crate::intent::Record>)>,
     ) -> Result<Core> {
         let bk = Backing::open(&backing).map_err(crate::error::io_err(&backing))?;
-        let core = Core {
+        let mut core = Core {
             backing,
             bk,
             sync_mode,
@@ -176,6 +194,14 @@ impl Core {
             sync_arrived: AtomicU64::new(0),
             sync_covered: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
+            intent: None,
+            flush_gen: AtomicU64::new(1),
+            flush_rw: parking_lot::RwLock::new(()),
+            db_commits: AtomicU64::new(0),
+            db_durable: AtomicU64::new(0),
+            fsync_logged: AtomicU64::new(0),
+            fsync_flushed: AtomicU64::new(0),
+            intent_replayed: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             stuck_inos: Mutex::new(Default::default()),
             retry: AtomicBool::new(false),
@@ -185,6 +211,15 @@ impl Core {
         // A new mount tries the rows an earlier one quarantined again.
         core.db.lock().release_stuck()?;
         core.load()?;
+        if let Some((log, records)) = intent {
+            core.intent = Some(log);
+            if !records.is_empty() {
+                core.replay_intent(&records)?;
+            }
+            if !sync_mode {
+                core.intent = None;
+            }
+        }
         Ok(core)
     }
 
@@ -356,6 +391,7 @@ impl Core {
     /// Runs `f` in one transaction of the journal database.
     pub fn tx<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
         self.touch();
+        self.db_commits.fetch_add(1, Relaxed);
         let mut db = self.db.lock();
         let tx = db.conn.transaction()?;
         let v = f(&tx)?;
@@ -495,6 +531,7 @@ impl Core {
     }
 
     fn persist_content(&self, ino: u64, f: &FileData) -> Result<()> {
+        self.db_commits.fetch_add(1, Relaxed);
         let db = self.db.lock();
         db.conn
             .prepare_cached(

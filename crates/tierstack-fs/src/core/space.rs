@@ -75,15 +75,139 @@ impl Core {
 
     /// `fsync`: in sync mode the file's data goes down to the array and is flushed there and
     /// the journal is made durable; in async mode the data is in the store's DRAM already.
+    /// A small change of a regular file goes to the intent log instead (see `crate::intent`).
     pub fn fsync(&self, ino: u64) -> R<()> {
+        if self.sync_mode && self.log_fsync(ino) {
+            self.fsync_logged.fetch_add(1, Relaxed);
+            return Ok(());
+        }
         {
             let ns = self.ns.lock();
             self.persist_node(&ns, ino).map_err(eio)?;
         }
         if self.sync_mode {
             self.sync_all().map_err(eio)?;
+            self.fsync_flushed.fetch_add(1, Relaxed);
         }
         Ok(())
+    }
+
+    /// Makes the changes of file `ino` since the last full flush durable in the intent log;
+    /// false when they are too large for a record (or it is not a regular file, or the log is
+    /// full or failed): the caller flushes everything instead.
+    fn log_fsync(&self, ino: u64) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let Some(log) = &self.intent else {
+            return false;
+        };
+        let _shared = self.flush_rw.read();
+        let gen = self.flush_gen.load(SeqCst);
+        let Ok((d, obj)) = self.file(ino) else {
+            // A directory (or another node without contents): its entries are namespace rows,
+            // durable once the journal is.
+            let dir = self
+                .ns
+                .lock()
+                .nodes
+                .get(&ino)
+                .is_some_and(|n| n.data.is_none());
+            return dir && self.journal_durable();
+        };
+        let rec = {
+            let mut f = d.lock();
+            let fresh = f.unsynced_gen == gen;
+            if fresh && f.unsynced_bytes > crate::intent::MAX_RECORD {
+                return false;
+            }
+            let ranges = if fresh {
+                f.unsynced_bytes = 0;
+                std::mem::take(&mut f.unsynced)
+            } else {
+                Vec::new()
+            };
+            let mut extents = Vec::with_capacity(ranges.len());
+            for (off, len) in ranges {
+                match self.read_locked(obj, &mut f, off, len) {
+                    Ok(b) if !b.is_empty() => extents.push((off, b)),
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+            crate::intent::Record {
+                ino,
+                obj,
+                size: f.size,
+                extents,
+            }
+        };
+        // The file's name and inode row (a create, a rename) must be durable with it.
+        if !self.journal_durable() {
+            return false;
+        }
+        match log.commit(rec) {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!("{e}; fsync falls back to a full flush");
+                false
+            }
+        }
+    }
+
+    /// Makes every namespace commit so far durable (one synchronous SQLite commit, skipped
+    /// when nothing was committed since the last); false on error.
+    fn journal_durable(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let commits = self.db_commits.load(SeqCst);
+        if self.db_durable.load(SeqCst) == commits {
+            return true;
+        }
+        if let Err(e) = self.db.lock().make_durable() {
+            tracing::warn!("making the journal durable: {e}");
+            return false;
+        }
+        self.db_durable.fetch_max(commits, SeqCst);
+        true
+    }
+
+    /// After a crash: applies the intent log's records (each a file's bytes and size at an
+    /// acknowledged `fsync`, in order) to the files they name, then flushes everything and
+    /// voids the log.
+    pub(super) fn replay_intent(&self, records: &[crate::intent::Record]) -> Result<()> {
+        let mut applied = 0u64;
+        for r in records {
+            let same = {
+                let ns = self.ns.lock();
+                ns.nodes
+                    .get(&r.ino)
+                    .is_some_and(|n| n.obj == r.obj && n.data.is_some())
+            };
+            if !same {
+                // Removed (durably) since: nothing to bring back.
+                continue;
+            }
+            for (off, b) in &r.extents {
+                self.write(r.ino, *off, b, false).map_err(|e| {
+                    crate::error::FsError::Config(format!(
+                        "replaying the intent log: write of inode {}: errno {e}",
+                        r.ino
+                    ))
+                })?;
+            }
+            self.setattr(r.ino, None, None, None, Some(r.size), None, None)
+                .map_err(|e| {
+                    crate::error::FsError::Config(format!(
+                        "replaying the intent log: size of inode {}: errno {e}",
+                        r.ino
+                    ))
+                })?;
+            applied += 1;
+        }
+        tracing::warn!(
+            "recovery: {applied} of {} intent log records replayed (fsyncs acknowledged before the daemon stopped)",
+            records.len()
+        );
+        self.intent_replayed.store(applied, Relaxed);
+        self.sync_all()
     }
 
     /// Makes every page and every journal row written before the call durable. Concurrent
@@ -98,8 +222,19 @@ impl Core {
         }
         // Everyone who arrived until now wrote their data before this flush starts.
         let covers = self.sync_arrived.load(SeqCst);
+        // No log record is written while the flush runs; writes from here on are noted for
+        // the log's next generation.
+        let _exclusive = self.flush_rw.write();
+        self.flush_gen.fetch_add(1, SeqCst);
+        let commits = self.db_commits.load(SeqCst);
         self.store.flush()?;
         self.db.lock().make_durable()?;
+        self.db_durable.fetch_max(commits, SeqCst);
+        if let Some(log) = &self.intent {
+            // Everything the log held is in the array now.
+            log.reset()
+                .map_err(|e| crate::error::FsError::Config(e.to_string()))?;
+        }
         self.sync_covered.store(covers, SeqCst);
         Ok(())
     }
@@ -107,10 +242,18 @@ impl Core {
     /// The store's background work, until the daemon stops: eviction ahead of need (so a
     /// writer seldom evicts inside its own write), and in sync mode writing dirty DRAM pages
     /// to the array once [`WRITE_BACK_START`] bytes are dirty (not yet durable: `fsync`
-    /// makes them so, with less left to write).
+    /// makes them so, with less left to write). With the intent log, small `fsync`s do not
+    /// need the pages in the array, and a 4 KiB write dirties a whole 1 MiB page: write-back
+    /// then waits until half the DRAM tier is dirty, and the log is folded (a full flush)
+    /// once it is half full, so that an `fsync` seldom finds it full.
     pub fn background_loop(&self) {
         let dram = self.store.status().first().map_or(0, |t| t.capacity_bytes);
         let headroom = (dram / 8).min(128 << 20);
+        let write_back_start = if self.intent.is_some() {
+            (dram / 2).max(WRITE_BACK_START)
+        } else {
+            WRITE_BACK_START
+        };
         let mut idle = Duration::from_millis(1);
         while !self.stopping.load(Relaxed) {
             let mut busy = match self.store.make_room(headroom) {
@@ -121,11 +264,21 @@ impl Core {
                     false
                 }
             };
-            if self.sync_mode && self.store.dirty_bytes() >= WRITE_BACK_START {
+            if self.sync_mode && self.store.dirty_bytes() >= write_back_start {
                 match self.store.write_back(8 * PAGE) {
                     Ok(_) => busy = true,
                     Err(e) => tracing::warn!("background write to the fast tier: {e}"),
                 }
+            }
+            if self
+                .intent
+                .as_ref()
+                .is_some_and(|l| l.used() > crate::intent::LOG_BYTES / 2)
+            {
+                if let Err(e) = self.sync_all() {
+                    tracing::warn!("folding the intent log: {e}");
+                }
+                busy = true;
             }
             if busy {
                 idle = Duration::from_millis(1);
