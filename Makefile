@@ -22,3 +22,4 @@ demo: build
 fuzz:
 	cd fuzz && $(CARGO) +nightly fuzz run superblock -- -max_total_time=60
 	cd fuzz && $(CARGO) +nightly fuzz run summary -- -max_total_time=60
+	cd fuzz && $(CARGO) +nightly fuzz run intent -- -max_total_time=60
