@@ -979,6 +979,67 @@ fn slurm_stage_out_failures_and_node_local() {
         .unwrap_or_default();
     assert!(left.is_empty(), "node-local buffers left: {left:?}");
     s.no_buffers_left();
+    println!(
+        "node-local job ok after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // --- A node-local drain killed after the Epilog (kill -9 of the background drain and of
+    // the mount daemon) is started again by the next job's Epilog on the node; nothing lost.
+    let dk = home.join("out-k");
+    let k = s.script(
+        "node-k.sh",
+        &format!(
+            "#!/bin/bash\n#BB_LUA node_local=256M stage_out={}\nset -e\n\
+             for i in 0 1 2 3; do head -c 10M /dev/urandom > \"$TIERSTACK_DIR/f$i.bin\"; done\n\
+             sha256sum \"$TIERSTACK_DIR\"/f*.bin | sed 's|  .*/|  |' > \"$TIERSTACK_DIR/sums\"\n",
+            dk.display()
+        ),
+    );
+    let (o, _) = s.submit_wait("node-k", "", &k);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let idk = job_id(&o);
+    let kdir = node_jobs.join(&idk);
+    let kmnt = kdir.join("mnt").to_string_lossy().into_owned();
+    let drainer = find(&[EXE, "node-drain", &idk]);
+    // SAFETY: kill(2) on the test's own job's background drain.
+    unsafe { libc::kill(drainer, libc::SIGKILL) };
+    let o = Command::new(EXE)
+        .args(["status", &kmnt, "--json"])
+        .output()
+        .expect("status");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let daemon = v["pid"].as_i64().unwrap_or(0) as i32;
+    assert!(
+        daemon > 0,
+        "node-local daemon of job {idk} already gone: {v}"
+    );
+    // SAFETY: kill(2) on the test's own job's mount daemon.
+    unsafe { libc::kill(daemon, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        kdir.exists(),
+        "the buffer of job {idk} was gone before the kill"
+    );
+    println!("killed node-drain {drainer} and daemon {daemon} of job {idk}");
+    let next = s.script("next.sh", "#!/bin/bash\ntrue\n");
+    let (o, _) = s.submit_wait("next", "", &next);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(40) && kdir.exists() {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        !kdir.exists(),
+        "job {idk}'s node-local drain was not resumed{}",
+        s.logs()
+    );
+    assert_eq!(
+        check_sums(&dk),
+        4,
+        "job {idk}'s outputs after the resumed drain"
+    );
+    s.no_buffers_left();
     println!("all done after {:.1} s", t0.elapsed().as_secs_f64());
 }
 
