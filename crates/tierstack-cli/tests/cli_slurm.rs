@@ -79,12 +79,20 @@ struct Slurm {
     root: PathBuf,
     conf: PathBuf,
     fast: PathBuf,
+    /// Held until the daemons are stopped (fields drop after `Drop::drop`).
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Slurm {
     fn start() -> Slurm {
+        // One SLURM at a time (`make test` runs this file's tests in parallel threads): they
+        // would compete for the 2 CPUs the node has, and timings are asserted.
+        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let root = PathBuf::from(format!(
-            "/var/tmp/tierstack-slurm-test-{}",
+            "/var/tmp/tierstack-slurm-test-{}-{n}",
             std::process::id()
         ));
         let _ = fs::remove_dir_all(&root);
@@ -102,7 +110,7 @@ impl Slurm {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let port = 20000 + (std::process::id() % 20000);
+        let port = 20000 + ((std::process::id() % 5000) * 4 + n * 2) % 20000;
         let r = root.display();
         let conf = format!(
             "ClusterName=tstest\nSlurmctldHost={host}(127.0.0.1)\nSlurmctldPort={port}\nSlurmdPort={}\n\
@@ -124,6 +132,7 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
             conf: root.join("etc"),
             fast: root.join("fast"),
             root,
+            _serial: serial,
         };
         // The installer under test writes burst_buffer.lua and .conf, job_submit.lua and the
         // Prolog/Epilog that slurm.conf above names.
@@ -984,6 +993,32 @@ fn slurm_stage_out_failures_and_node_local() {
         t0.elapsed().as_secs_f64()
     );
 
+    // --- node_local= with a stage_out the user may not write: the controller's setup hook
+    // holds the job with the reason before any node's Prolog runs.
+    let bad = s.script(
+        "node-bad.sh",
+        "#!/bin/bash\n#BB_LUA node_local=256M stage_out=/root/tierstack-denied\ntrue\n",
+    );
+    let idbad = s.submit("", &bad);
+    let t = Instant::now();
+    loop {
+        let o = s.client(&format!("squeue -h -j {idbad} -o %r"));
+        let r = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if r.contains("stage_out=/root/tierstack-denied") {
+            println!("node-local job held: {r}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "job {idbad} not held, reason '{r}'{}",
+            s.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(s.client(&format!("scancel {idbad}")).status.success());
+    s.wait_gone(&idbad, 30);
+    assert!(!Path::new("/root/tierstack-denied").exists());
+
     // --- A node-local drain killed after the Epilog (kill -9 of the background drain and of
     // the mount daemon) is started again by the next job's Epilog on the node; nothing lost.
     let dk = home.join("out-k");
@@ -991,14 +1026,15 @@ fn slurm_stage_out_failures_and_node_local() {
         "node-k.sh",
         &format!(
             "#!/bin/bash\n#BB_LUA node_local=256M stage_out={}\nset -e\n\
-             for i in 0 1 2 3; do head -c 10M /dev/urandom > \"$TIERSTACK_DIR/f$i.bin\"; done\n\
+             for i in $(seq 0 7); do head -c 10M /dev/urandom > \"$TIERSTACK_DIR/f$i.bin\"; done\n\
              sha256sum \"$TIERSTACK_DIR\"/f*.bin | sed 's|  .*/|  |' > \"$TIERSTACK_DIR/sums\"\n",
             dk.display()
         ),
     );
-    let (o, _) = s.submit_wait("node-k", "", &k);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let idk = job_id(&o);
+    // Not sbatch --wait: it polls every few seconds, and the drain (80 MiB at 10 MB/s)
+    // must still run when the test looks for it.
+    let idk = s.submit("", &k);
+    s.wait_gone(&idk, 60);
     let kdir = node_jobs.join(&idk);
     let kmnt = kdir.join("mnt").to_string_lossy().into_owned();
     let drainer = find(&[EXE, "node-drain", &idk]);
@@ -1036,7 +1072,7 @@ fn slurm_stage_out_failures_and_node_local() {
     );
     assert_eq!(
         check_sums(&dk),
-        4,
+        8,
         "job {idk}'s outputs after the resumed drain"
     );
     s.no_buffers_left();

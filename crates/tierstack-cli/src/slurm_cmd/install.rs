@@ -180,6 +180,7 @@ pub(super) fn install(a: &Settings) -> Result<()> {
             .map(|(_, v)| v.clone())
     };
     let mut missing = Vec::new();
+    let mut notes = 0;
     if !get("burstbuffertype").is_some_and(|v| v.eq_ignore_ascii_case("burst_buffer/lua")) {
         missing.push("BurstBufferType=burst_buffer/lua".to_string());
     }
@@ -199,14 +200,17 @@ pub(super) fn install(a: &Settings) -> Result<()> {
         let key_cap = if key == "prolog" { "Prolog" } else { "Epilog" };
         match get(key) {
             Some(v) if Path::new(&v) == want => {}
-            Some(v) => println!(
-                "slurm.conf has {key_cap}={v}: for node_local= buffers, run {} from it (with SLURM's environment)",
-                want.display()
-            ),
+            Some(v) => {
+                notes += 1;
+                println!(
+                    "slurm.conf has {key_cap}={v}: for node_local= buffers, run {} from it (with SLURM's environment)",
+                    want.display()
+                )
+            }
             None => missing.push(format!("{key_cap}={}", want.display())),
         }
     }
-    if missing.is_empty() {
+    if missing.is_empty() && notes == 0 {
         println!("slurm.conf has BurstBufferType=burst_buffer/lua and the rest: run `scontrol reconfigure` (or restart slurmctld)");
     } else {
         for l in &missing {
