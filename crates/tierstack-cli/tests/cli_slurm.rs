@@ -79,12 +79,26 @@ struct Slurm {
     root: PathBuf,
     conf: PathBuf,
     fast: PathBuf,
+    /// Compute nodes in namespaces of their own (empty: this host is the node).
+    nodes: Vec<String>,
+    /// Their mount namespaces (`/proc/PID/ns/mnt` of their slurmd).
+    node_ns: Vec<PathBuf>,
     /// Held until the daemons are stopped (fields drop after `Drop::drop`).
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Slurm {
+    /// A SLURM whose one node is this host.
     fn start() -> Slurm {
+        Slurm::start_nodes(&[])
+    }
+
+    /// A SLURM with `nodes` as its compute nodes: one slurmd each in a UTS and mount namespace
+    /// of its own (its hostname is the node name; per-node spool, pid and log under
+    /// ROOT/NAME bound over ROOT/node, its node-local buffers in ROOT/NAME/fastnode bound over
+    /// FAST/node, and its tierstack runtime folder over /run/tierstack), on 127.0.0.1 with a
+    /// port each. With no names, one slurmd in this host's namespaces.
+    fn start_nodes(nodes: &[&str]) -> Slurm {
         // One SLURM at a time (`make test` runs this file's tests in parallel threads): they
         // would compete for the 2 CPUs the node has, and timings are asserted.
         static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -99,6 +113,17 @@ impl Slurm {
         for d in ["etc", "state", "spool", "log", "fast", "home"] {
             fs::create_dir_all(root.join(d)).expect("mkdir");
         }
+        for n in nodes {
+            for d in ["spool", "fastnode", "run"] {
+                fs::create_dir_all(root.join(n).join(d)).expect("mkdir");
+            }
+        }
+        if !nodes.is_empty() {
+            for d in ["node", "fast/node"] {
+                fs::create_dir_all(root.join(d)).expect("mkdir");
+            }
+            fs::create_dir_all("/run/tierstack").expect("mkdir /run/tierstack");
+        }
         for d in ["", "etc", "home"] {
             fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o755)).expect("chmod");
         }
@@ -111,27 +136,47 @@ impl Slurm {
             .map(|n| n.get())
             .unwrap_or(1);
         let port = 20000 + ((std::process::id() % 5000) * 4 + n * 2) % 20000;
-        let r = root.display();
+        let r = root.display().to_string();
+        let node_lines = if nodes.is_empty() {
+            format!(
+                "SlurmdSpoolDir={r}/spool\nSlurmdPidFile={r}/slurmd.pid\nSlurmdLogFile={r}/log/slurmd.log\n\
+                 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN\n\
+                 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n"
+            )
+        } else {
+            let mut l = format!(
+                "SlurmdSpoolDir={r}/node/spool\nSlurmdPidFile={r}/node/slurmd.pid\nSlurmdLogFile={r}/node/slurmd.log\n"
+            );
+            for (i, n) in nodes.iter().enumerate() {
+                l += &format!(
+                    "NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={} CPUs=1 RealMemory=500 State=UNKNOWN\n",
+                    port + 2 + i as u32
+                );
+            }
+            l + &format!(
+                "PartitionName=debug Nodes={} Default=YES MaxTime=INFINITE State=UP\n",
+                nodes.join(",")
+            )
+        };
         let conf = format!(
             "ClusterName=tstest\nSlurmctldHost={host}(127.0.0.1)\nSlurmctldPort={port}\nSlurmdPort={}\n\
 SlurmUser=root\nSlurmdUser=root\nAuthType=auth/none\nCredType=cred/none\n\
-StateSaveLocation={r}/state\nSlurmdSpoolDir={r}/spool\n\
-SlurmctldPidFile={r}/slurmctld.pid\nSlurmdPidFile={r}/slurmd.pid\n\
-SlurmctldLogFile={r}/log/slurmctld.log\nSlurmdLogFile={r}/log/slurmd.log\nSlurmctldDebug=info\nSlurmdDebug=info\n\
+StateSaveLocation={r}/state\nSlurmctldPidFile={r}/slurmctld.pid\n\
+SlurmctldLogFile={r}/log/slurmctld.log\nSlurmctldDebug=info\nSlurmdDebug=info\n\
 ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
 AccountingStorageType=accounting_storage/none\nSchedulerType=sched/backfill\nSchedulerParameters=bf_interval=1\n\
 SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nReturnToService=2\nMailProg=/bin/true\n\
 BurstBufferType=burst_buffer/lua\nDebugFlags=BurstBuffer\nMpiDefault=none\n\
-JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tierstack_epilog.sh\n\
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN\n\
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
+JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tierstack_epilog.sh\n{node_lines}",
             port + 1
         );
         fs::write(root.join("etc/slurm.conf"), conf).expect("write slurm.conf");
-        let s = Slurm {
+        let mut s = Slurm {
             conf: root.join("etc"),
             fast: root.join("fast"),
             root,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            node_ns: Vec::new(),
             _serial: serial,
         };
         // The installer under test writes burst_buffer.lua and .conf, job_submit.lua and the
@@ -142,17 +187,26 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
             "{text}"
         );
         let c = s.conf.join("slurm.conf");
-        let o = sh(&format!(
-            "slurmctld -f {0} -i && slurmd -f {0}",
-            c.display()
-        ));
+        let mut start = format!("slurmctld -f {} -i", c.display());
+        if nodes.is_empty() {
+            start += &format!(" && slurmd -f {}", c.display());
+        }
+        for n in nodes {
+            start += &format!(
+                " && unshare --uts --mount --propagation private --fork sh -c \
+                 'hostname {n} && mount --bind {r}/{n} {r}/node && mount --bind {r}/{n}/fastnode {r}/fast/node \
+                 && mount --bind {r}/{n}/run /run/tierstack && exec slurmd -f {}'",
+                c.display()
+            );
+        }
+        let o = sh(&start);
         assert!(
             o.status.success(),
             "start: {}{}",
             String::from_utf8_lossy(&o.stderr),
             s.logs()
         );
-        // Bounded wait for the node to be idle.
+        // Bounded wait for the nodes to be idle.
         let t = Instant::now();
         loop {
             let o = s.client("sinfo -h -o %T");
@@ -166,6 +220,19 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+        // The nodes' mount namespaces: what is left in them at the end is stopped.
+        for n in nodes {
+            let pid = fs::read_to_string(s.root.join(n).join("slurmd.pid")).unwrap_or_default();
+            if let Ok(ns) = fs::read_link(format!("/proc/{}/ns/mnt", pid.trim())) {
+                s.node_ns.push(ns);
+            }
+        }
+        assert_eq!(
+            s.node_ns.len(),
+            nodes.len(),
+            "slurmd of a node did not start{}",
+            s.logs()
+        );
         s
     }
 
@@ -329,7 +396,9 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
 impl Drop for Slurm {
     fn drop(&mut self) {
         // Stop the daemons by pid, bounded.
-        for f in ["slurmctld.pid", "slurmd.pid"] {
+        let mut pid_files = vec![PathBuf::from("slurmctld.pid"), PathBuf::from("slurmd.pid")];
+        pid_files.extend(self.nodes.iter().map(|n| Path::new(n).join("slurmd.pid")));
+        for f in pid_files {
             if let Ok(p) = fs::read_to_string(self.root.join(f)) {
                 if let Ok(pid) = p.trim().parse::<i32>() {
                     // SAFETY: kill(2) on a pid read from the daemon's own pid file.
@@ -358,6 +427,13 @@ impl Drop for Slurm {
                 let cwd = fs::read_link(e.path().join("cwd")).unwrap_or_default();
                 if comm.trim() == "slurmstepd" && cwd.starts_with(&self.root) {
                     // SAFETY: kill(2) on a slurmstepd of this test's own jobs.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                // Anything still in a node's mount namespace (a mount daemon or drain of a
+                // failed test): the namespace and its mounts go with the last of them.
+                let ns = fs::read_link(e.path().join("ns/mnt")).unwrap_or_default();
+                if self.node_ns.contains(&ns) {
+                    // SAFETY: kill(2) on a process in this test's own node namespace.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
             }
@@ -1077,6 +1153,65 @@ fn slurm_stage_out_failures_and_node_local() {
     );
     s.no_buffers_left();
     println!("all done after {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// Node-local mode on two compute nodes: two slurmd, each in a UTS and mount namespace of its
+/// own (one host, 127.0.0.1, a port each). A `-N 2` job with `node_local=` gets a buffer on
+/// each node from its Prolog (inputs staged in on both), its tasks on both nodes see their own
+/// node's buffer as $TIERSTACK_DIR, and each node's Epilog drains it to the shared stage_out.
+#[test]
+fn slurm_node_local_two_nodes() {
+    if let Err(why) = ensure_slurm() {
+        skip(&why);
+        return;
+    }
+    let t0 = Instant::now();
+    let s = Slurm::start_nodes(&["n1", "n2"]);
+    let home = s.root.join("home");
+    let src = home.join("in.bin");
+    write_data(&src, 2, 3);
+    let dst = home.join("dst");
+    let job = s.script(
+        "multi.sh",
+        &format!(
+            "#!/bin/bash\n#SBATCH -N 2\n#BB_LUA node_local=128M stage_in={src} stage_out={dst}\nset -e\n\
+             srun -N2 -n2 bash -c 'cmp \"$TIERSTACK_DIR/in.bin\" {src} && grep -q \" $TIERSTACK_DIR fuse\" /proc/mounts \
+             && hostname > \"$TIERSTACK_DIR/host-$SLURMD_NODENAME.txt\" && echo task on $(hostname) ok'\necho multi-ok\n",
+            src = src.display(),
+            dst = dst.display()
+        ),
+    );
+    let (o, outs) = s.submit_wait("multi", "", &job);
+    assert!(
+        o.status.success()
+            && outs.iter().any(|t| t.contains("task on n1 ok")
+                && t.contains("task on n2 ok")
+                && t.contains("multi-ok")),
+        "two-node job: {} {} {outs:?}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        s.logs()
+    );
+    // Each node's Epilog drains its buffer in the background: wait for both (bounded).
+    let t = Instant::now();
+    let empty = |n: &str| {
+        fs::read_dir(s.root.join(n).join("fastnode/jobs")).is_ok_and(|mut r| r.next().is_none())
+    };
+    while t.elapsed() < Duration::from_secs(30) && !(empty("n1") && empty("n2")) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        empty("n1") && empty("n2"),
+        "node-local buffers left{}",
+        s.logs()
+    );
+    for n in ["n1", "n2"] {
+        let got = fs::read_to_string(dst.join(format!("host-{n}.txt"))).unwrap_or_default();
+        assert_eq!(got, format!("{n}\n"), "node {n}'s output in DST");
+    }
+    assert!(fs::read(dst.join("in.bin")).expect("in.bin") == fs::read(&src).expect("src"));
+    s.no_buffers_left();
+    println!("two nodes ok after {:.1} s", t0.elapsed().as_secs_f64());
 }
 
 /// install is idempotent, refuses to overwrite a file it did not write, uninstall removes only
