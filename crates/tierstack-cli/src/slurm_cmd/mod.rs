@@ -14,10 +14,13 @@
 //! - `data-in JOBID SCRIPT`: `tierstack stage in` of every source into the mount, run as the
 //!   job's user.
 //! - `paths JOBID SCRIPT PATH_FILE`: writes `TIERSTACK_DIR=<mount>` for the job's environment.
-//! - `pre-run`, `post-run`: check that the mount is up / start its drain.
+//! - `pre-run`, `post-run`: check that the mount is up / fsync the outputs and start the drain.
 //! - `data-out JOBID SCRIPT`: `tierstack umount` (drains everything to the first stage_out
-//!   destination), then copies it to the other stage_out destinations as the job's user.
-//! - `teardown JOBID SCRIPT HURRY`: unmounts what is left and removes the job's folder.
+//!   destination; a mount whose daemon died is mounted again over its fast tier and the drain
+//!   resumes), then copies it to the other stage_out destinations as the job's user.
+//! - `teardown JOBID SCRIPT HURRY`: drains what is left (unless HURRY, after `scancel
+//!   --hurry`: then it is dropped, with the drain's temporary files), unmounts and removes
+//!   the job's folder.
 //! - `pools`, `get-status`: the `tierstack` pool as SLURM wants it, and a status text with
 //!   each job's state and its stage-in progress.
 //! - `prolog`, `epilog` (SLURM's Prolog/Epilog on each compute node): node-local buffers
