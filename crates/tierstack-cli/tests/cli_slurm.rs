@@ -896,7 +896,12 @@ fn slurm_stage_out_failures_and_node_local() {
             let mut v: Vec<(String, String)> = fs::read_dir(d)
                 .map(|r| {
                     r.flatten()
-                        .filter(|e| e.metadata().is_ok_and(|m| m.len() == 10 << 20))
+                        .filter(|e| {
+                            !e.file_name()
+                                .to_string_lossy()
+                                .starts_with(".tierstack-tmp")
+                                && e.metadata().is_ok_and(|m| m.len() == 10 << 20)
+                        })
                         .map(|e| {
                             let o = sh(&format!("sha256sum {}", e.path().display()));
                             (

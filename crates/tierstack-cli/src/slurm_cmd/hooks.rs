@@ -173,6 +173,7 @@ pub(super) fn make_buffer(
         fs::create_dir(&dir)
             .map_err(|e| anyhow!("cannot create {}: {e}: check --fast-dir", dir.display()))?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+        fs::write(dir.join(MOUNT_LOCK), b"")?;
         fs::create_dir(dir.join("mnt"))?;
         let tier = dir.join("tier");
         fs::create_dir(&tier)?;
@@ -483,9 +484,18 @@ pub(super) fn drain_buffer(id: &str, dir: &Path, s: &JobState, c: &Common) -> Re
             if remounts == 2 {
                 break;
             }
-            remounts += 1;
-            mount_job(dir, s, c)?;
-            eprintln!("job {id}: mounted the buffer again to resume its drain");
+            // Under the buffer's mount lock, and never once teardown has begun: a teardown
+            // (scancel --hurry runs it while data_out still runs) would otherwise find a
+            // fresh mount where it removes the folder.
+            let _held = lock_mounts(dir, false)?;
+            if dir.join(TEARDOWN).exists() || !dir.join("state.json").exists() {
+                bail!("job {id}: the buffer is being removed (scancel): stage-out stopped");
+            }
+            if !mounted(&mnt) {
+                remounts += 1;
+                mount_job(dir, s, c)?;
+                eprintln!("job {id}: mounted the buffer again to resume its drain");
+            }
         }
         // A umount that fails (killed, or its daemon died under it) is tried again; one
         // that fails for good (a destination that refuses records) fails every time.
@@ -530,6 +540,21 @@ pub(super) fn teardown_dir(id: &str, dir: &Path, hurry: bool, c: &Common) -> Res
         // On failure the folder is kept (the error says how to finish or drop it).
         drain_buffer(id, dir, s, c)?;
     }
+    // From here on nothing mounts this buffer again (see drain_buffer); a mount made before
+    // the lock is taken is seen and unmounted below.
+    if dir.exists() {
+        fs::write(dir.join(TEARDOWN), b"").map_err(|e| {
+            anyhow!(
+                "cannot write {}: {e}: check --fast-dir",
+                dir.join(TEARDOWN).display()
+            )
+        })?;
+    }
+    let _held = if dir.exists() {
+        Some(lock_mounts(dir, true)?)
+    } else {
+        None
+    };
     if mounted(&mnt) {
         let _ = tierstack(
             &["umount".as_ref(), mnt.as_os_str(), "--force".as_ref()],
@@ -559,11 +584,87 @@ pub(super) fn teardown_dir(id: &str, dir: &Path, hurry: bool, c: &Common) -> Res
             }
         }
     }
-    if dir.exists() {
-        fs::remove_dir_all(dir)
-            .map_err(|e| anyhow!("cannot remove {}: {e}: remove it by hand", dir.display()))?;
+    remove_job_dir(dir)
+}
+
+/// Marks a job's folder as being torn down.
+const TEARDOWN: &str = "teardown";
+
+/// The lock file of `lock_mounts`.
+const MOUNT_LOCK: &str = "mount.lock";
+
+/// The lock that orders mounting a job's buffer (again) and tearing it down; waits at most
+/// two minutes for it. Only the buffer's maker and its teardown `create` the lock file: a
+/// hook that finds it gone is looking at a buffer being removed.
+fn lock_mounts(dir: &Path, create: bool) -> Result<fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let p = dir.join(MOUNT_LOCK);
+    let f = fs::OpenOptions::new()
+        .create(create)
+        .truncate(false)
+        .write(true)
+        .open(&p)
+        .map_err(|e| {
+            anyhow!(
+                "cannot open {}: {e}: the buffer is being removed, or check --fast-dir",
+                p.display()
+            )
+        })?;
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!(
+                "{} stayed locked for 2 minutes (another hook mounts or removes this buffer): try again",
+                p.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(())
+}
+
+/// Removes a job's folder without ever descending into its mount point: a buffer still (or
+/// again) mounted there would have its files, and through the drain the destination's,
+/// deleted.
+fn remove_job_dir(dir: &Path) -> Result<()> {
+    let fail = |p: &Path, e: std::io::Error| {
+        anyhow!("cannot remove {}: {e}: remove it by hand", p.display())
+    };
+    // The state first: a hook that gets the mount lock after this sees no buffer.
+    match fs::remove_file(dir.join("state.json")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(fail(&dir.join("state.json"), e))
+        }
+        _ => {}
+    }
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let mut entries: Vec<fs::DirEntry> = rd.flatten().collect();
+    // The lock file last.
+    entries.sort_by_key(|e| e.file_name() == MOUNT_LOCK);
+    for e in entries {
+        let p = e.path();
+        if e.file_name() == "mnt" {
+            if mounted(&p) {
+                bail!(
+                    "{} is still mounted: run `tierstack umount {} --force`, then remove {}",
+                    p.display(),
+                    p.display(),
+                    dir.display()
+                );
+            }
+            fs::remove_dir(&p).map_err(|e| fail(&p, e))?;
+        } else if e.file_type().is_ok_and(|t| t.is_dir()) {
+            fs::remove_dir_all(&p).map_err(|e| fail(&p, e))?;
+        } else {
+            fs::remove_file(&p).map_err(|e| fail(&p, e))?;
+        }
+    }
+    fs::remove_dir(dir).map_err(|e| fail(dir, e))
 }
 
 pub(super) fn teardown(id: &str, hurry: bool, c: &Common) -> Result<()> {

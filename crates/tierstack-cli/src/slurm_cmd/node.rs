@@ -153,7 +153,7 @@ pub(super) fn epilog(c: &Common, wait: bool) -> Result<()> {
             }
             let d = e.path();
             let Ok(s) = load_state_at(&d) else { continue };
-            if s.state == "staging-out" && lock(&d).is_ok_and(|l| l.is_some()) {
+            if s.state == "staging-out" && lock(&d, false).is_ok_and(|l| l.is_some()) {
                 // The lock taken just now is released when `l` is dropped, before the new
                 // drain takes it.
                 let pid = start_drain(&other, &d, c)?;
@@ -165,11 +165,12 @@ pub(super) fn epilog(c: &Common, wait: bool) -> Result<()> {
 }
 
 /// An exclusive lock on the job's folder, held by the process that drains it; None when
-/// another process holds it.
-fn lock(dir: &Path) -> Result<Option<fs::File>> {
+/// another process holds it. Only the drain itself may `create` the lock file (a check that
+/// made it in a folder being removed would keep the folder from going).
+fn lock(dir: &Path, create: bool) -> Result<Option<fs::File>> {
     let p = dir.join("lock");
     let f = fs::OpenOptions::new()
-        .create(true)
+        .create(create)
         .truncate(false)
         .write(true)
         .open(&p)
@@ -187,7 +188,7 @@ pub(super) fn node_drain(id: &str, c: &Common) -> Result<()> {
     if !dir.exists() {
         return Ok(());
     }
-    let Some(_held) = lock(&dir)? else {
+    let Some(_held) = lock(&dir, true)? else {
         println!("job {id}: another process drains this buffer");
         return Ok(());
     };
