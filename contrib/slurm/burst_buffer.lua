@@ -9,6 +9,7 @@ local FAST_DIR = "@FAST_DIR@"
 local POOL_SIZE = "@POOL_SIZE@"
 local STAGE_TIMEOUT = @STAGE_TIMEOUT@
 local OTHER_TIMEOUT = @OTHER_TIMEOUT@
+local DRAIN_RATE = "@DRAIN_RATE@"
 
 local function q(s)
 	return "'" .. string.gsub(tostring(s), "'", "'\\''") .. "'"
@@ -23,6 +24,9 @@ local function run(hook, timeout, args, whole)
 	end
 	cmd = cmd .. " --fast-dir " .. q(FAST_DIR) .. " --pool-size " .. q(POOL_SIZE)
 		.. " --timeout " .. tostring(timeout)
+	if DRAIN_RATE ~= "" then
+		cmd = cmd .. " --drain-rate " .. q(DRAIN_RATE)
+	end
 	local out = os.tmpname()
 	local rc = os.execute(cmd .. " >" .. q(out) .. " 2>&1 </dev/null")
 	local text = ""

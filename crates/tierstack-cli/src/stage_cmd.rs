@@ -35,6 +35,51 @@ pub struct StageArgs {
     /// Print what was done as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Keep FILE up to date (a few times a second, replaced atomically) with the progress as
+    /// JSON: `{"done":BYTES,"total":BYTES,"bytes":BYTES,"files":N}`; done and total
+    /// count every pass (the copy, and the read back or verification), bytes is the data. `tierstack slurm get-status` shows it.
+    #[arg(long, value_name = "FILE")]
+    pub progress_file: Option<PathBuf>,
+}
+
+/// Writes `tierstack stage --progress-file`: at most every 200 ms from the copy threads.
+struct ProgressFile {
+    path: PathBuf,
+    total: u64,
+    bytes: u64,
+    files: usize,
+    done: std::sync::atomic::AtomicU64,
+    last: std::sync::Mutex<std::time::Instant>,
+}
+
+impl ProgressFile {
+    fn add(&self, n: u64) {
+        use std::sync::atomic::Ordering;
+        self.done.fetch_add(n, Ordering::Relaxed);
+        let Ok(mut last) = self.last.try_lock() else {
+            return;
+        };
+        if last.elapsed() >= std::time::Duration::from_millis(200) {
+            *last = std::time::Instant::now();
+            let _ = self.write();
+        }
+    }
+
+    /// Replaces the file (temporary name in the same folder, then rename).
+    fn write(&self) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        let text = serde_json::json!({
+            "done": self.done.load(Ordering::Relaxed),
+            "total": self.total,
+            "bytes": self.bytes,
+            "files": self.files,
+        })
+        .to_string();
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &self.path)
+    }
 }
 
 #[derive(Args)]
@@ -135,10 +180,39 @@ pub fn stage(a: StageArgs) -> Result<()> {
             ""
         }
     ));
+    let progress = a.progress_file.as_ref().map(|p| ProgressFile {
+        path: p.clone(),
+        total: plan.bytes() * passes,
+        bytes: plan.bytes(),
+        files: plan.files.len(),
+        done: 0.into(),
+        last: std::sync::Mutex::new(std::time::Instant::now()),
+    });
+    if let Some(p) = &progress {
+        p.write().map_err(|e| {
+            anyhow::anyhow!(
+                "cannot write --progress-file {}: {e}: give a writable path",
+                p.path.display()
+            )
+        })?;
+    }
     let cancel = cancel_flag()?;
     let t = std::time::Instant::now();
-    let r = stage::execute(&plan, &opts, &|n| bar.inc(n), &cancel);
+    let r = stage::execute(
+        &plan,
+        &opts,
+        &|n| {
+            bar.inc(n);
+            if let Some(p) = &progress {
+                p.add(n);
+            }
+        },
+        &cancel,
+    );
     bar.finish_and_clear();
+    if let Some(p) = &progress {
+        let _ = p.write();
+    }
     let r = r?;
     let secs = t.elapsed().as_secs_f64();
     let notes = |v: &[stage::Skipped]| -> Vec<serde_json::Value> {

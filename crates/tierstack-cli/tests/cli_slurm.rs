@@ -79,17 +79,50 @@ struct Slurm {
     root: PathBuf,
     conf: PathBuf,
     fast: PathBuf,
+    /// Compute nodes in namespaces of their own (empty: this host is the node).
+    nodes: Vec<String>,
+    /// Their mount namespaces (`/proc/PID/ns/mnt` of their slurmd).
+    node_ns: Vec<PathBuf>,
+    /// Held until the daemons are stopped (fields drop after `Drop::drop`).
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Slurm {
+    /// A SLURM whose one node is this host.
     fn start() -> Slurm {
+        Slurm::start_nodes(&[])
+    }
+
+    /// A SLURM with `nodes` as its compute nodes: one slurmd each in a UTS and mount namespace
+    /// of its own (its hostname is the node name; per-node spool, pid and log under
+    /// ROOT/NAME bound over ROOT/node, its node-local buffers in ROOT/NAME/fastnode bound over
+    /// FAST/node, and its tierstack runtime folder over /run/tierstack), on 127.0.0.1 with a
+    /// port each. With no names, one slurmd in this host's namespaces.
+    fn start_nodes(nodes: &[&str]) -> Slurm {
+        // One SLURM at a time (`make test` runs this file's tests in parallel threads): they
+        // would compete for the 2 CPUs the node has, and timings are asserted.
+        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let root = PathBuf::from(format!(
-            "/var/tmp/tierstack-slurm-test-{}",
+            "/var/tmp/tierstack-slurm-test-{}-{n}",
             std::process::id()
         ));
         let _ = fs::remove_dir_all(&root);
         for d in ["etc", "state", "spool", "log", "fast", "home"] {
             fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        for n in nodes {
+            for d in ["spool", "fastnode", "run"] {
+                fs::create_dir_all(root.join(n).join(d)).expect("mkdir");
+            }
+        }
+        if !nodes.is_empty() {
+            for d in ["node", "fast/node"] {
+                fs::create_dir_all(root.join(d)).expect("mkdir");
+            }
+            fs::create_dir_all("/run/tierstack").expect("mkdir /run/tierstack");
         }
         for d in ["", "etc", "home"] {
             fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -102,66 +135,78 @@ impl Slurm {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let port = 20000 + (std::process::id() % 20000);
-        let r = root.display();
+        let port = 20000 + ((std::process::id() % 5000) * 4 + n * 2) % 20000;
+        let r = root.display().to_string();
+        let node_lines = if nodes.is_empty() {
+            format!(
+                "SlurmdSpoolDir={r}/spool\nSlurmdPidFile={r}/slurmd.pid\nSlurmdLogFile={r}/log/slurmd.log\n\
+                 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN\n\
+                 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n"
+            )
+        } else {
+            let mut l = format!(
+                "SlurmdSpoolDir={r}/node/spool\nSlurmdPidFile={r}/node/slurmd.pid\nSlurmdLogFile={r}/node/slurmd.log\n"
+            );
+            for (i, n) in nodes.iter().enumerate() {
+                l += &format!(
+                    "NodeName={n} NodeHostname={n} NodeAddr=127.0.0.1 Port={} CPUs=1 RealMemory=500 State=UNKNOWN\n",
+                    port + 2 + i as u32
+                );
+            }
+            l + &format!(
+                "PartitionName=debug Nodes={} Default=YES MaxTime=INFINITE State=UP\n",
+                nodes.join(",")
+            )
+        };
         let conf = format!(
             "ClusterName=tstest\nSlurmctldHost={host}(127.0.0.1)\nSlurmctldPort={port}\nSlurmdPort={}\n\
 SlurmUser=root\nSlurmdUser=root\nAuthType=auth/none\nCredType=cred/none\n\
-StateSaveLocation={r}/state\nSlurmdSpoolDir={r}/spool\n\
-SlurmctldPidFile={r}/slurmctld.pid\nSlurmdPidFile={r}/slurmd.pid\n\
-SlurmctldLogFile={r}/log/slurmctld.log\nSlurmdLogFile={r}/log/slurmd.log\nSlurmctldDebug=info\nSlurmdDebug=info\n\
+StateSaveLocation={r}/state\nSlurmctldPidFile={r}/slurmctld.pid\n\
+SlurmctldLogFile={r}/log/slurmctld.log\nSlurmctldDebug=info\nSlurmdDebug=info\n\
 ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
 AccountingStorageType=accounting_storage/none\nSchedulerType=sched/backfill\nSchedulerParameters=bf_interval=1\n\
 SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nReturnToService=2\nMailProg=/bin/true\n\
 BurstBufferType=burst_buffer/lua\nDebugFlags=BurstBuffer\nMpiDefault=none\n\
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN\n\
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
+JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tierstack_epilog.sh\n{node_lines}",
             port + 1
         );
         fs::write(root.join("etc/slurm.conf"), conf).expect("write slurm.conf");
-        let s = Slurm {
+        let mut s = Slurm {
             conf: root.join("etc"),
             fast: root.join("fast"),
             root,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            node_ns: Vec::new(),
+            _serial: serial,
         };
-        // The installer under test writes burst_buffer.lua and .conf.
-        let o = Command::new(EXE)
-            .args(["slurm", "install", "--conf-dir"])
-            .arg(&s.conf)
-            .arg("--fast-dir")
-            .arg(&s.fast)
-            .args([
-                "--pool-size",
-                "2G",
-                "--stage-timeout",
-                "120",
-                "--other-timeout",
-                "60",
-            ])
-            .output()
-            .expect("run install");
+        // The installer under test writes burst_buffer.lua and .conf, job_submit.lua and the
+        // Prolog/Epilog that slurm.conf above names.
+        let text = s.install(&[]);
         assert!(
-            o.status.success(),
-            "install: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let text = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            text.contains("has BurstBufferType=burst_buffer/lua"),
+            text.contains("has BurstBufferType=burst_buffer/lua and the rest"),
             "{text}"
         );
         let c = s.conf.join("slurm.conf");
-        let o = sh(&format!(
-            "slurmctld -f {0} -i && slurmd -f {0}",
-            c.display()
-        ));
+        let mut start = format!("slurmctld -f {} -i", c.display());
+        if nodes.is_empty() {
+            start += &format!(" && slurmd -f {}", c.display());
+        }
+        for n in nodes {
+            start += &format!(
+                " && unshare --uts --mount --propagation private --fork sh -c \
+                 'hostname {n} && mount --bind {r}/{n} {r}/node && mount --bind {r}/{n}/fastnode {r}/fast/node \
+                 && mount --bind {r}/{n}/run /run/tierstack && exec slurmd -f {}'",
+                c.display()
+            );
+        }
+        let o = sh(&start);
         assert!(
             o.status.success(),
             "start: {}{}",
             String::from_utf8_lossy(&o.stderr),
             s.logs()
         );
-        // Bounded wait for the node to be idle.
+        // Bounded wait for the nodes to be idle.
         let t = Instant::now();
         loop {
             let o = s.client("sinfo -h -o %T");
@@ -175,7 +220,104 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+        // The nodes' mount namespaces: what is left in them at the end is stopped.
+        for n in nodes {
+            let pid = fs::read_to_string(s.root.join(n).join("slurmd.pid")).unwrap_or_default();
+            if let Ok(ns) = fs::read_link(format!("/proc/{}/ns/mnt", pid.trim())) {
+                s.node_ns.push(ns);
+            }
+        }
+        assert_eq!(
+            s.node_ns.len(),
+            nodes.len(),
+            "slurmd of a node did not start{}",
+            s.logs()
+        );
         s
+    }
+
+    /// Runs `tierstack slurm install` for this SLURM (pool 2G, short timeouts) with `extra`
+    /// arguments; returns what it printed. burst_buffer.lua is read at every hook call, so a
+    /// new install applies to the next hook.
+    fn install(&self, extra: &[&str]) -> String {
+        let o = Command::new(EXE)
+            .args(["slurm", "install", "--conf-dir"])
+            .arg(&self.conf)
+            .arg("--fast-dir")
+            .arg(&self.fast)
+            .args([
+                "--pool-size",
+                "2G",
+                "--stage-timeout",
+                "120",
+                "--other-timeout",
+                "60",
+            ])
+            .args(extra)
+            .output()
+            .expect("run install");
+        assert!(
+            o.status.success(),
+            "install: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// The job's state as `squeue -o %T` prints it ("" once it left the queue).
+    fn state(&self, id: &str) -> String {
+        let o = self.client(&format!("squeue -h -j {id} -o %T"));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// Waits (bounded) until the job is in `want`; panics with the logs otherwise.
+    fn wait_state(&self, id: &str, want: &str, secs: u64) {
+        let t = Instant::now();
+        loop {
+            let st = self.state(id);
+            if st == want {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(secs),
+                "job {id} is '{st}', never {want}{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Submits a job script as the user; returns the job id.
+    fn submit(&self, args: &str, script: &Path) -> String {
+        let o = self.user(&format!("sbatch -o /dev/null {args} {}", script.display()));
+        assert!(
+            o.status.success(),
+            "sbatch: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        job_id(&o)
+    }
+
+    /// `sbatch --wait ARGS SCRIPT` as the user, the job's output in home/PREFIX-ID.out;
+    /// returns sbatch's result and the text of every home/PREFIX-* file.
+    fn submit_wait(&self, prefix: &str, args: &str, script: &Path) -> (Output, Vec<String>) {
+        let home = self.root.join("home");
+        let o = self.user(&format!(
+            "sbatch --wait -o {}/{prefix}-%j.out {args} {}",
+            home.display(),
+            script.display()
+        ));
+        let outs = fs::read_dir(&home)
+            .expect("home")
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{prefix}-"))
+            })
+            .map(|e| fs::read_to_string(e.path()).unwrap_or_default())
+            .collect();
+        (o, outs)
     }
 
     /// A SLURM client command as root.
@@ -254,7 +396,9 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
 impl Drop for Slurm {
     fn drop(&mut self) {
         // Stop the daemons by pid, bounded.
-        for f in ["slurmctld.pid", "slurmd.pid"] {
+        let mut pid_files = vec![PathBuf::from("slurmctld.pid"), PathBuf::from("slurmd.pid")];
+        pid_files.extend(self.nodes.iter().map(|n| Path::new(n).join("slurmd.pid")));
+        for f in pid_files {
             if let Ok(p) = fs::read_to_string(self.root.join(f)) {
                 if let Ok(pid) = p.trim().parse::<i32>() {
                     // SAFETY: kill(2) on a pid read from the daemon's own pid file.
@@ -285,6 +429,13 @@ impl Drop for Slurm {
                     // SAFETY: kill(2) on a slurmstepd of this test's own jobs.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
+                // Anything still in a node's mount namespace (a mount daemon or drain of a
+                // failed test): the namespace and its mounts go with the last of them.
+                let ns = fs::read_link(e.path().join("ns/mnt")).unwrap_or_default();
+                if self.node_ns.contains(&ns) {
+                    // SAFETY: kill(2) on a process in this test's own node namespace.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
             }
         }
         // Any mount of ours left (a failed test) is detached before removal.
@@ -300,6 +451,35 @@ impl Drop for Slurm {
             let _ = fs::remove_dir_all(&self.root);
         }
     }
+}
+
+/// Pids of processes whose command line contains every one of `words`.
+fn pids_with(words: &[&str]) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if words.iter().all(|w| cmd.contains(w)) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Writes `mib` MiB of pseudo-random data (seeded) to `p`, owned by the test user.
+fn write_data(p: &Path, mib: usize, seed: u64) {
+    let mut f = fs::File::create(p).expect("create");
+    for i in 0..mib {
+        f.write_all(&random(1 << 20, seed + i as u64))
+            .expect("write");
+    }
+    let (uid, gid) = user_id();
+    std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown");
 }
 
 fn random(len: usize, seed: u64) -> Vec<u8> {
@@ -366,17 +546,7 @@ fn slurm_burst_buffer_end_to_end() {
             reference = reference.display()
         ),
     );
-    let o = s.user(&format!(
-        "sbatch --wait -o {}/round-%j.out {}",
-        home.display(),
-        job.display()
-    ));
-    let out_files: Vec<String> = fs::read_dir(&home)
-        .expect("home")
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("round-"))
-        .map(|e| fs::read_to_string(e.path()).unwrap_or_default())
-        .collect();
+    let (o, out_files) = s.submit_wait("round", "", &job);
     assert!(
         o.status.success(),
         "sbatch --wait: {} {} job output: {out_files:?}{}",
@@ -458,6 +628,107 @@ fn slurm_burst_buffer_end_to_end() {
         t0.elapsed().as_secs_f64()
     );
 
+    // --- sbatch --bb "pool=tierstack ..." works like the #BB_LUA line: SLURM 22.05 copies the
+    // --bb text into the script as it is, and the installed job_submit.lua adds the #BB_LUA.
+    let dst_bb = home.join("dst-bb");
+    let plain = s.script(
+        "plain.sh",
+        &format!(
+            "#!/bin/bash\nset -e\ncmp \"$TIERSTACK_DIR/in.bin\" {src}\ncp {reference} \"$TIERSTACK_DIR/out.bin\"\necho job-ok\n",
+            src = src.display(),
+            reference = reference.display()
+        ),
+    );
+    let (o, outs) = s.submit_wait(
+        "plain",
+        &format!(
+            "--bb 'pool=tierstack capacity=1G stage_in={} stage_out={}'",
+            src.display(),
+            dst_bb.display()
+        ),
+        &plain,
+    );
+    assert!(
+        o.status.success() && outs.iter().any(|t| t.contains("job-ok")),
+        "sbatch --bb: {} {} {outs:?}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        s.logs()
+    );
+    let got = fs::read(dst_bb.join("out.bin")).expect("--bb: DST/out.bin");
+    assert!(got == output, "--bb: DST/out.bin differs");
+    assert!(fs::read(dst_bb.join("in.bin")).expect("in.bin") == input);
+    s.no_buffers_left();
+    // A bad word in --bb fails sbatch like the same #BB_LUA line.
+    let o = s.user(&format!(
+        "sbatch -o /dev/null --bb 'pool=tierstack capacity=1G colour=red' {}",
+        plain.display()
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("unknown key 'colour'"),
+        "sbatch --bb said: {err}"
+    );
+    println!("sbatch --bb ok after {:.1} s", t0.elapsed().as_secs_f64());
+
+    // --- Stage-in progress in `scontrol show bbstat` while data_in runs (320 MiB written).
+    let big = home.join("big.bin");
+    write_data(&big, 320, 99);
+    let quick = s.script("quick.sh", "#!/bin/bash\ntrue\n");
+    let id = s.submit(
+        &format!(
+            "--bb 'pool=tierstack capacity=1G stage_in={}'",
+            big.display()
+        ),
+        &quick,
+    );
+    let t = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let o = s.client("scontrol show bbstat");
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        if let Some(line) = text.lines().find(|l| l.starts_with(&format!("job {id}:"))) {
+            if line.contains("state staging-in stage_in") {
+                let pct: f64 = line
+                    .split("stage_in ")
+                    .nth(1)
+                    .and_then(|x| x.split('%').next())
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(-1.0);
+                if pct > 0.0 && pct < 100.0 && !seen.iter().any(|(p, _)| *p == pct) {
+                    seen.push((pct, line.to_string()));
+                }
+            }
+        }
+        if s.state(&id).is_empty() || seen.len() >= 3 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "job {id} stage-in never ended{}",
+            s.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("bbstat during stage-in: {seen:#?}");
+    assert!(
+        !seen.is_empty(),
+        "no stage-in progress between 0 and 100 % seen in bbstat{}",
+        s.logs()
+    );
+    assert!(
+        seen[0].1.contains("of 320.0 MiB staged, source 1 of 1"),
+        "{}",
+        seen[0].1
+    );
+    s.wait_gone(&id, 90);
+    s.no_buffers_left();
+    fs::remove_file(&big).expect("rm big");
+    println!(
+        "bbstat progress ok after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
     // scontrol show bbstat runs the get_status hook.
     let o = s.client("scontrol show bbstat");
     let text = String::from_utf8_lossy(&o.stdout);
@@ -528,6 +799,426 @@ fn slurm_burst_buffer_end_to_end() {
     println!("all done after {:.1} s", t0.elapsed().as_secs_f64());
 }
 
+/// Stage-out under failures, with the drain limited to 10 MB/s so that it lasts a few
+/// seconds: a second exclusive job runs while the first is in stage-out; scancel during
+/// stage-out keeps every file already staged out whole; kill -9 of the `tierstack umount` and
+/// then of the mount daemon during data_out: the hook mounts the buffer again and the drain
+/// resumes. Then the node-local mode (Prolog/Epilog).
+#[test]
+fn slurm_stage_out_failures_and_node_local() {
+    if let Err(why) = ensure_slurm() {
+        skip(&why);
+        return;
+    }
+    let t0 = Instant::now();
+    let s = Slurm::start();
+    let home = s.root.join("home");
+    s.install(&["--drain-rate", "10"]);
+
+    // --- A second job (exclusive, with a buffer of its own) runs while the first stages out.
+    let writer = |name: &str, mib: usize, dst: &Path, extra: &str| {
+        s.script(
+            &format!("{name}.sh"),
+            &format!(
+                "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1G stage_out={}\n{extra}set -e\n\
+                 for i in $(seq 0 {}); do head -c {}M /dev/urandom > \"$TIERSTACK_DIR/f$i.bin\"; done\n\
+                 sha256sum \"$TIERSTACK_DIR\"/f*.bin | sed 's|  .*/|  |' > \"$TIERSTACK_DIR/sums\"\n",
+                dst.display(),
+                mib / 10 - 1,
+                10
+            ),
+        )
+    };
+    let da = home.join("out-a");
+    let db = home.join("out-b");
+    let a = writer("so-a", 60, &da, "");
+    let b = s.script(
+        "so-b.sh",
+        &format!(
+            "#!/bin/bash\n#BB_LUA pool=tierstack capacity=500M stage_out={}\necho b > \"$TIERSTACK_DIR/b.txt\"\n",
+            db.display()
+        ),
+    );
+    let ida = s.submit("--exclusive", &a);
+    s.wait_state(&ida, "RUNNING", 30);
+    let idb = s.submit("--exclusive", &b);
+    s.wait_state(&ida, "STAGE_OUT", 30);
+    let t = Instant::now();
+    let mut b_ran = false;
+    while s.state(&ida) == "STAGE_OUT" && t.elapsed() < Duration::from_secs(60) {
+        let sb = s.state(&idb);
+        if sb == "RUNNING" || sb == "COMPLETING" || sb == "STAGE_OUT" || sb.is_empty() {
+            b_ran = true;
+            println!("job {idb} is '{sb}' while job {ida} stages out");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        b_ran,
+        "the second job did not run during the first one's stage-out{}",
+        s.logs()
+    );
+    s.wait_gone(&ida, 60);
+    s.wait_gone(&idb, 60);
+    let check_sums = |d: &Path| -> usize {
+        let sums = fs::read_to_string(d.join("sums")).expect("sums");
+        let mut n = 0;
+        for l in sums.lines() {
+            let (want, name) = l.split_once("  ").expect("sum line");
+            let o = sh(&format!("sha256sum {}", d.join(name).display()));
+            let got = String::from_utf8_lossy(&o.stdout);
+            assert!(got.starts_with(want), "{name} differs after stage-out");
+            n += 1;
+        }
+        n
+    };
+    assert_eq!(check_sums(&da), 6);
+    assert_eq!(fs::read_to_string(db.join("b.txt")).expect("b.txt"), "b\n");
+    s.no_buffers_left();
+    println!(
+        "second job during stage-out ok after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // --- scancel during stage-out: SLURM 22.05 lets data_out finish (everything arrives);
+    // `scancel --hurry` runs teardown with hurry=true at once: the files already staged out
+    // stay whole, the rest is dropped, nothing half written is left, the buffer is removed.
+    for (k, hurry) in [("c", ""), ("h", "--hurry ")] {
+        let dc = home.join(format!("out-{k}"));
+        let c = writer(&format!("so-{k}"), 80, &dc, "");
+        let idc = s.submit("", &c);
+        s.wait_state(&idc, "STAGE_OUT", 60);
+        let t = Instant::now();
+        // Staged out = there with all its bytes: the namespace journal creates a file in DST
+        // (empty) before its data drains, and the data arrives by a rename when complete.
+        let whole = |d: &Path| -> Vec<(String, String)> {
+            let mut v: Vec<(String, String)> = fs::read_dir(d)
+                .map(|r| {
+                    r.flatten()
+                        .filter(|e| {
+                            !e.file_name()
+                                .to_string_lossy()
+                                .starts_with(".tierstack-tmp")
+                                && e.metadata().is_ok_and(|m| m.len() == 10 << 20)
+                        })
+                        .map(|e| {
+                            let o = sh(&format!("sha256sum {}", e.path().display()));
+                            (
+                                e.file_name().to_string_lossy().into_owned(),
+                                String::from_utf8_lossy(&o.stdout).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v
+        };
+        let done_before = loop {
+            let v = whole(&dc);
+            if !v.is_empty() {
+                break v;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "nothing staged out{}",
+                s.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(s.state(&idc), "STAGE_OUT", "stage-out ended before scancel");
+        assert!(s.client(&format!("scancel {hurry}{idc}")).status.success());
+        s.wait_gone(&idc, 60);
+        s.no_buffers_left();
+        let left: Vec<(String, u64)> = fs::read_dir(&dc)
+            .expect("dc")
+            .flatten()
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().map(|m| m.len()).unwrap_or(0),
+                )
+            })
+            .collect();
+        let names: Vec<&String> = done_before.iter().map(|(n, _)| n).collect();
+        println!("after scancel {hurry}in stage-out: {names:?} were out, {left:?} are there");
+        let after = whole(&dc);
+        for f in &done_before {
+            assert!(
+                after.contains(f),
+                "{} was staged out before scancel and is gone or changed",
+                f.0
+            );
+        }
+        assert!(
+            left.iter().all(|(n, _)| !n.starts_with(".tierstack-tmp")),
+            "half-drained temporary files left: {left:?}"
+        );
+        // No output is half there: whole, or (--hurry, data dropped) created empty.
+        for (n, len) in &left {
+            if n.ends_with(".bin") {
+                assert!(*len == 10 << 20 || *len == 0, "{n} has {len} bytes");
+            }
+        }
+        if hurry.is_empty() {
+            assert_eq!(check_sums(&dc), 8, "plain scancel: every output staged out");
+        }
+    }
+    println!(
+        "scancel during stage-out ok after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // --- kill -9 during data_out: first the hook's `tierstack umount`, then the mount
+    // daemon; the hook mounts the buffer again over its fast tier and the drain resumes.
+    let dd = home.join("out-d");
+    let d = writer("so-d", 60, &dd, "");
+    let idd = s.submit("", &d);
+    s.wait_state(&idd, "STAGE_OUT", 60);
+    let mnt = s.fast.join("jobs").join(&idd).join("mnt");
+    let mnt_s = mnt.to_string_lossy().into_owned();
+    let find = |words: &[&str]| -> i32 {
+        let t = Instant::now();
+        loop {
+            if let Some(p) = pids_with(words).first() {
+                return *p;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no process {words:?}{}",
+                s.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let umount = find(&[EXE, "umount", &mnt_s]);
+    // SAFETY: kill(2) on the test's own job's umount process.
+    unsafe { libc::kill(umount, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(500));
+    let o = Command::new(EXE)
+        .args(["status", &mnt_s, "--json"])
+        .output()
+        .expect("status");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let daemon = v["pid"].as_i64().unwrap_or(0) as i32;
+    assert!(daemon > 0, "no daemon pid for {mnt_s}{}", s.logs());
+    assert_eq!(
+        s.state(&idd),
+        "STAGE_OUT",
+        "stage-out ended before the kill"
+    );
+    // SAFETY: kill(2) on the test's own job's mount daemon.
+    unsafe { libc::kill(daemon, libc::SIGKILL) };
+    println!("killed umount {umount} and mount daemon {daemon} of job {idd} in stage-out");
+    s.wait_gone(&idd, 90);
+    assert_eq!(
+        check_sums(&dd),
+        6,
+        "job {idd}'s outputs after the kills{}",
+        s.logs()
+    );
+    s.no_buffers_left();
+    println!(
+        "kill -9 during data_out ok after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // --- Node-local mode: the Prolog mounts a buffer on the node and stages in, the job sees
+    // it as $TIERSTACK_DIR, the Epilog drains it in the background after the job.
+    let dn = home.join("out-n");
+    let src = home.join("n-in.bin");
+    write_data(&src, 2, 5);
+    let n = s.script(
+        "node.sh",
+        &format!(
+            "#!/bin/bash\n#BB_LUA node_local=256M stage_in={src} stage_out={dn}\nset -e\n\
+             case \"$TIERSTACK_DIR\" in {fast}/node/jobs/*) ;; *) echo bad dir $TIERSTACK_DIR; exit 1;; esac\n\
+             grep -q \" $TIERSTACK_DIR fuse\" /proc/mounts\ncmp \"$TIERSTACK_DIR/n-in.bin\" {src}\n\
+             head -c 3M /dev/urandom > \"$TIERSTACK_DIR/n-out.bin\"\ncp \"$TIERSTACK_DIR/n-out.bin\" {home}/n-ref.bin\necho node-ok\n",
+            src = src.display(),
+            dn = dn.display(),
+            fast = s.fast.display(),
+            home = home.display()
+        ),
+    );
+    let (o, outs) = s.submit_wait("node", "", &n);
+    assert!(
+        o.status.success() && outs.iter().any(|t| t.contains("node-ok")),
+        "node-local job: {} {} {outs:?}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        s.logs()
+    );
+    let t = Instant::now();
+    let node_jobs = s.fast.join("node/jobs");
+    while t.elapsed() < Duration::from_secs(30)
+        && fs::read_dir(&node_jobs).is_ok_and(|mut r| r.next().is_some())
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "node-local buffer drained {:.1} s after the job",
+        t.elapsed().as_secs_f64()
+    );
+    let want = fs::read(home.join("n-ref.bin")).expect("n-ref");
+    assert!(fs::read(dn.join("n-out.bin")).expect("DN/n-out.bin") == want);
+    assert!(fs::read(dn.join("n-in.bin")).expect("DN/n-in.bin") == fs::read(&src).expect("src"));
+    let left: Vec<_> = fs::read_dir(&node_jobs)
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "node-local buffers left: {left:?}");
+    s.no_buffers_left();
+    println!(
+        "node-local job ok after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // --- node_local= with a stage_out the user may not write: the controller's setup hook
+    // holds the job with the reason before any node's Prolog runs.
+    let bad = s.script(
+        "node-bad.sh",
+        "#!/bin/bash\n#BB_LUA node_local=256M stage_out=/root/tierstack-denied\ntrue\n",
+    );
+    let idbad = s.submit("", &bad);
+    let t = Instant::now();
+    loop {
+        let o = s.client(&format!("squeue -h -j {idbad} -o %r"));
+        let r = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if r.contains("stage_out=/root/tierstack-denied") {
+            println!("node-local job held: {r}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "job {idbad} not held, reason '{r}'{}",
+            s.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(s.client(&format!("scancel {idbad}")).status.success());
+    s.wait_gone(&idbad, 30);
+    assert!(!Path::new("/root/tierstack-denied").exists());
+
+    // --- A node-local drain killed after the Epilog (kill -9 of the background drain and of
+    // the mount daemon) is started again by the next job's Epilog on the node; nothing lost.
+    let dk = home.join("out-k");
+    let k = s.script(
+        "node-k.sh",
+        &format!(
+            "#!/bin/bash\n#BB_LUA node_local=256M stage_out={}\nset -e\n\
+             for i in $(seq 0 7); do head -c 10M /dev/urandom > \"$TIERSTACK_DIR/f$i.bin\"; done\n\
+             sha256sum \"$TIERSTACK_DIR\"/f*.bin | sed 's|  .*/|  |' > \"$TIERSTACK_DIR/sums\"\n",
+            dk.display()
+        ),
+    );
+    // Not sbatch --wait: it polls every few seconds, and the drain (80 MiB at 10 MB/s)
+    // must still run when the test looks for it.
+    let idk = s.submit("", &k);
+    s.wait_gone(&idk, 60);
+    let kdir = node_jobs.join(&idk);
+    let kmnt = kdir.join("mnt").to_string_lossy().into_owned();
+    let drainer = find(&[EXE, "node-drain", &idk]);
+    // SAFETY: kill(2) on the test's own job's background drain.
+    unsafe { libc::kill(drainer, libc::SIGKILL) };
+    let o = Command::new(EXE)
+        .args(["status", &kmnt, "--json"])
+        .output()
+        .expect("status");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let daemon = v["pid"].as_i64().unwrap_or(0) as i32;
+    assert!(
+        daemon > 0,
+        "node-local daemon of job {idk} already gone: {v}"
+    );
+    // SAFETY: kill(2) on the test's own job's mount daemon.
+    unsafe { libc::kill(daemon, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        kdir.exists(),
+        "the buffer of job {idk} was gone before the kill"
+    );
+    println!("killed node-drain {drainer} and daemon {daemon} of job {idk}");
+    let next = s.script("next.sh", "#!/bin/bash\ntrue\n");
+    let (o, _) = s.submit_wait("next", "", &next);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(40) && kdir.exists() {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        !kdir.exists(),
+        "job {idk}'s node-local drain was not resumed{}",
+        s.logs()
+    );
+    assert_eq!(
+        check_sums(&dk),
+        8,
+        "job {idk}'s outputs after the resumed drain"
+    );
+    s.no_buffers_left();
+    println!("all done after {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// Node-local mode on two compute nodes: two slurmd, each in a UTS and mount namespace of its
+/// own (one host, 127.0.0.1, a port each). A `-N 2` job with `node_local=` gets a buffer on
+/// each node from its Prolog (inputs staged in on both), its tasks on both nodes see their own
+/// node's buffer as $TIERSTACK_DIR, and each node's Epilog drains it to the shared stage_out.
+#[test]
+fn slurm_node_local_two_nodes() {
+    if let Err(why) = ensure_slurm() {
+        skip(&why);
+        return;
+    }
+    let t0 = Instant::now();
+    let s = Slurm::start_nodes(&["n1", "n2"]);
+    let home = s.root.join("home");
+    let src = home.join("in.bin");
+    write_data(&src, 2, 3);
+    let dst = home.join("dst");
+    let job = s.script(
+        "multi.sh",
+        &format!(
+            "#!/bin/bash\n#SBATCH -N 2\n#BB_LUA node_local=128M stage_in={src} stage_out={dst}\nset -e\n\
+             srun -N2 -n2 bash -c 'cmp \"$TIERSTACK_DIR/in.bin\" {src} && grep -q \" $TIERSTACK_DIR fuse\" /proc/mounts \
+             && hostname > \"$TIERSTACK_DIR/host-$SLURMD_NODENAME.txt\" && echo task on $(hostname) ok'\necho multi-ok\n",
+            src = src.display(),
+            dst = dst.display()
+        ),
+    );
+    let (o, outs) = s.submit_wait("multi", "", &job);
+    assert!(
+        o.status.success()
+            && outs.iter().any(|t| t.contains("task on n1 ok")
+                && t.contains("task on n2 ok")
+                && t.contains("multi-ok")),
+        "two-node job: {} {} {outs:?}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        s.logs()
+    );
+    // Each node's Epilog drains its buffer in the background: wait for both (bounded).
+    let t = Instant::now();
+    let empty = |n: &str| {
+        fs::read_dir(s.root.join(n).join("fastnode/jobs")).is_ok_and(|mut r| r.next().is_none())
+    };
+    while t.elapsed() < Duration::from_secs(30) && !(empty("n1") && empty("n2")) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        empty("n1") && empty("n2"),
+        "node-local buffers left{}",
+        s.logs()
+    );
+    for n in ["n1", "n2"] {
+        let got = fs::read_to_string(dst.join(format!("host-{n}.txt"))).unwrap_or_default();
+        assert_eq!(got, format!("{n}\n"), "node {n}'s output in DST");
+    }
+    assert!(fs::read(dst.join("in.bin")).expect("in.bin") == fs::read(&src).expect("src"));
+    s.no_buffers_left();
+    println!("two nodes ok after {:.1} s", t0.elapsed().as_secs_f64());
+}
+
 /// install is idempotent, refuses to overwrite a file it did not write, uninstall removes only
 /// its own files; a slurm.conf without the plugin line gets the exact line to add.
 #[test]
@@ -550,14 +1241,59 @@ fn install_and_uninstall() {
     let o = install();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("BurstBufferType=burst_buffer/lua"), "{text}");
+    // The slurm.conf lines to add, each exact.
+    for want in [
+        "BurstBufferType=burst_buffer/lua".to_string(),
+        "JobSubmitPlugins=lua".to_string(),
+        format!("Prolog={}", conf.join("tierstack_prolog.sh").display()),
+        format!("Epilog={}", conf.join("tierstack_epilog.sh").display()),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("add this line") && l.ends_with(&format!(": {want}"))),
+            "{want} not asked for: {text}"
+        );
+    }
+    let names = [
+        "burst_buffer.lua",
+        "burst_buffer.conf",
+        "job_submit.lua",
+        "tierstack_prolog.sh",
+        "tierstack_epilog.sh",
+    ];
     let lua = fs::read_to_string(conf.join("burst_buffer.lua")).expect("lua");
     assert!(lua.contains(EXE) && lua.contains("2147483648") && !lua.contains('@'));
+    let prolog = fs::read_to_string(conf.join("tierstack_prolog.sh")).expect("prolog");
+    assert!(prolog.contains(EXE) && prolog.contains("slurm prolog") && !prolog.contains('@'));
+    let mode = fs::metadata(conf.join("tierstack_epilog.sh"))
+        .expect("epilog")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o755, "the Epilog is executable");
+    let before: Vec<String> = names
+        .iter()
+        .map(|n| fs::read_to_string(conf.join(n)).expect("installed"))
+        .collect();
     let o = install();
     assert!(o.status.success());
-    assert_eq!(
-        fs::read_to_string(conf.join("burst_buffer.lua")).expect("lua"),
-        lua
+    for (n, b) in names.iter().zip(&before) {
+        assert_eq!(&fs::read_to_string(conf.join(n)).expect("again"), b, "{n}");
+    }
+    // With the lines in slurm.conf, install asks for nothing.
+    fs::write(
+        conf.join("slurm.conf"),
+        format!(
+            "ClusterName=x\nBurstBufferType=burst_buffer/lua\nJobSubmitPlugins=lua\nProlog={}\nEpilog={}\n",
+            conf.join("tierstack_prolog.sh").display(),
+            conf.join("tierstack_epilog.sh").display()
+        ),
+    )
+    .expect("slurm.conf");
+    let o = install();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && !text.contains("add this line"),
+        "{text}"
     );
     // Bad input: one line, non-zero exit, nothing written.
     let o = Command::new(EXE)
@@ -582,8 +1318,26 @@ fn install_and_uninstall() {
         .output()
         .expect("uninstall");
     assert!(o.status.success());
-    assert!(!conf.join("burst_buffer.lua").exists() && !conf.join("burst_buffer.conf").exists());
+    for n in names {
+        assert!(!conf.join(n).exists(), "{n} left by uninstall");
+    }
     assert!(conf.join("slurm.conf").exists());
+    // A site's own job_submit.lua is kept (install says what to merge) and uninstall keeps it.
+    fs::write(conf.join("job_submit.lua"), "-- the site's\n").expect("write");
+    let o = install();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains("kept"), "{text}");
+    assert_eq!(
+        fs::read_to_string(conf.join("job_submit.lua")).expect("site's"),
+        "-- the site's\n"
+    );
+    let o = Command::new(EXE)
+        .args(["slurm", "uninstall", "--conf-dir"])
+        .arg(&conf)
+        .output()
+        .expect("uninstall");
+    assert!(o.status.success() && conf.join("job_submit.lua").exists());
+    fs::remove_file(conf.join("job_submit.lua")).expect("rm");
     // A burst_buffer.conf of the site's own is never overwritten.
     fs::write(conf.join("burst_buffer.conf"), "StageInTimeout=5\n").expect("write");
     let o = install();

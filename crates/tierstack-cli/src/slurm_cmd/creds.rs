@@ -92,19 +92,10 @@ pub(super) fn exe() -> Result<PathBuf> {
     std::env::current_exe().context("cannot find the tierstack binary: reinstall it")
 }
 
-/// Runs a command with its output in a temporary file, waiting at most `limit`; returns the
-/// exit success and the last non-empty output line.
-pub(super) fn run_bounded(mut cmd: Command, what: &str, limit: Duration) -> Result<(bool, String)> {
-    let mut out = tempfile::tempfile().context("cannot make a temporary file: check $TMPDIR")?;
-    let err = out.try_clone().context("cannot duplicate a file handle")?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::from(
-            out.try_clone().context("cannot duplicate a file handle")?,
-        ))
-        .stderr(Stdio::from(err));
-    // Descriptors inherited from SLURM (slurmscriptd reads the hook's output through a pipe
-    // until EOF) must not reach the children: the mount daemon outlives the hook and would
-    // hold that pipe open until SLURM's timeout.
+/// Descriptors inherited from SLURM (slurmscriptd and slurmd read a hook's output through a
+/// pipe until EOF) must not reach our children: a mount daemon or a background drain outlives
+/// the hook and would hold that pipe open until SLURM's timeout.
+fn close_inherited(cmd: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-
     // safe system calls (close_range, fcntl) on the child's own descriptors.
     unsafe {
@@ -123,9 +114,29 @@ pub(super) fn run_bounded(mut cmd: Command, what: &str, limit: Duration) -> Resu
             Ok(())
         });
     }
+}
+
+/// Runs a command with its output in a temporary file, waiting at most `limit`; returns the
+/// exit success and the last non-empty output line.
+pub(super) fn run_bounded(cmd: Command, what: &str, limit: Duration) -> Result<(bool, String)> {
+    let (ok, text) = run_capture(cmd, what, limit)?;
+    Ok((ok, crate::mount_cmd::last_error_line(&text)))
+}
+
+/// Runs a command with its output in a temporary file, waiting at most `limit`; returns the
+/// exit success and all it printed (stdout and stderr).
+pub(super) fn run_capture(mut cmd: Command, what: &str, limit: Duration) -> Result<(bool, String)> {
+    let mut out = tempfile::tempfile().context("cannot make a temporary file: check $TMPDIR")?;
+    let err = out.try_clone().context("cannot duplicate a file handle")?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(
+            out.try_clone().context("cannot duplicate a file handle")?,
+        ))
+        .stderr(Stdio::from(err));
+    close_inherited(&mut cmd);
     let mut child = cmd
         .spawn()
-        .map_err(|e| anyhow!("cannot start {what}: {e}: check the tierstack installation"))?;
+        .map_err(|e| anyhow!("cannot start {what}: {e}: check the installation"))?;
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child
@@ -144,14 +155,42 @@ pub(super) fn run_bounded(mut cmd: Command, what: &str, limit: Duration) -> Resu
     let mut text = String::new();
     let _ = out.rewind();
     let _ = out.read_to_string(&mut text);
-    let last = crate::mount_cmd::last_error_line(&text);
     match status {
         None => bail!(
             "{what} did not finish within {} s: raise the hook's --timeout or the burst_buffer.conf timeouts",
             limit.as_secs()
         ),
-        Some(s) => Ok((s.success(), last)),
+        Some(s) => Ok((s.success(), text)),
     }
+}
+
+/// Starts `tierstack ARGS` in a session of its own, its output appended to `log`, and does
+/// not wait for it (a drain that goes on after the Epilog has released the node).
+pub(super) fn spawn_detached(args: &[&std::ffi::OsStr], log: &Path) -> Result<u32> {
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| anyhow!("cannot open {}: {e}: check --fast-dir", log.display()))?;
+    let mut cmd = Command::new(exe()?);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(
+            f.try_clone().context("cannot duplicate a file handle")?,
+        ))
+        .stderr(Stdio::from(f));
+    close_inherited(&mut cmd);
+    // SAFETY: setsid is async-signal-safe; it only detaches the child from our session.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| anyhow!("cannot start the background drain: {e}: check the installation"))?;
+    Ok(child.id())
 }
 
 /// Runs `tierstack ARGS` as the job's user; an error carries the command's message.
@@ -237,5 +276,37 @@ pub(super) fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Internal `user-clean`: runs as the job's user after `scancel --hurry` dropped a buffer
+/// whose drain was cut short; removes the drainer's temporary files (`.tierstack-tmp.*`,
+/// regular files) under `dir`, following no links, for at most 30 s.
+pub(super) fn user_clean(dir: &Path) -> Result<()> {
+    let prefix = std::str::from_utf8(tierstack_fs::core::TMP_PREFIX).unwrap_or(".tierstack-tmp.");
+    let start = Instant::now();
+    let mut stack = vec![dir.to_path_buf()];
+    let mut removed = 0u64;
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!(
+                    "stopped after 30 s in {} ({removed} removed): remove the rest of the {prefix}* files by hand",
+                    dir.display()
+                );
+            }
+            let Ok(t) = e.file_type() else { continue };
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file()
+                && e.file_name().to_string_lossy().starts_with(prefix)
+                && fs::remove_file(e.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+    }
+    println!("removed {removed} temporary file(s) of a cut-short drain");
     Ok(())
 }

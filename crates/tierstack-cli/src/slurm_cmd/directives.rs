@@ -28,6 +28,8 @@ pub struct Request {
     pub stage_out: Vec<PathBuf>,
     pub mode: Option<Mode>,
     pub manifest: Option<PathBuf>,
+    /// `node_local=SIZE`: a buffer of SIZE on each of the job's nodes, made by the Prolog.
+    pub node_local: Option<u64>,
 }
 
 /// Splits a directive line into words; a word may be written in double quotes (`\"`, `\\`).
@@ -123,15 +125,20 @@ pub fn parse_directives(script: &str) -> Result<Request, String> {
                     }
                     r.pool = Some(v.to_string());
                 }
-                "capacity" => {
-                    once(r.capacity.is_some())?;
+                "capacity" | "node_local" => {
+                    let slot = if k == "capacity" {
+                        &mut r.capacity
+                    } else {
+                        &mut r.node_local
+                    };
+                    once(slot.is_some())?;
                     let c = parse_size(v).map_err(|e| format!("#BB_LUA on line {n}: {e}"))?;
                     if c == 0 {
                         return Err(format!(
-                            "#BB_LUA on line {n}: capacity=0: give a size such as 1G"
+                            "#BB_LUA on line {n}: {k}=0: give a size such as 1G"
                         ));
                     }
-                    r.capacity = Some(c);
+                    *slot = Some(c);
                 }
                 "stage_in" => r.stage_in.push(abs(n, k, v)?),
                 "stage_out" => r.stage_out.push(abs(n, k, v)?),
@@ -153,7 +160,7 @@ pub fn parse_directives(script: &str) -> Result<Request, String> {
                 }
                 _ => {
                     return Err(format!(
-                        "#BB_LUA on line {n}: unknown key '{k}': use pool, capacity, stage_in, stage_out, mode or manifest"
+                        "#BB_LUA on line {n}: unknown key '{k}': use pool, capacity, node_local, stage_in, stage_out, mode or manifest"
                     ))
                 }
             }
@@ -162,12 +169,17 @@ pub fn parse_directives(script: &str) -> Result<Request, String> {
     if r == Request::default() {
         return Ok(r);
     }
-    if r.capacity.is_none() {
+    if r.node_local.is_some() {
+        if r.capacity.is_some() || r.pool.is_some() {
+            return Err(format!(
+                "#BB_LUA: node_local= (a buffer on each node) and pool={POOL} capacity= (one buffer staged by the controller) are two modes: give one"
+            ));
+        }
+    } else if r.capacity.is_none() {
         return Err(format!(
-            "#BB_LUA: no capacity= given: add e.g. '#BB_LUA pool={POOL} capacity=1G'"
+            "#BB_LUA: no capacity= given: add e.g. '#BB_LUA pool={POOL} capacity=1G' (or node_local=1G for a buffer on each node)"
         ));
-    }
-    if r.pool.is_none() {
+    } else if r.pool.is_none() {
         return Err(format!(
             "#BB_LUA: capacity= needs pool={POOL} on the same line: add it"
         ));
@@ -217,6 +229,10 @@ mod tests {
             parse_directives("#!/bin/sh\necho\n").unwrap(),
             Request::default()
         );
+        // The BurstBuffer field of `scontrol show job` (the Prolog's source) parses the same.
+        let r = parse_directives("#BB_LUA node_local=2G stage_out=/o\n#BB_LUA mode=async").unwrap();
+        assert_eq!(r.node_local, Some(2 << 30));
+        assert_eq!(r.capacity, None);
     }
 
     #[test]
@@ -234,6 +250,11 @@ mod tests {
             ("#BB_LUA pool=other capacity=1G", "use pool=tierstack"),
             ("#BB_LUA capacity=1G", "needs pool=tierstack"),
             ("#BB_LUA pool=tierstack", "no capacity="),
+            (
+                "#BB_LUA pool=tierstack capacity=1G node_local=1G",
+                "two modes",
+            ),
+            ("#BB_LUA node_local=0", "node_local=0"),
             ("#BB_LUA pool=tierstack capacity=1G mode=fast", "mode=fast"),
             (
                 "#BB_LUA pool=tierstack capacity=1G manifest=/m",

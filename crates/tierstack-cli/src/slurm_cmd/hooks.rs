@@ -15,7 +15,9 @@ use tierstack_bench::{fmt_size, parse_size};
 
 use super::creds::{as_user, exe, run_bounded, tierstack, tierstack_as_user};
 use super::directives::{read_request, Mode, Request};
-use super::state::{job_dir, jobs_dir, load_state, save_state, set_state, JobState};
+use super::state::{
+    job_dir, jobs_dir, load_state, load_state_at, node_common, save_state, set_state, JobState,
+};
 use super::{Common, POOL};
 
 // ---------------------------------------------------------------------------------------------
@@ -116,8 +118,17 @@ pub(super) fn setup(
     script: &Path,
     c: &Common,
 ) -> Result<()> {
-    let dir = job_dir(c, id)?;
     let r = read_request(script)?;
+    if let Some(n) = r.node_local {
+        // The Prolog makes the buffers on each node; the user's access is checked here,
+        // where a failure holds the job with the reason instead of draining a node.
+        check_access(&r, uid, gid, c, true)?;
+        println!(
+            "job {id}: node-local buffers of {} are made by the Prolog on each node",
+            fmt_size(n)
+        );
+        return Ok(());
+    }
     let Some(cap) = r.capacity else {
         println!("job {id}: no tierstack buffer requested");
         return Ok(());
@@ -126,6 +137,21 @@ pub(super) fn setup(
         bail!("job {id} asks for pool {pool}: use pool={POOL}");
     }
     let _ = size;
+    make_buffer(id, &r, cap, uid, gid, c)
+}
+
+/// Makes the job's buffer: `job_dir/mnt` (a tierstack mount of `cap` over the first
+/// stage_out, or a scratch folder) with its fast tier in `job_dir/tier`. A retried call keeps
+/// a buffer that is up.
+pub(super) fn make_buffer(
+    id: &str,
+    r: &Request,
+    cap: u64,
+    uid: u32,
+    gid: u32,
+    c: &Common,
+) -> Result<()> {
+    let dir = job_dir(c, id)?;
     if dir.exists() {
         // A retried setup: keep what is there if the mount is up.
         if let Ok((_, s)) = load_state(c, id) {
@@ -136,7 +162,7 @@ pub(super) fn setup(
         }
         teardown_dir(id, &dir, true, c)?;
     }
-    check_access(&r, uid, gid, c, true)?;
+    check_access(r, uid, gid, c, true)?;
     fs::create_dir_all(jobs_dir(c)).map_err(|e| {
         anyhow!(
             "cannot create {}: {e}: check --fast-dir",
@@ -147,9 +173,9 @@ pub(super) fn setup(
         fs::create_dir(&dir)
             .map_err(|e| anyhow!("cannot create {}: {e}: check --fast-dir", dir.display()))?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
-        let mnt = dir.join("mnt");
+        fs::write(dir.join(MOUNT_LOCK), b"")?;
+        fs::create_dir(dir.join("mnt"))?;
         let tier = dir.join("tier");
-        fs::create_dir(&mnt)?;
         fs::create_dir(&tier)?;
         fs::set_permissions(&tier, fs::Permissions::from_mode(0o700))?;
         let backing = match r.stage_out.first() {
@@ -170,39 +196,11 @@ pub(super) fn setup(
             stage_in: r.stage_in.clone(),
             stage_out: r.stage_out.clone(),
             manifest: r.manifest.clone(),
-            backing: backing.clone(),
+            backing,
             state: "pending".into(),
         };
         save_state(&dir, &s)?;
-        // RAID 5 of 4 file drives: 3 hold data. The drives are sparse files.
-        let drive = (cap.div_ceil(3)).div_ceil(1 << 20).max(64);
-        let dram = (cap / 4).clamp(64 << 20, 1 << 30) >> 20;
-        let (ok, msg) = tierstack(
-            &[
-                "mount".as_ref(),
-                backing.as_os_str(),
-                mnt.as_os_str(),
-                "--dir".as_ref(),
-                tier.as_os_str(),
-                "--drive-size".as_ref(),
-                format!("{drive}M").as_ref(),
-                "--dram".as_ref(),
-                format!("{dram}M").as_ref(),
-                "--mode".as_ref(),
-                if s.mode == Mode::Sync {
-                    "sync"
-                } else {
-                    "async"
-                }
-                .as_ref(),
-                "--allow-other".as_ref(),
-            ],
-            "tierstack mount",
-            Duration::from_secs(c.timeout.min(300)),
-        )?;
-        if !ok {
-            bail!("cannot mount the job's buffer: {msg}");
-        }
+        mount_job(&dir, &s, c)?;
         set_state(&dir, &mut s, "set-up")?;
         Ok(s)
     })();
@@ -223,24 +221,87 @@ pub(super) fn setup(
     }
 }
 
+/// Mounts the job's buffer (again: a fast tier that holds undrained data resumes its drain).
+fn mount_job(dir: &Path, s: &JobState, c: &Common) -> Result<()> {
+    let mnt = dir.join("mnt");
+    let tier = dir.join("tier");
+    // RAID 5 of 4 file drives: 3 hold data. The drives are sparse files.
+    let drive = (s.capacity.div_ceil(3)).div_ceil(1 << 20).max(64);
+    let dram = (s.capacity / 4).clamp(64 << 20, 1 << 30) >> 20;
+    let drive = format!("{drive}M");
+    let dram = format!("{dram}M");
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "mount".as_ref(),
+        s.backing.as_os_str(),
+        mnt.as_os_str(),
+        "--dir".as_ref(),
+        tier.as_os_str(),
+        "--drive-size".as_ref(),
+        drive.as_ref(),
+        "--dram".as_ref(),
+        dram.as_ref(),
+        "--mode".as_ref(),
+        if s.mode == Mode::Sync {
+            "sync"
+        } else {
+            "async"
+        }
+        .as_ref(),
+        "--allow-other".as_ref(),
+    ];
+    let rate = c.drain_rate.map(|r| r.to_string());
+    if let Some(r) = &rate {
+        args.push("--drain-rate".as_ref());
+        args.push(r.as_ref());
+    }
+    let (ok, msg) = tierstack(
+        &args,
+        "tierstack mount",
+        Duration::from_secs(c.timeout.min(300)),
+    )?;
+    if !ok {
+        bail!("cannot mount the job's buffer: {msg}");
+    }
+    Ok(())
+}
+
 pub(super) fn mounted(mnt: &Path) -> bool {
     tierstack_fs::mount::mounted_type(mnt).is_some()
 }
 
 pub(super) fn data_in(id: &str, c: &Common) -> Result<()> {
+    if !job_dir(c, id)?.exists() {
+        // node_local= jobs: the Prolog stages on each node.
+        println!("job {id}: no buffer here to stage into");
+        return Ok(());
+    }
     let (dir, mut s) = load_state(c, id)?;
     set_state(&dir, &mut s, "staging-in")?;
+    // The user's stage commands report their progress here (get-status reads it).
+    let progress = dir.join("progress");
+    if !progress.is_dir() {
+        fs::create_dir(&progress).map_err(|e| {
+            anyhow!(
+                "cannot create {}: {e}: check --fast-dir",
+                progress.display()
+            )
+        })?;
+        std::os::unix::fs::chown(&progress, Some(s.uid), Some(s.gid))?;
+    }
     let mnt = dir.join("mnt");
     let mut into = mnt.clone().into_os_string();
     into.push("/");
     let mut files = 0u64;
-    for src in s.stage_in.clone() {
+    for (i, src) in s.stage_in.clone().iter().enumerate() {
+        let pf = progress.join(format!("in-{i}.json"));
         let mut args: Vec<&std::ffi::OsStr> = vec![
             "stage".as_ref(),
             "in".as_ref(),
             src.as_os_str(),
             into.as_os_str(),
             "--json".as_ref(),
+            "--progress-file".as_ref(),
+            pf.as_os_str(),
         ];
         if let Some(m) = &s.manifest {
             args.push("--manifest".as_ref());
@@ -256,10 +317,14 @@ pub(super) fn data_in(id: &str, c: &Common) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn paths(id: &str, path_file: &Path, c: &Common) -> Result<()> {
-    let dir = job_dir(c, id)?;
+pub(super) fn paths(id: &str, script: &Path, path_file: &Path, c: &Common) -> Result<()> {
+    let mut dir = job_dir(c, id)?;
     if !dir.join("state.json").exists() {
-        return Ok(());
+        if read_request(script)?.node_local.is_none() {
+            return Ok(());
+        }
+        // The Prolog mounts each node's buffer at the same path.
+        dir = job_dir(&node_common(c), id)?;
     }
     let line = format!("TIERSTACK_DIR={}\n", dir.join("mnt").display());
     let mut f = fs::OpenOptions::new()
@@ -300,8 +365,12 @@ pub(super) fn post_run(id: &str, c: &Common) -> Result<()> {
         Err(e) => return Err(e),
     };
     set_state(&dir, &mut s, "ran")?;
-    // Start the drain now; data_out waits for it.
     let mnt = dir.join("mnt");
+    if s.stage_out.is_empty() {
+        return Ok(());
+    }
+    make_durable(id, &mnt, Duration::from_secs(c.timeout.min(120)));
+    // Start the drain now; data_out waits for it.
     let _ = tierstack(
         &["drain".as_ref(), mnt.as_os_str()],
         "tierstack drain",
@@ -310,32 +379,64 @@ pub(super) fn post_run(id: &str, c: &Common) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn data_out(id: &str, c: &Common) -> Result<()> {
-    let (dir, mut s) = match load_state(c, id) {
-        Ok(x) => x,
-        Err(_) if !job_dir(c, id)?.exists() => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    set_state(&dir, &mut s, "staging-out")?;
-    let mnt = dir.join("mnt");
-    if mounted(&mnt) {
-        let (ok, msg) = tierstack(
-            &[
-                "umount".as_ref(),
-                mnt.as_os_str(),
-                "--timeout".as_ref(),
-                format!("{}s", c.timeout).as_ref(),
-            ],
-            "tierstack umount",
-            Duration::from_secs(c.timeout + 30),
-        )?;
-        if !ok {
-            bail!(
-                "job {id}: stage-out to {} failed: {msg}",
-                s.backing.display()
-            );
+/// Makes what the job wrote durable in the buffer's fast tier: fsync of every file under
+/// `mnt` (in `mode=sync` the data is then on the array, so a mount daemon that dies during
+/// the stage-out loses none of it; unsynced writes would be in its DRAM only). Best effort
+/// within `limit`: the stage-out goes on either way, so problems are only reported.
+pub(super) fn make_durable(id: &str, mnt: &Path, limit: Duration) {
+    let start = std::time::Instant::now();
+    let mut stack = vec![mnt.to_path_buf()];
+    let (mut files, mut failed) = (0u64, 0u64);
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else {
+            failed += 1;
+            continue;
+        };
+        for e in rd.flatten() {
+            if start.elapsed() > limit {
+                eprintln!(
+                    "job {id}: stopped making the outputs durable after {} s ({files} files): the stage-out goes on",
+                    limit.as_secs()
+                );
+                return;
+            }
+            let Ok(t) = e.file_type() else { continue };
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                use std::os::unix::fs::OpenOptionsExt;
+                let ok = fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                    .open(e.path())
+                    .and_then(|f| f.sync_all())
+                    .is_ok();
+                if ok {
+                    files += 1;
+                } else {
+                    failed += 1;
+                }
+            }
         }
     }
+    if failed > 0 {
+        eprintln!("job {id}: {failed} outputs could not be made durable before the stage-out");
+    }
+}
+
+pub(super) fn data_out(id: &str, c: &Common) -> Result<()> {
+    if !job_dir(c, id)?.exists() {
+        return Ok(());
+    }
+    let (dir, mut s) = load_state(c, id)?;
+    if s.stage_out.is_empty() {
+        // A scratch buffer: nothing to keep; teardown removes it.
+        set_state(&dir, &mut s, "staged-out")?;
+        println!("job {id}: scratch buffer, nothing to stage out");
+        return Ok(());
+    }
+    set_state(&dir, &mut s, "staging-out")?;
+    let remounts = drain_buffer(id, &dir, &s, c)?;
     // The first stage_out is the mount's backing; the others get a copy of it.
     if s.stage_out.len() > 1 {
         let first = s.stage_out[0].clone();
@@ -356,32 +457,110 @@ pub(super) fn data_out(id: &str, c: &Common) -> Result<()> {
         }
     }
     set_state(&dir, &mut s, "staged-out")?;
-    println!("job {id}: staged out to {}", s.backing.display());
+    let again = if remounts > 0 {
+        format!(" (its daemon had ended: mounted again {remounts} time(s), the drain resumed)")
+    } else {
+        String::new()
+    };
+    println!("job {id}: staged out to {}{again}", s.backing.display());
     Ok(())
 }
 
-/// Unmounts (draining unless `hurry`) and removes a job's folder. With `hurry` false and data
-/// still waiting, the folder is kept and an error says so.
+/// Drains the job's buffer to its backing and unmounts it. A mount whose daemon is gone (it
+/// was killed) is detached and mounted again over the same fast tier, which resumes the
+/// drain where it stopped: what the daemon had acknowledged is not lost. Returns how many
+/// times it mounted the buffer again.
+pub(super) fn drain_buffer(id: &str, dir: &Path, s: &JobState, c: &Common) -> Result<u32> {
+    let mnt = dir.join("mnt");
+    let t = format!("{}s", c.timeout);
+    let mut remounts = 0;
+    let mut last = String::new();
+    for _ in 0..4 {
+        if mounted(&mnt) && tierstack_fs::mount::status(&mnt).is_err() {
+            // The daemon is gone: detach its stale mount.
+            let _ = tierstack_fs::mount::clear_stale(&mnt);
+        }
+        if !mounted(&mnt) {
+            if remounts == 2 {
+                break;
+            }
+            // Under the buffer's mount lock, and never once teardown has begun: a teardown
+            // (scancel --hurry runs it while data_out still runs) would otherwise find a
+            // fresh mount where it removes the folder.
+            let _held = lock_mounts(dir, false)?;
+            if dir.join(TEARDOWN).exists() || !dir.join("state.json").exists() {
+                bail!("job {id}: the buffer is being removed (scancel): stage-out stopped");
+            }
+            if !mounted(&mnt) {
+                remounts += 1;
+                mount_job(dir, s, c)?;
+                eprintln!("job {id}: mounted the buffer again to resume its drain");
+            }
+        }
+        // A umount that fails (killed, or its daemon died under it) is tried again; one
+        // that fails for good (a destination that refuses records) fails every time.
+        let (ok, msg) = tierstack(
+            &[
+                "umount".as_ref(),
+                mnt.as_os_str(),
+                "--timeout".as_ref(),
+                t.as_ref(),
+            ],
+            "tierstack umount",
+            Duration::from_secs(c.timeout + 30),
+        )?;
+        if ok {
+            return Ok(remounts);
+        }
+        eprintln!("job {id}: tierstack umount failed: {msg}");
+        last = msg;
+    }
+    bail!(
+        "job {id}: stage-out to {} failed: {last}; what did not drain stays in the fast tier {}: mount it again over {} with `tierstack mount --dir` to finish, or `scancel` the job to drop it",
+        s.backing.display(),
+        dir.join("tier").display(),
+        s.backing.display()
+    )
+}
+
+/// Unmounts and removes a job's folder. Unless `hurry`, what was not staged out yet is
+/// drained first (a dead daemon's buffer is mounted again for that); with data that cannot
+/// drain, the folder is kept and an error says so. With `hurry` (scancel) undrained data is
+/// dropped; what already reached the destination stays (the drainer renames each file into
+/// place only when it is complete).
 pub(super) fn teardown_dir(id: &str, dir: &Path, hurry: bool, c: &Common) -> Result<()> {
     let mnt = dir.join("mnt");
+    let pending = match load_state_at(dir) {
+        Ok(s) if !s.stage_out.is_empty() && s.state != "staged-out" && s.state != "pending" => {
+            Some(s)
+        }
+        _ => None,
+    };
+    if let (Some(s), false) = (&pending, hurry) {
+        // On failure the folder is kept (the error says how to finish or drop it).
+        drain_buffer(id, dir, s, c)?;
+    }
+    // From here on nothing mounts this buffer again (see drain_buffer); a mount made before
+    // the lock is taken is seen and unmounted below.
+    if dir.exists() {
+        fs::write(dir.join(TEARDOWN), b"").map_err(|e| {
+            anyhow!(
+                "cannot write {}: {e}: check --fast-dir",
+                dir.join(TEARDOWN).display()
+            )
+        })?;
+    }
+    let _held = if dir.exists() {
+        Some(lock_mounts(dir, true)?)
+    } else {
+        None
+    };
     if mounted(&mnt) {
-        let timeout = if hurry { 30 } else { c.timeout };
-        let mut args: Vec<&std::ffi::OsStr> = vec!["umount".as_ref(), mnt.as_os_str()];
-        let t = format!("{timeout}s");
-        if hurry {
-            args.push("--force".as_ref());
-        } else {
-            args.push("--timeout".as_ref());
-            args.push(t.as_ref());
-        }
-        let (ok, msg) = tierstack(&args, "tierstack umount", Duration::from_secs(timeout + 30))?;
-        if !ok && !hurry {
-            bail!(
-                "job {id}: the buffer still holds data that did not drain ({msg}); it is kept in {}: fix the destination and run `tierstack umount {}`, or `scancel` the job to drop it",
-                dir.display(),
-                mnt.display()
-            );
-        }
+        let _ = tierstack(
+            &["umount".as_ref(), mnt.as_os_str(), "--force".as_ref()],
+            "tierstack umount",
+            Duration::from_secs(60),
+        );
         if mounted(&mnt) {
             // Last resort after scancel: detach the FUSE mount.
             let c = CString::new(mnt.as_os_str().as_bytes())?;
@@ -390,12 +569,102 @@ pub(super) fn teardown_dir(id: &str, dir: &Path, hurry: bool, c: &Common) -> Res
                 libc::umount2(c.as_ptr(), libc::MNT_DETACH);
             }
         }
+        if let Some(s) = &pending {
+            // A drain cut short leaves its temporary file (the drainer renames each file into
+            // place only when it is complete); with the fast tier dropped nothing resumes it.
+            let mut t = s.backing.clone().into_os_string();
+            t.push("/");
+            if let Err(e) = tierstack_as_user(
+                &["slurm".as_ref(), "user-clean".as_ref(), t.as_ref()],
+                s,
+                "removing the drain's temporary files",
+                c,
+            ) {
+                eprintln!("job {id}: {e}");
+            }
+        }
     }
-    if dir.exists() {
-        fs::remove_dir_all(dir)
-            .map_err(|e| anyhow!("cannot remove {}: {e}: remove it by hand", dir.display()))?;
+    remove_job_dir(dir)
+}
+
+/// Marks a job's folder as being torn down.
+const TEARDOWN: &str = "teardown";
+
+/// The lock file of `lock_mounts`.
+const MOUNT_LOCK: &str = "mount.lock";
+
+/// The lock that orders mounting a job's buffer (again) and tearing it down; waits at most
+/// two minutes for it. Only the buffer's maker and its teardown `create` the lock file: a
+/// hook that finds it gone is looking at a buffer being removed.
+fn lock_mounts(dir: &Path, create: bool) -> Result<fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let p = dir.join(MOUNT_LOCK);
+    let f = fs::OpenOptions::new()
+        .create(create)
+        .truncate(false)
+        .write(true)
+        .open(&p)
+        .map_err(|e| {
+            anyhow!(
+                "cannot open {}: {e}: the buffer is being removed, or check --fast-dir",
+                p.display()
+            )
+        })?;
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!(
+                "{} stayed locked for 2 minutes (another hook mounts or removes this buffer): try again",
+                p.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(())
+}
+
+/// Removes a job's folder without ever descending into its mount point: a buffer still (or
+/// again) mounted there would have its files, and through the drain the destination's,
+/// deleted.
+fn remove_job_dir(dir: &Path) -> Result<()> {
+    let fail = |p: &Path, e: std::io::Error| {
+        anyhow!("cannot remove {}: {e}: remove it by hand", p.display())
+    };
+    // The state first: a hook that gets the mount lock after this sees no buffer.
+    match fs::remove_file(dir.join("state.json")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(fail(&dir.join("state.json"), e))
+        }
+        _ => {}
+    }
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let mut entries: Vec<fs::DirEntry> = rd.flatten().collect();
+    // The lock file last.
+    entries.sort_by_key(|e| e.file_name() == MOUNT_LOCK);
+    for e in entries {
+        let p = e.path();
+        if e.file_name() == "mnt" {
+            if mounted(&p) {
+                bail!(
+                    "{} is still mounted: run `tierstack umount {} --force`, then remove {}",
+                    p.display(),
+                    p.display(),
+                    dir.display()
+                );
+            }
+            fs::remove_dir(&p).map_err(|e| fail(&p, e))?;
+        } else if e.file_type().is_ok_and(|t| t.is_dir()) {
+            fs::remove_dir_all(&p).map_err(|e| fail(&p, e))?;
+        } else {
+            fs::remove_file(&p).map_err(|e| fail(&p, e))?;
+        }
+    }
+    fs::remove_dir(dir).map_err(|e| fail(dir, e))
 }
 
 pub(super) fn teardown(id: &str, hurry: bool, c: &Common) -> Result<()> {

@@ -8,7 +8,10 @@ use tierstack_bench::{fmt_size, parse_size};
 
 use super::creds::exe;
 use super::state::write_atomic;
-use super::{CONF_TEMPLATE, LUA_TEMPLATE, MARKER, POOL};
+use super::{
+    CONF_TEMPLATE, EPILOG_TEMPLATE, JOB_SUBMIT_TEMPLATE, LUA_TEMPLATE, MARKER, POOL,
+    PROLOG_TEMPLATE,
+};
 
 // ---------------------------------------------------------------------------------------------
 // install / uninstall
@@ -27,16 +30,50 @@ pub(super) fn lua_quote(s: &str) -> String {
     o
 }
 
-pub(super) fn install(
-    conf: &Path,
-    fast: &Path,
-    pool: &str,
-    stage_timeout: u64,
-    other_timeout: u64,
-) -> Result<()> {
+/// Single-quotes a word for sh.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+pub(super) struct Settings<'a> {
+    pub conf: &'a Path,
+    pub fast: &'a Path,
+    pub pool: &'a str,
+    pub stage_timeout: u64,
+    pub other_timeout: u64,
+    pub drain_rate: Option<f64>,
+}
+
+/// The files `install` writes into the configuration folder, by name.
+const FILES: [&str; 5] = [
+    "burst_buffer.lua",
+    "burst_buffer.conf",
+    "job_submit.lua",
+    "tierstack_prolog.sh",
+    "tierstack_epilog.sh",
+];
+
+/// The slurm.conf settings (key and value, lower case) found in `text`, comments dropped.
+fn conf_settings(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.split('#').next().unwrap_or("").trim();
+            let (k, v) = l.split_once('=')?;
+            Some((k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+pub(super) fn install(a: &Settings) -> Result<()> {
+    let (conf, fast, pool) = (a.conf, a.fast, a.pool);
     let pool_bytes = parse_size(pool).map_err(|e| anyhow!("--pool-size: {e}"))?;
     if pool_bytes < 1 << 20 {
         bail!("--pool-size {pool} is smaller than 1M: give e.g. 2G");
+    }
+    if let Some(r) = a.drain_rate {
+        if !(r.is_finite() && r > 0.0) {
+            bail!("--drain-rate {r} is not a positive number of MB/s: give e.g. 200");
+        }
     }
     if !conf.is_dir() {
         bail!(
@@ -51,29 +88,57 @@ pub(super) fn install(
         );
     }
     let exe = exe()?;
+    let rate = a.drain_rate.map(|r| r.to_string()).unwrap_or_default();
     let lua = LUA_TEMPLATE
         .replace("\"@TIERSTACK@\"", &lua_quote(&exe.to_string_lossy()))
         .replace("\"@FAST_DIR@\"", &lua_quote(&fast.to_string_lossy()))
         .replace("\"@POOL_SIZE@\"", &lua_quote(&pool_bytes.to_string()))
-        .replace("@STAGE_TIMEOUT@", &stage_timeout.to_string())
-        .replace("@OTHER_TIMEOUT@", &other_timeout.to_string());
+        .replace("\"@DRAIN_RATE@\"", &lua_quote(&rate))
+        .replace("@STAGE_TIMEOUT@", &a.stage_timeout.to_string())
+        .replace("@OTHER_TIMEOUT@", &a.other_timeout.to_string());
     let bbconf = CONF_TEMPLATE
-        .replace("@STAGE_TIMEOUT@", &stage_timeout.to_string())
-        .replace("@OTHER_TIMEOUT@", &other_timeout.to_string());
-    let files = [
-        (conf.join("burst_buffer.lua"), lua),
-        (conf.join("burst_buffer.conf"), bbconf),
+        .replace("@STAGE_TIMEOUT@", &a.stage_timeout.to_string())
+        .replace("@OTHER_TIMEOUT@", &a.other_timeout.to_string());
+    let shell = |t: &str| {
+        t.replace("@TIERSTACK@", &sh_quote(&exe.to_string_lossy()))
+            .replace("@FAST_DIR@", &sh_quote(&fast.to_string_lossy()))
+            .replace("@POOL_SIZE@", &pool_bytes.to_string())
+            .replace("@STAGE_TIMEOUT@", &a.stage_timeout.to_string())
+            .replace(
+                "@DRAIN_RATE@",
+                &if rate.is_empty() {
+                    String::new()
+                } else {
+                    format!(" --drain-rate {rate}")
+                },
+            )
+    };
+    let texts = [
+        lua,
+        bbconf,
+        JOB_SUBMIT_TEMPLATE.to_string(),
+        shell(PROLOG_TEMPLATE),
+        shell(EPILOG_TEMPLATE),
     ];
-    // Refuse before writing anything if a file is someone else's.
-    for (p, _) in &files {
-        if let Ok(old) = fs::read_to_string(p) {
+    let mut files: Vec<(std::path::PathBuf, String)> = Vec::new();
+    // Refuse before writing anything if a file is someone else's; a site's own
+    // job_submit.lua is kept (the --bb translation is then theirs to merge).
+    let mut kept_job_submit = false;
+    for (name, text) in FILES.iter().zip(texts) {
+        let p = conf.join(name);
+        if let Ok(old) = fs::read_to_string(&p) {
             if !old.contains(MARKER) {
+                if *name == "job_submit.lua" {
+                    kept_job_submit = true;
+                    continue;
+                }
                 bail!(
                     "{} exists and was not written by tierstack: move it away (or merge it by hand) and run install again",
                     p.display()
                 );
             }
         }
+        files.push((p, text));
     }
     fs::create_dir_all(fast.join("jobs")).map_err(|e| {
         anyhow!(
@@ -82,43 +147,85 @@ pub(super) fn install(
         )
     })?;
     for (p, text) in &files {
-        write_atomic(p, text.as_bytes(), 0o644)?;
+        let mode = if p.extension().is_some_and(|e| e == "sh") {
+            0o755
+        } else {
+            0o644
+        };
+        write_atomic(p, text.as_bytes(), mode)?;
     }
     println!(
-        "wrote {} and {} (pool {POOL} of {}, buffers in {})",
-        files[0].0.display(),
-        files[1].0.display(),
+        "wrote {} (pool {POOL} of {}, buffers in {})",
+        files
+            .iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
         fmt_size(pool_bytes),
         fast.display()
     );
-    let slurm_conf = conf.join("slurm.conf");
-    let has = fs::read_to_string(&slurm_conf)
-        .map(|t| {
-            t.lines().any(|l| {
-                let l: String = l
-                    .split('#')
-                    .next()
-                    .unwrap_or("")
-                    .split_whitespace()
-                    .collect();
-                l.eq_ignore_ascii_case("BurstBufferType=burst_buffer/lua")
-            })
-        })
-        .unwrap_or(false);
-    if !has {
+    if kept_job_submit {
         println!(
-            "add this line to {} and restart slurmctld: BurstBufferType=burst_buffer/lua",
-            slurm_conf.display()
+            "kept {}: it is the site's own; for `sbatch --bb \"pool={POOL} ...\"` merge the --bb translation of contrib/slurm/job_submit.lua into it",
+            conf.join("job_submit.lua").display()
         );
+    }
+    let slurm_conf = conf.join("slurm.conf");
+    let settings = conf_settings(&fs::read_to_string(&slurm_conf).unwrap_or_default());
+    let get = |k: &str| {
+        settings
+            .iter()
+            .rev()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    let mut missing = Vec::new();
+    let mut notes = 0;
+    if !get("burstbuffertype").is_some_and(|v| v.eq_ignore_ascii_case("burst_buffer/lua")) {
+        missing.push("BurstBufferType=burst_buffer/lua".to_string());
+    }
+    if !kept_job_submit
+        && !get("jobsubmitplugins").is_some_and(|v| {
+            v.split(',')
+                .any(|p| matches!(p.trim(), "lua" | "job_submit/lua"))
+        })
+    {
+        missing.push("JobSubmitPlugins=lua".to_string());
+    }
+    for (key, name) in [
+        ("prolog", "tierstack_prolog.sh"),
+        ("epilog", "tierstack_epilog.sh"),
+    ] {
+        let want = conf.join(name);
+        let key_cap = if key == "prolog" { "Prolog" } else { "Epilog" };
+        match get(key) {
+            Some(v) if Path::new(&v) == want => {}
+            Some(v) => {
+                notes += 1;
+                println!(
+                    "slurm.conf has {key_cap}={v}: for node_local= buffers, run {} from it (with SLURM's environment)",
+                    want.display()
+                )
+            }
+            None => missing.push(format!("{key_cap}={}", want.display())),
+        }
+    }
+    if missing.is_empty() && notes == 0 {
+        println!("slurm.conf has BurstBufferType=burst_buffer/lua and the rest: run `scontrol reconfigure` (or restart slurmctld)");
     } else {
-        println!("slurm.conf has BurstBufferType=burst_buffer/lua: run `scontrol reconfigure` (or restart slurmctld)");
+        for l in &missing {
+            println!(
+                "add this line to {} and restart slurmctld and slurmd: {l}",
+                slurm_conf.display()
+            );
+        }
     }
     Ok(())
 }
 
 pub(super) fn uninstall(conf: &Path) -> Result<()> {
     let mut removed = 0;
-    for name in ["burst_buffer.lua", "burst_buffer.conf"] {
+    for name in FILES {
         let p = conf.join(name);
         match fs::read_to_string(&p) {
             Ok(t) if t.contains(MARKER) => {
@@ -135,7 +242,7 @@ pub(super) fn uninstall(conf: &Path) -> Result<()> {
         }
     }
     println!(
-        "removed {removed} file(s) from {}; remove BurstBufferType=burst_buffer/lua from slurm.conf and restart slurmctld",
+        "removed {removed} file(s) from {}; remove BurstBufferType=burst_buffer/lua, JobSubmitPlugins=lua and the Prolog/Epilog lines naming tierstack_prolog.sh/tierstack_epilog.sh from slurm.conf and restart slurmctld and slurmd",
         conf.display()
     );
     Ok(())

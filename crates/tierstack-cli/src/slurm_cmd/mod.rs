@@ -14,34 +14,43 @@
 //! - `data-in JOBID SCRIPT`: `tierstack stage in` of every source into the mount, run as the
 //!   job's user.
 //! - `paths JOBID SCRIPT PATH_FILE`: writes `TIERSTACK_DIR=<mount>` for the job's environment.
-//! - `pre-run`, `post-run`: check that the mount is up / start its drain.
+//! - `pre-run`, `post-run`: check that the mount is up / fsync the outputs and start the drain.
 //! - `data-out JOBID SCRIPT`: `tierstack umount` (drains everything to the first stage_out
-//!   destination), then copies it to the other stage_out destinations as the job's user.
-//! - `teardown JOBID SCRIPT HURRY`: unmounts what is left and removes the job's folder.
-//! - `pools`, `get-status`: the `tierstack` pool as SLURM wants it, and a status text.
+//!   destination; a mount whose daemon died is mounted again over its fast tier and the drain
+//!   resumes), then copies it to the other stage_out destinations as the job's user.
+//! - `teardown JOBID SCRIPT HURRY`: drains what is left (unless HURRY, after `scancel
+//!   --hurry`: then it is dropped, with the drain's temporary files), unmounts and removes
+//!   the job's folder.
+//! - `pools`, `get-status`: the `tierstack` pool as SLURM wants it, and a status text with
+//!   each job's state and its stage-in progress.
+//! - `prolog`, `epilog` (SLURM's Prolog/Epilog on each compute node): node-local buffers
+//!   for `#BB_LUA node_local=SIZE` (node.rs).
 //!
 //! Hooks run as SlurmUser (root); everything that touches the job's files runs in a child
 //! process with the job's uid, gid and groups.
 //!
 //! The parts, by job: this file holds the subcommands and their dispatch; `directives.rs`
-//! parses the `#TIERSTACK` directives of a job script; `state.rs` keeps each job's state file
+//! parses the `#BB_LUA` directives of a job script; `state.rs` keeps each job's state file
 //! and answers the status queries; `creds.rs` runs work as the job's user (uid, gid, groups)
 //! with a time bound; `hooks.rs` holds the job's hooks (setup, data in, pre/post run, data
-//! out, teardown); `install.rs` installs and removes the Slurm plugin files.
+//! out, teardown); `install.rs` installs and removes the Slurm plugin files; `node.rs` holds the
+//! node-local mode (Prolog/Epilog).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use creds::user_check;
+use creds::{user_check, user_clean};
 use hooks::{data_in, data_out, job_process, paths, post_run, pre_run, setup, teardown};
 use install::{install, uninstall};
+use node::{epilog, node_drain, prolog};
 use state::{get_status, pools};
 
 mod creds;
 mod directives;
 mod hooks;
 mod install;
+mod node;
 mod state;
 
 /// The pool name that job scripts must give with `capacity=`.
@@ -59,6 +68,12 @@ const LUA_TEMPLATE: &str = include_str!("../../../../contrib/slurm/burst_buffer.
 
 const CONF_TEMPLATE: &str = include_str!("../../../../contrib/slurm/burst_buffer.conf");
 
+const JOB_SUBMIT_TEMPLATE: &str = include_str!("../../../../contrib/slurm/job_submit.lua");
+
+const PROLOG_TEMPLATE: &str = include_str!("../../../../contrib/slurm/prolog.sh");
+
+const EPILOG_TEMPLATE: &str = include_str!("../../../../contrib/slurm/epilog.sh");
+
 #[derive(Args, Clone)]
 pub struct Common {
     /// Folder of the per-job buffers (their fast tiers and mount points).
@@ -70,6 +85,10 @@ pub struct Common {
     /// Bound on this hook's own waits, in seconds (SLURM's timeouts kill the hook too).
     #[arg(long, default_value_t = 3600)]
     pub timeout: u64,
+    /// Limit each buffer's drain to the stage_out destination to this many MB/s
+    /// (`tierstack mount --drain-rate`; default unlimited).
+    #[arg(long, value_name = "MB/s")]
+    pub drain_rate: Option<f64>,
 }
 
 #[derive(Subcommand)]
@@ -92,6 +111,9 @@ pub enum SlurmCmd {
         /// OtherTimeout (seconds) written to burst_buffer.conf.
         #[arg(long, default_value_t = 300)]
         other_timeout: u64,
+        /// Limit each buffer's drain to this many MB/s (spares the parallel file system).
+        #[arg(long, value_name = "MB/s")]
+        drain_rate: Option<f64>,
     },
     /// Remove the files `install` wrote (only files that carry its marker line).
     Uninstall {
@@ -175,6 +197,33 @@ pub enum SlurmCmd {
         #[command(flatten)]
         common: Common,
     },
+    /// SLURM Prolog (root, on each compute node): makes the node-local buffer of a job with
+    /// `#BB_LUA node_local=SIZE` and stages its inputs in. Reads SLURM_JOB_ID, SLURM_JOB_UID
+    /// and SLURM_JOB_GID.
+    Prolog {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// SLURM Epilog (root, on each compute node): drains the job's node-local buffer to its
+    /// stage_out destination in the background (the node is released at once) and removes
+    /// it; resumes drains that were interrupted.
+    Epilog {
+        /// Drain before returning (the node stays busy until the data is out).
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Internal: the Epilog's background drain of one job's node-local buffer.
+    #[command(hide = true)]
+    NodeDrain {
+        job_id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Internal: removes a cut-short drain's temporary files, run as the job's user.
+    #[command(hide = true)]
+    UserClean { dir: PathBuf },
     /// Internal: access checks run as the job's user.
     #[command(hide = true)]
     UserCheck {
@@ -193,13 +242,15 @@ pub fn run(c: SlurmCmd) -> Result<()> {
             pool_size,
             stage_timeout,
             other_timeout,
-        } => install(
-            &conf_dir,
-            &fast_dir,
-            &pool_size,
+            drain_rate,
+        } => install(&install::Settings {
+            conf: &conf_dir,
+            fast: &fast_dir,
+            pool: &pool_size,
             stage_timeout,
             other_timeout,
-        ),
+            drain_rate,
+        }),
         SlurmCmd::Uninstall { conf_dir } => uninstall(&conf_dir),
         SlurmCmd::JobProcess {
             script,
@@ -223,10 +274,10 @@ pub fn run(c: SlurmCmd) -> Result<()> {
         } => data_in(&job_id, &common),
         SlurmCmd::Paths {
             job_id,
+            script,
             path_file,
             common,
-            ..
-        } => paths(&job_id, &path_file, &common),
+        } => paths(&job_id, &script, &path_file, &common),
         SlurmCmd::PreRun { job_id, common, .. } => pre_run(&job_id, &common),
         SlurmCmd::PostRun { job_id, common, .. } => post_run(&job_id, &common),
         SlurmCmd::DataOut { job_id, common, .. } => data_out(&job_id, &common),
@@ -238,6 +289,10 @@ pub fn run(c: SlurmCmd) -> Result<()> {
         } => teardown(&job_id, hurry == "true", &common),
         SlurmCmd::Pools { common } => pools(&common),
         SlurmCmd::GetStatus { args: _, common } => get_status(&common),
+        SlurmCmd::Prolog { common } => prolog(&common),
+        SlurmCmd::Epilog { wait, common } => epilog(&common, wait),
+        SlurmCmd::NodeDrain { job_id, common } => node_drain(&job_id, &common),
         SlurmCmd::UserCheck { read, write } => user_check(&read, &write),
+        SlurmCmd::UserClean { dir } => user_clean(&dir),
     }
 }

@@ -121,8 +121,25 @@ pub(super) fn save_state(dir: &Path, s: &JobState) -> Result<()> {
     write_atomic(&dir.join("state.json"), text.as_bytes(), 0o644)
 }
 
+/// The folder of node-local buffers (made by the Prolog on each compute node): `FAST/node`.
+pub(super) fn node_common(c: &Common) -> Common {
+    let mut n = c.clone();
+    n.fast_dir = c.fast_dir.join("node");
+    n
+}
+
 pub(super) fn load_state(c: &Common, id: &str) -> Result<(PathBuf, JobState)> {
     let dir = job_dir(c, id)?;
+    let s = load_state_at(&dir)?;
+    Ok((dir, s))
+}
+
+/// The state of the job whose folder is `dir`.
+pub(super) fn load_state_at(dir: &Path) -> Result<JobState> {
+    let id = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let p = dir.join("state.json");
     let text = fs::read_to_string(&p).map_err(|e| {
         anyhow!(
@@ -132,9 +149,55 @@ pub(super) fn load_state(c: &Common, id: &str) -> Result<(PathBuf, JobState)> {
     })?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| anyhow!("{} is damaged ({e}): cancel the job", p.display()))?;
-    let s = JobState::from_json(&v)
-        .ok_or_else(|| anyhow!("{} is damaged: cancel the job", p.display()))?;
-    Ok((dir, s))
+    JobState::from_json(&v).ok_or_else(|| anyhow!("{} is damaged: cancel the job", p.display()))
+}
+
+/// Stage-in progress of a job: the `tierstack stage --progress-file` files its data_in hook
+/// asked for, one a stage_in source (`progress/in-N.json`). Returns (fraction done, bytes of
+/// the sources started so far, sources started).
+fn stage_in_progress(dir: &Path) -> Option<(f64, u64, usize)> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (mut done, mut total, mut bytes, mut n) = (0u64, 0u64, 0u64, 0usize);
+    for e in fs::read_dir(dir.join("progress")).ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("in-") && name.ends_with(".json")) {
+            continue;
+        }
+        // The folder is the job's user's: read no link they may have put there.
+        let Ok(mut f) = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(e.path())
+        else {
+            continue;
+        };
+        let mut text = String::new();
+        if Read::by_ref(&mut f)
+            .take(4096)
+            .read_to_string(&mut text)
+            .is_err()
+        {
+            continue;
+        }
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let get = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        done += get("done");
+        total += get("total");
+        bytes += get("bytes");
+        n += 1;
+    }
+    if n == 0 {
+        return None;
+    }
+    let frac = if total == 0 {
+        1.0
+    } else {
+        (done as f64 / total as f64).min(1.0)
+    };
+    Some((frac, bytes, n))
 }
 
 pub(super) fn set_state(dir: &Path, s: &mut JobState, state: &str) -> Result<()> {
@@ -182,8 +245,20 @@ pub(super) fn get_status(c: &Common) -> Result<()> {
         jobs_dir(c).display()
     );
     for (id, s) in &js {
+        let mut progress = String::new();
+        if s.state == "staging-in" || s.state == "staged-in" {
+            if let Some((frac, bytes, n)) = stage_in_progress(&jobs_dir(c).join(id)) {
+                progress = format!(
+                    " stage_in {:.0}% ({} of {} staged, source {n} of {})",
+                    frac * 100.0,
+                    fmt_size((frac * bytes as f64) as u64),
+                    fmt_size(bytes),
+                    s.stage_in.len()
+                );
+            }
+        }
         println!(
-            "job {id}: uid {} capacity {} state {} backing {}",
+            "job {id}: uid {} capacity {} state {}{progress} backing {}",
             s.uid,
             fmt_size(s.capacity),
             s.state,
