@@ -3,6 +3,8 @@
 # (issue 18's workloads): fio 4 KiB random writes (2 jobs x 128 MiB, without and with an
 # fsync every 64 writes) and 5,000 x (create + 100-byte write + close), stat, unlink from one
 # Python process. Needs root, fio and python3. Usage: smallio.sh [WORKDIR]
+# FAST=DIR puts the mount's fast tier elsewhere (e.g. WORKDIR on a slow file system, FAST on
+# the local disk: the mount then fronts a slow backing, the plain folder is that slow one).
 set -euo pipefail
 T=${TIERSTACK:-$(dirname "$0")/../../target/release/tierstack}
 W=${1:-/tmp/ts-smallio}
@@ -30,9 +32,22 @@ u = n / (time.time() - t)
 print(f"{c:.0f} {s:.0f} {u:.0f}")
 PY
 }
-p1=$(fio4k "$W/plain"); p2=$(fio4k "$W/plain" --fsync=64); read -r pc ps pu < <(meta "$W/plain/m")
-"$T" mount "$W/back" "$W/mnt" --dir "$W/fast" >/dev/null
-m1=$(fio4k "$W/mnt"); m2=$(fio4k "$W/mnt" --fsync=64); read -r mc ms mu < <(meta "$W/mnt/m")
+fsync64() { # DIR: p50 of fsync after a 64 KiB write (ms), 200 of them
+  python3 - "$1" <<'PY'
+import os, sys, time
+fd = os.open(sys.argv[1] + "/fsync.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+buf = os.urandom(65536); lat = []
+for i in range(200):
+    os.pwrite(fd, buf, (i % 64) * 65536)
+    t = time.perf_counter(); os.fsync(fd); lat.append(time.perf_counter() - t)
+os.close(fd); os.unlink(sys.argv[1] + "/fsync.bin")
+print(f"{sorted(lat)[100] * 1e3:.3f}")
+PY
+}
+p1=$(fio4k "$W/plain"); p2=$(fio4k "$W/plain" --fsync=64); read -r pc ps pu < <(meta "$W/plain/m"); pf=$(fsync64 "$W/plain")
+F=${FAST:-$W/fast}
+"$T" mount "$W/back" "$W/mnt" --dir "$F" >/dev/null
+m1=$(fio4k "$W/mnt"); m2=$(fio4k "$W/mnt" --fsync=64); read -r mc ms mu < <(meta "$W/mnt/m"); mf=$(fsync64 "$W/mnt")
 "$T" umount "$W/mnt" >/dev/null
 printf "%-40s %12s %12s %7s\n" workload plain mount ratio
 r() { awk -v a="$2" -v b="$3" -v n="$1" 'BEGIN{printf "%-40s %12s %12s %7.2f\n", n, a, b, b/a}'; }
@@ -41,4 +56,5 @@ r "fio 4K randwrite, fsync/64 (MiB/s)" "$p2" "$m2"
 r "create+100B write+close (/s)" "$pc" "$mc"
 r "stat (/s)" "$ps" "$ms"
 r "unlink (/s)" "$pu" "$mu"
-rm -rf "$W"
+r "fsync of a 64 KiB write, p50 (ms)" "$pf" "$mf"
+rm -rf "$W"; [ -z "${FAST:-}" ] || rm -rf "$FAST"
