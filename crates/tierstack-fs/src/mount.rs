@@ -441,18 +441,28 @@ impl Daemon {
             let core = core.clone();
             std::thread::Builder::new()
                 .name("mount-watch".into())
-                .spawn(move || loop {
-                    std::thread::sleep(Duration::from_millis(500));
-                    if core.stopping.load(Relaxed) {
-                        return;
-                    }
-                    if mounted_type(&mp).is_none() {
-                        tracing::warn!(
-                            "{} was unmounted from outside: draining and exiting",
-                            mp.display()
-                        );
-                        let _ = tx.send(());
-                        return;
+                .spawn(move || {
+                    // A read of mountinfo while other mounts come and go can miss a line:
+                    // only three misses in a row (1.5 s) mean the mount is gone.
+                    let mut misses = 0;
+                    loop {
+                        std::thread::sleep(Duration::from_millis(500));
+                        if core.stopping.load(Relaxed) {
+                            return;
+                        }
+                        if mounted_type(&mp).is_some() {
+                            misses = 0;
+                            continue;
+                        }
+                        misses += 1;
+                        if misses >= 3 {
+                            tracing::warn!(
+                                "{} was unmounted from outside: draining and exiting",
+                                mp.display()
+                            );
+                            let _ = tx.send(());
+                            return;
+                        }
                     }
                 })
                 .map_err(|e| FsError::Config(format!("cannot start the mount watcher: {e}")))?;
