@@ -455,7 +455,23 @@ struct SwapSetup {
 impl Drop for SwapSetup {
     fn drop(&mut self) {
         if self.swapped_on {
-            let _ = Command::new("swapoff").arg(&self.swapfile).status();
+            // swapoff pages everything back in; while the measured process is still exiting
+            // (its cgroup at its limit) it can fail: try again for up to 5 s. An active swap
+            // file cannot be removed, so a failure would leave it on the host.
+            for _ in 0..25 {
+                let ok = Command::new("swapoff")
+                    .arg(&self.swapfile)
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if ok || !std::fs::read_to_string("/proc/swaps")
+                    .unwrap_or_default()
+                    .contains(&*self.swapfile.to_string_lossy())
+                {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
         }
         let _ = std::fs::remove_file(&self.swapfile);
         if let Some(cg) = &self.cgroup {
