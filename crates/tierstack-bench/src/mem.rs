@@ -464,9 +464,10 @@ impl Drop for SwapSetup {
                     .stderr(std::process::Stdio::null())
                     .status()
                     .is_ok_and(|s| s.success());
-                if ok || !std::fs::read_to_string("/proc/swaps")
-                    .unwrap_or_default()
-                    .contains(&*self.swapfile.to_string_lossy())
+                if ok
+                    || !std::fs::read_to_string("/proc/swaps")
+                        .unwrap_or_default()
+                        .contains(&*self.swapfile.to_string_lossy())
                 {
                     break;
                 }
