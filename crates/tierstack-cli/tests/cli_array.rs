@@ -1,59 +1,16 @@
 //! End-to-end tests of `tierstack array ...` through the real binary.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, SeedableRng};
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_tierstack")
-}
-
-fn ts(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .output()
-        .expect("run tierstack")
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> String {
-    let o = ts(args);
-    assert!(
-        o.status.success(),
-        "tierstack {:?} failed: {}",
-        args,
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).to_string()
-}
-
-/// Runs a command that must fail with one error line; returns that line.
-#[track_caller]
-fn fails(args: &[&str]) -> String {
-    let o = ts(args);
-    assert!(!o.status.success(), "tierstack {args:?} should have failed");
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "expected one error line for {args:?}, got: {err}"
-    );
-    assert!(lines[0].starts_with("tierstack: error: "), "{err}");
-    lines[0].to_string()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
+mod common;
+use common::{fails, ok, random, s, ts, BIN};
 
 fn random_file(dir: &Path, name: &str, len: usize, seed: u64) -> PathBuf {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut v = vec![0u8; len];
-    rng.fill_bytes(&mut v);
     let p = dir.join(name);
-    std::fs::write(&p, &v).expect("write input");
+    std::fs::write(&p, random(len, seed)).expect("write input");
     p
 }
 
@@ -100,7 +57,7 @@ fn put_all(st: &Setup) -> Vec<(String, PathBuf)> {
         let f = random_file(&st.dir, &format!("in{i}"), len, i as u64 + 1);
         if i == 2 {
             // One object through stdin.
-            let o = Command::new(bin())
+            let o = Command::new(BIN)
                 .args(["array", "put", s(&st.arr), &name])
                 .stdin(std::fs::File::open(&f).expect("open"))
                 .output()
@@ -408,7 +365,7 @@ fn kill_dash_nine_never_loses_an_acknowledged_put() {
         let len = rng.gen_range(1..3_000_000);
         let f = random_file(&st.dir, &format!("k{round}"), len, 1000 + round);
         let name = format!("k{round}");
-        let mut child = Command::new(bin())
+        let mut child = Command::new(BIN)
             .args(["array", "put", s(&st.arr), &name, s(&f)])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -6,31 +6,13 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use rand::{Rng, RngCore, SeedableRng};
 
 mod common;
-use common::{is_mounted, root_with_fuse as can_run, BIN};
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("run tierstack")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = run(args);
-    assert!(
-        o.status.success(),
-        "tierstack {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::{is_mounted, ok, random, root_with_fuse as can_run, ts as run, BIN};
 
 /// A backing directory, a mountpoint and a fast tier folder under one temporary directory;
 /// on drop the mount is detached (`umount -l`) and its daemon killed, whatever happened.
@@ -114,12 +96,6 @@ impl Drop for Fixture {
             }
         }
     }
-}
-
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
 }
 
 fn hash(b: &[u8]) -> u64 {
