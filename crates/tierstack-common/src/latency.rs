@@ -29,6 +29,7 @@ pub struct AtomicHistogram {
 }
 
 impl AtomicHistogram {
+    /// Counts one observation of `ns` nanoseconds.
     pub fn observe_ns(&self, ns: u64) {
         self.counts[bucket_of_ns(ns)].fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(ns, Relaxed);
@@ -39,6 +40,7 @@ impl AtomicHistogram {
         self.counts.iter().map(|c| c.load(Relaxed)).collect()
     }
 
+    /// The sum of all observations, in nanoseconds.
     pub fn sum_ns(&self) -> u64 {
         self.sum_ns.load(Relaxed)
     }

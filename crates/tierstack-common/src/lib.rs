@@ -2,6 +2,8 @@
 //! (every command line), and the latency buckets that the pager's fault histogram, the
 //! mount's per-operation histograms and the Prometheus exporter agree on.
 
+#![warn(missing_docs)]
+
 pub mod latency;
 pub mod size;
 

@@ -37,6 +37,7 @@ pub type PageData = Arc<Vec<u8>>;
 /// A page chosen for eviction: key, contents, whether it must be written down, generation.
 pub type Victim = (PageKey, PageData, bool, u64);
 
+/// The top tier: pages in process memory, evicted in clock order when it passes its capacity.
 pub struct DramTier {
     capacity: u64,
     low: u64,
@@ -45,6 +46,7 @@ pub struct DramTier {
 }
 
 impl DramTier {
+    /// A tier of `capacity` bytes (eviction brings it down to 90 % of that).
     pub fn new(capacity: u64) -> Self {
         DramTier {
             capacity,
@@ -60,6 +62,7 @@ impl DramTier {
         }
     }
 
+    /// Bytes it may hold.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -69,6 +72,7 @@ impl DramTier {
         self.low
     }
 
+    /// Bytes it holds.
     pub fn used(&self) -> u64 {
         self.inner.lock().used
     }
@@ -82,6 +86,7 @@ impl DramTier {
             .map_or(0, |e| e.data.len() as u64)
     }
 
+    /// Whether it holds more than its capacity (eviction is due).
     pub fn over_high(&self) -> bool {
         self.inner.lock().used > self.capacity
     }
@@ -262,6 +267,7 @@ impl DramTier {
         g.dirty_bytes -= cleaned;
     }
 
+    /// Sizes and counters.
     pub fn status(&self) -> TierStatus {
         let g = self.inner.lock();
         self.counters

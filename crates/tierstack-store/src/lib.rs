@@ -8,6 +8,8 @@
 //! first tier that has the page and promoted into the first tier (admission). `flush()` writes
 //! every dirty page down to the last persistent tier and makes it durable there.
 
+#![warn(missing_docs)]
+
 mod dram;
 mod tier;
 
@@ -24,20 +26,27 @@ pub type PageKey = (u64, u64);
 /// Largest page the store holds (the array's largest value).
 pub const MAX_PAGE: usize = tierstack_array::MAX_VALUE;
 
+/// What the store can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// A page larger than [`MAX_PAGE`] (its length, the maximum).
     #[error("page of {0} bytes exceeds the store's maximum page of {1} bytes")]
     TooLarge(usize, usize),
+    /// No tier has room for the page.
     #[error("the store is full: {0}")]
     Full(String),
+    /// An object id the store keeps for itself.
     #[error("object id {0:#x} is reserved: use ids below 2^56")]
     ReservedId(u64),
+    /// The array below failed.
     #[error("array tier: {0}")]
     Array(#[from] tierstack_array::ArrayError),
+    /// A bad size or tier list at construction.
     #[error("invalid store configuration: {0}")]
     Config(String),
 }
 
+/// The store's results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 fn full(e: StoreError) -> StoreError {

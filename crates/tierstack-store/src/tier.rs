@@ -10,30 +10,47 @@ use crate::{PageKey, Result};
 /// Counters every tier keeps.
 #[derive(Debug, Default)]
 pub struct TierCounters {
+    /// Reads the tier answered with a page.
     pub hits: AtomicU64,
+    /// Reads of pages the tier does not hold.
     pub misses: AtomicU64,
+    /// Pages stored.
     pub puts: AtomicU64,
+    /// Bytes stored.
     pub bytes_in: AtomicU64,
+    /// Bytes read back.
     pub bytes_out: AtomicU64,
+    /// Pages moved out of the tier to make room.
     pub evictions: AtomicU64,
 }
 
 /// A snapshot of one tier, for status output.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TierStatus {
+    /// `dram`, `array`, `snapshot`.
     pub name: String,
+    /// Bytes the tier may hold.
     pub capacity_bytes: u64,
+    /// Bytes it holds.
     pub used_bytes: u64,
+    /// Bytes it holds that the tier below does not have yet.
     pub dirty_bytes: u64,
+    /// See [`TierCounters`].
     pub hits: u64,
+    /// See [`TierCounters`].
     pub misses: u64,
+    /// See [`TierCounters`].
     pub puts: u64,
+    /// See [`TierCounters`].
     pub bytes_in: u64,
+    /// See [`TierCounters`].
     pub bytes_out: u64,
+    /// See [`TierCounters`].
     pub evictions: u64,
 }
 
 impl TierCounters {
+    /// The counters now, with the tier's name and sizes.
     pub fn snapshot(&self, name: &str, capacity: u64, used: u64, dirty: u64) -> TierStatus {
         TierStatus {
             name: name.to_string(),
@@ -52,17 +69,21 @@ impl TierCounters {
 
 /// A tier below DRAM: the array, later a VRAM tier or the backing directory.
 pub trait Tier: Send + Sync {
+    /// The tier's name in status output.
     fn name(&self) -> &str;
     /// Stores a page (durable after `flush`).
     fn put(&self, key: PageKey, data: &[u8]) -> Result<()>;
+    /// The page under `key`, if the tier holds it.
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>>;
     /// Several pages at once (a tier that can reads neighbours with fewer requests).
     fn get_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Vec<u8>>>> {
         keys.iter().map(|k| self.get(*k)).collect()
     }
+    /// Forgets the page under `key`; whether it was there.
     fn remove(&self, key: PageKey) -> Result<bool>;
     /// Makes everything put so far durable.
     fn flush(&self) -> Result<()>;
+    /// Sizes and counters.
     fn status(&self) -> TierStatus;
 }
 
@@ -73,6 +94,7 @@ pub struct ArrayTier {
 }
 
 impl ArrayTier {
+    /// A tier over `array`, which it owns.
     pub fn new(array: Array) -> Self {
         Self::shared(Arc::new(array))
     }
@@ -85,6 +107,7 @@ impl ArrayTier {
         }
     }
 
+    /// The array below.
     pub fn array(&self) -> &Array {
         &self.array
     }
