@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
+/// The gate (see the module).
 #[derive(Debug, Default)]
 pub struct Gate {
     closed: AtomicBool,
@@ -21,6 +22,7 @@ impl Drop for Inside<'_> {
 }
 
 impl Gate {
+    /// An open gate.
     pub const fn new() -> Gate {
         Gate {
             closed: AtomicBool::new(false),
@@ -51,6 +53,7 @@ impl Gate {
         }
     }
 
+    /// Opens the gate again.
     pub fn open(&self) {
         self.closed.store(false, SeqCst);
     }

@@ -29,10 +29,15 @@
 //! Lock order: region state, then the clock. The evictor never holds the clock while it takes
 //! a region lock. No lock is held across a store read or write.
 
+#![warn(missing_docs)]
+
 mod cpu;
+/// The gate `fork` closes.
 pub mod gate;
 mod pager;
+/// Building a process's paging store from a DRAM budget.
 pub mod setup;
+/// The userfaultfd interface.
 pub mod uffd;
 
 pub use cpu::register_current_thread;
@@ -42,22 +47,31 @@ pub use pager::{
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// What paging can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum MemError {
+    /// A bad page size, budget or option.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The userfaultfd could not be made or used.
     #[error("userfaultfd: {0}")]
     Uffd(String),
+    /// The kernel refused a mapping.
     #[error("mmap: {0}")]
     Map(String),
+    /// The store cannot hold another region of this size.
     #[error("the store cannot back {want} more bytes ({committed} of {limit} committed)")]
     NoSpace {
+        /// Bytes asked for.
         want: u64,
+        /// Bytes of regions mapped now.
         committed: u64,
+        /// The pager's commit limit.
         limit: u64,
     },
 }
 
+/// Paging's results.
 pub type Result<T, E = MemError> = std::result::Result<T, E>;
 
 /// Counters of a pager (all its regions).
@@ -65,8 +79,11 @@ pub type Result<T, E = MemError> = std::result::Result<T, E>;
 pub struct MemCounters {
     /// Missing faults (the program touched a page that was not resident).
     pub faults: AtomicU64,
+    /// Missing faults on never-written pages, filled with zeros.
     pub zero_fills: AtomicU64,
+    /// Write-protect faults (the first write to a clean resident page).
     pub wp_faults: AtomicU64,
+    /// Pages evicted.
     pub evictions: AtomicU64,
     /// Pages mapped ahead of a fault stream.
     pub prefetched: AtomicU64,
@@ -74,10 +91,13 @@ pub struct MemCounters {
     pub prefetch_hits: AtomicU64,
     /// Evictions of clean pages, dropped without a write.
     pub clean_drops: AtomicU64,
+    /// Evictions of all-zero pages (not stored).
     pub zero_evictions: AtomicU64,
     /// Evictions done by a fault thread because the evictor had not kept up.
     pub sync_evictions: AtomicU64,
+    /// Bytes read from the store.
     pub bytes_in: AtomicU64,
+    /// Bytes written to the store.
     pub bytes_out: AtomicU64,
     /// Missing faults served by a read from the store (not zero fills, not prefetched).
     pub store_reads: AtomicU64,
@@ -87,6 +107,7 @@ pub struct MemCounters {
     pub store_fault_ns: AtomicU64,
     /// The same times, one by one, in the shared latency buckets.
     pub fault_latency: tierstack_common::AtomicHistogram,
+    /// `madvise(MADV_DONTNEED)` calls made to release pages.
     pub madvise_calls: AtomicU64,
     /// Faults handed by the fault thread that read them to the one on the faulting thread's
     /// CPU.
@@ -100,7 +121,8 @@ pub struct MemCounters {
     pub regions: AtomicU64,
 }
 
-/// A plain copy of [`MemCounters`] (for printing and JSON).
+/// A plain copy of [`MemCounters`] (for printing and JSON); each field as there.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct MemStats {
     pub faults: u64,
@@ -134,6 +156,7 @@ pub struct MemStats {
 }
 
 impl MemCounters {
+    /// The counters now.
     pub fn snapshot(&self) -> MemStats {
         MemStats {
             faults: self.faults.load(Relaxed),

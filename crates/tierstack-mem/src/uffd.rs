@@ -37,9 +37,13 @@ pub enum FaultKind {
 pub enum Event {
     /// A page fault at `addr` by thread `tid`.
     Pagefault {
+        /// Missing page, write-protect or minor fault.
         kind: FaultKind,
+        /// The faulting address.
         addr: usize,
+        /// Whether the access was a write.
         write: bool,
+        /// The faulting thread.
         tid: u32,
     },
     /// Any other event (not requested by the pager).

@@ -48,8 +48,11 @@ pub struct PagerOptions {
 /// Options of a stand-alone region (a region with its own pager).
 #[derive(Debug, Clone)]
 pub struct RegionOptions {
+    /// As [`PagerOptions::page`].
     pub page: usize,
+    /// As [`PagerOptions::budget`].
     pub budget: u64,
+    /// As [`PagerOptions::fault_threads`].
     pub fault_threads: usize,
 }
 
@@ -92,10 +95,15 @@ struct Inner {
 /// What a [`Reporter`] is handed: the pager's figures now.
 #[derive(Debug, Clone)]
 pub struct PagerReport {
+    /// The DRAM budget.
     pub budget: u64,
+    /// The page size.
     pub page: usize,
+    /// Bytes of regions mapped.
     pub committed: u64,
+    /// Bytes of pages resident.
     pub resident: u64,
+    /// The counters.
     pub stats: crate::MemStats,
 }
 
@@ -125,6 +133,7 @@ fn check_page(page: usize) -> Result<()> {
 }
 
 impl Pager {
+    /// A pager over `store` with its threads started.
     pub fn new(store: Arc<TieredStore>, o: &PagerOptions) -> Result<Pager> {
         check_page(o.page)?;
         if o.budget < 4 * o.page as u64 {
@@ -258,14 +267,17 @@ impl Pager {
         self.inner.resident.load(Relaxed)
     }
 
+    /// The DRAM budget.
     pub fn budget(&self) -> u64 {
         self.inner.budget
     }
 
+    /// The page size.
     pub fn page(&self) -> usize {
         self.inner.page
     }
 
+    /// Its counters.
     pub fn counters(&self) -> &MemCounters {
         &self.inner.counters
     }
@@ -286,6 +298,7 @@ impl Pager {
         *self.inner.committed.lock()
     }
 
+    /// The first error the pager hit, if any (a page it could not write out stays resident).
     pub fn error(&self) -> Option<String> {
         self.inner.failed.lock().clone()
     }
@@ -302,6 +315,7 @@ impl Pager {
         self.inner.gate.close();
     }
 
+    /// Lets the pager's threads go on after [`Pager::pause`].
     pub fn resume(&self) {
         self.inner.gate.open();
     }

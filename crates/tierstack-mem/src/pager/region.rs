@@ -270,14 +270,17 @@ impl Region {
         map_region(&inner, len, 4096, 0, Some(pager))
     }
 
+    /// Its first byte.
     pub fn as_ptr(&self) -> *mut u8 {
         self.core.base as *mut u8
     }
 
+    /// Its length in bytes.
     pub fn len(&self) -> usize {
         self.core.len
     }
 
+    /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
         self.core.len == 0
     }
