@@ -393,6 +393,24 @@ fn print_status(s: &MountStatus) {
             ""
         }
     );
+    if s.cancelled_ops > 0 {
+        println!(
+            "cancelled   {} journal ops of files created and removed before they drained",
+            s.cancelled_ops
+        );
+    }
+    if s.fsync_logged + s.fsync_flushed + s.intent_replayed > 0 {
+        println!(
+            "fsync       {} in the intent log, {} by a full flush{}",
+            s.fsync_logged,
+            s.fsync_flushed,
+            if s.intent_replayed > 0 {
+                format!("; {} intent records replayed at start", s.intent_replayed)
+            } else {
+                String::new()
+            }
+        );
+    }
     for t in &s.tiers {
         println!(
             "tier {:<6} {} of {} used, {} dirty",
