@@ -559,7 +559,14 @@ fn slurm_burst_buffer_end_to_end() {
         "{out_files:?}"
     );
     let got = fs::read(dst.join("out.bin")).expect("DST/out.bin");
-    assert!(got == output, "DST/out.bin differs from what the job wrote");
+    assert!(
+        got == output,
+        "DST/out.bin differs from what the job wrote: {} bytes vs {}, first difference at {:?}{}",
+        got.len(),
+        output.len(),
+        got.iter().zip(&output).position(|(a, b)| a != b),
+        s.logs()
+    );
     let meta = fs::metadata(dst.join("out.bin")).expect("meta");
     use std::os::unix::fs::MetadataExt;
     assert_eq!(meta.uid(), uid, "out.bin belongs to the job's user");

@@ -442,15 +442,24 @@ impl Daemon {
             std::thread::Builder::new()
                 .name("mount-watch".into())
                 .spawn(move || {
-                    // A read of mountinfo while other mounts come and go can miss a line:
-                    // only three misses in a row (1.5 s) mean the mount is gone.
+                    // A read of mountinfo while other mounts come and go can miss a line (seen
+                    // under CI load; a stage-out then mounted the same fast tier a second time
+                    // while this daemon still drained it). The mount counts as gone only when
+                    // mountinfo lacks it and the mount point is no longer our file system (its
+                    // device differs), three times in a row (1.5 s).
+                    use std::os::unix::fs::MetadataExt;
+                    let own_dev = std::fs::symlink_metadata(&mp).ok().map(|m| m.dev());
                     let mut misses = 0;
                     loop {
                         std::thread::sleep(Duration::from_millis(500));
                         if core.stopping.load(Relaxed) {
                             return;
                         }
-                        if mounted_type(&mp).is_some() {
+                        let ours = || {
+                            own_dev.is_some()
+                                && std::fs::symlink_metadata(&mp).ok().map(|m| m.dev()) == own_dev
+                        };
+                        if mounted_type(&mp).is_some() || ours() {
                             misses = 0;
                             continue;
                         }
