@@ -589,3 +589,88 @@ fn faults_of_registered_threads_go_to_their_cpus_fault_thread_and_stay_exact() {
         eprintln!("SKIP (partly): one CPU or no rseq area: no faults to hand over");
     }
 }
+
+/// A stream that writes makes its region hot: pages read ahead are then mapped writable with
+/// a hash instead of write-protected, and eviction compares. Sweeps that change a scattered
+/// third of the pages, a word anywhere in each, must keep every change (a changed page taken
+/// for unchanged would lose it) while the unchanged pages leave without a write.
+#[test]
+fn hashed_pages_of_a_written_stream_keep_every_write() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let pager = tierstack_mem::Pager::new(
+        st,
+        &tierstack_mem::PagerOptions {
+            page: 8192,
+            budget: 4 << 20,
+            fault_threads: 2,
+            commit_limit: None,
+        },
+    )
+    .expect("pager");
+    let r = pager.map(24 << 20, 8192).expect("region");
+    let words = r.len() / 8;
+    let wpp = 8192 / 8;
+    let pages = words / wpp;
+    // SAFETY: valid mapping of r.len() bytes for the life of `r`; only this test uses it.
+    let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr() as *mut u64, words) };
+    // The model: every word's value is a function of (page, word, the page's version) with
+    // the version bumped in one word per changed page.
+    let mut ver = vec![0u64; pages];
+    let value = |p: usize, w: usize, v: u64| (p as u64) << 32 ^ (w as u64) << 8 ^ v;
+    for p in 0..pages {
+        for w in 0..wpp {
+            mem[p * wpp + w] = value(p, w, 0);
+        }
+    }
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    // Which word of each page holds its version (the rest keep version 0).
+    let mut at = vec![0usize; pages];
+    let before = pager.counters().snapshot();
+    for _sweep in 0..4 {
+        for p in 0..pages {
+            // Read the page's first and version words (they fault it in).
+            assert_eq!(
+                mem[p * wpp],
+                value(p, 0, if at[p] == 0 { ver[p] } else { 0 })
+            );
+            assert_eq!(mem[p * wpp + at[p]], value(p, at[p], ver[p]), "page {p}");
+            if rnd() % 3 == 0 {
+                // Change it: move its version to another word.
+                let w = (rnd() % wpp as u64) as usize;
+                mem[p * wpp + at[p]] = value(p, at[p], 0);
+                ver[p] += 1;
+                at[p] = w;
+                mem[p * wpp + w] = value(p, w, ver[p]);
+            }
+        }
+    }
+    for p in 0..pages {
+        for w in 0..wpp {
+            let v = if w == at[p] { ver[p] } else { 0 };
+            assert_eq!(mem[p * wpp + w], value(p, w, v), "page {p} word {w}");
+        }
+    }
+    let c = pager.counters().snapshot();
+    assert!(pager.error().is_none(), "{:?}", pager.error());
+    // The written stream took (almost) no write-protect faults, and the pages it did not
+    // change left without a write: less than all of the sweeps' pages were written out.
+    let evicted = c.evictions - before.evictions;
+    let written = (c.bytes_out - before.bytes_out) / 8192;
+    assert!(
+        c.clean_drops > before.clean_drops && written < evicted,
+        "evicted {evicted}, written {written}: {c:?}"
+    );
+    assert!(
+        c.wp_faults - before.wp_faults < evicted / 4,
+        "write-protect faults {} for {evicted} evictions: {c:?}",
+        c.wp_faults - before.wp_faults
+    );
+}

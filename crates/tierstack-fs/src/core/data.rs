@@ -323,6 +323,10 @@ impl Core {
                     self.pressure.store(true, Relaxed);
                     self.wake_drainer();
                     if !self.drop_clean(data.len() as u64) {
+                        if self.replaying.load(Relaxed) {
+                            // No drainer yet to make room: fail the mount rather than hang.
+                            return Err(libc::ENOSPC);
+                        }
                         std::thread::sleep(Duration::from_millis(50));
                     }
                 }

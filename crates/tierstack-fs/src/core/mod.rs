@@ -146,6 +146,9 @@ pub struct Core {
     /// `tierstack umount --force`: stop without waiting for the drain (the journal keeps
     /// what is left for the next mount).
     pub force_stop: AtomicBool,
+    /// The intent log is being replayed (in `new`, before any drainer runs): writes do not
+    /// wait for space (none would be freed), and a full store is an error, not a wait.
+    replaying: AtomicBool,
     /// Counts and latencies of the FUSE operations served.
     pub ops: crate::opstats::OpStats,
 }
@@ -206,6 +209,7 @@ impl Core {
             stuck_inos: Mutex::new(Default::default()),
             retry: AtomicBool::new(false),
             force_stop: AtomicBool::new(false),
+            replaying: AtomicBool::new(false),
             ops: Default::default(),
         };
         // A new mount tries the rows an earlier one quarantined again.
@@ -214,7 +218,10 @@ impl Core {
         if let Some((log, records)) = intent {
             core.intent = Some(log);
             if !records.is_empty() {
-                core.replay_intent(&records)?;
+                core.replaying.store(true, Relaxed);
+                let r = core.replay_intent(&records);
+                core.replaying.store(false, Relaxed);
+                r?;
             }
             if !sync_mode {
                 core.intent = None;

@@ -15,6 +15,11 @@ impl Core {
     /// Waits until the store has room for `len` more bytes: wakes the drainer and drops clean
     /// pages; never fails.
     pub(super) fn wait_space(&self, len: u64) {
+        if self.replaying.load(Relaxed) {
+            // Recovery runs before the drainer: waiting here would wait for ever. What the
+            // log replays was held before the crash, so the overshoot is bounded by the log.
+            return;
+        }
         let mut waited = false;
         while self.held.load(Relaxed) + len > self.limit {
             if !waited {
@@ -187,10 +192,17 @@ impl Core {
             }
             for (off, b) in &r.extents {
                 self.write(r.ino, *off, b, false).map_err(|e| {
-                    crate::error::FsError::Config(format!(
-                        "replaying the intent log: write of inode {}: errno {e}",
-                        r.ino
-                    ))
+                    crate::error::FsError::Config(if e == libc::ENOSPC {
+                        format!(
+                            "replaying the intent log: inode {}: the fast tier is full and nothing drains during recovery: copy the fast tier folder aside and report it",
+                            r.ino
+                        )
+                    } else {
+                        format!(
+                            "replaying the intent log: write of inode {}: errno {e}",
+                            r.ino
+                        )
+                    })
                 })?;
             }
             self.setattr(r.ino, None, None, None, Some(r.size), None, None)

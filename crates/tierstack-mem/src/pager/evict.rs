@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Relax
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::region::{PageState, RegionCore};
+use super::region::{PageState, RegionCore, WRITE_HEAT_MAX};
 use super::Inner;
 
 /// Victims taken from the clock at a time.
@@ -90,7 +90,8 @@ impl Inner {
         let page = self.page;
         // Phase 1, under the lock: choose, and write-protect the dirty ones.
         let mut clean = Vec::new();
-        let mut dirty = Vec::new();
+        // Dirty victims, with the hash of a hashed one (see `RState::hashes`).
+        let mut dirty: Vec<(usize, Option<u128>)> = Vec::new();
         {
             let mut st = core.st.lock();
             if st.dead {
@@ -117,7 +118,8 @@ impl Inner {
                 if self.uffd.write_protect(pa, n * page).is_ok() {
                     for i in a..a + n {
                         st.pages[i] = PageState::Evicting;
-                        dirty.push(i);
+                        let h = st.hashes.remove(&(i as u32));
+                        dirty.push((i, h));
                     }
                 } else {
                     // Cannot stop writers: keep them.
@@ -140,7 +142,8 @@ impl Inner {
         let _hold = Hold(&core.inflight);
         // Phase 2, no lock: write the dirty pages out (writers wait on the protection).
         let mut written = Vec::with_capacity(dirty.len());
-        for &i in &dirty {
+        let (mut unchanged, mut changed) = (0u32, 0u32);
+        for &(i, hash) in &dirty {
             let pa = core.base + i * page;
             let mut bytes = self.store.page_buf(page);
             bytes.resize(page, 0);
@@ -148,6 +151,16 @@ impl Inner {
             // and the mapping stays until the region's drop, which marks the state dead
             // first (checked below before the result is used).
             self.zapper.read(pa, &mut bytes);
+            if let Some(h) = hash {
+                if super::fault::page_hash(&bytes) == h {
+                    // What the store holds already: dropped without a write.
+                    unchanged += 1;
+                    self.counters.clean_drops.fetch_add(1, Relaxed);
+                    written.push((i, Some(PageState::Stored)));
+                    continue;
+                }
+                changed += 1;
+            }
             if bytes.iter().all(|&b| b == 0) {
                 let _ = self.store.remove((core.obj, i as u64));
                 written.push((i, Some(PageState::Zero)));
@@ -165,6 +178,13 @@ impl Inner {
                     }
                 }
             }
+        }
+        if unchanged + changed > 0 {
+            let h = core.write_heat.load(Relaxed);
+            let h = (h + 2 * changed)
+                .saturating_sub(unchanged)
+                .min(WRITE_HEAT_MAX);
+            core.write_heat.store(h, Relaxed);
         }
         // Phase 3: the pages leave the mapping in one batched call, outside the lock (they
         // stay `Evicting` meanwhile: a fault on one waits for the wake-up below); then the

@@ -13,8 +13,25 @@ use std::time::{Duration, Instant};
 use crate::uffd::{Event, FaultKind};
 use parking_lot::Mutex;
 
-use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX};
+use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX, WRITE_HEAT_ON};
 use super::{fatal, Inner};
+
+/// How a page was mapped, and so how its eviction learns whether it was written.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Placed {
+    /// Write-protected: the first write takes a fault and marks it dirty.
+    Tracked,
+    /// Writable, with the hash of what the store holds for it (compared at eviction).
+    Hashed(u128),
+    /// Writable and counted written.
+    Dirty,
+}
+
+/// The hash that tells an unchanged page from a changed one at eviction (128 bits: an
+/// accidental match of a changed page, which would lose its write, is out of reach).
+pub(super) fn page_hash(data: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(data)
+}
 
 /// A page fault to serve (read from the userfaultfd, or handed over by another thread).
 #[derive(Clone, Copy)]
@@ -262,7 +279,12 @@ impl Inner {
                 // take one copy-on-write fault per 4 KiB afterwards.
                 let tracked = self.place(pa, &self.zeros, !write);
                 self.counters.zero_fills.fetch_add(1, Relaxed);
-                self.mark_resident(core, &mut st, idx, PageState::Zero, !tracked);
+                let placed = if tracked {
+                    Placed::Tracked
+                } else {
+                    Placed::Dirty
+                };
+                self.mark_resident(core, &mut st, idx, PageState::Zero, placed);
                 let pf = self.stream(&mut st, idx);
                 drop(st);
                 let _ = self.uffd.wake(pa, page);
@@ -308,9 +330,17 @@ impl Inner {
         self.counters
             .bytes_in
             .fetch_add((run.len() * page) as u64, Relaxed);
-        let tracked = self.place(pa, &data[0], !write);
+        // A read of a page of a region being written maps it writable and hashed: its first
+        // write then costs no write-protect fault.
+        let placed = if write {
+            self.place(pa, &data[0], false);
+            Placed::Dirty
+        } else {
+            let hashed = core.write_heat.load(Relaxed) >= WRITE_HEAT_ON;
+            self.place_clean(pa, &data[0], hashed)
+        };
         // The rest of the run in one call.
-        let rest_tracked = if run.len() > 1 {
+        let rest = if run.len() > 1 {
             self.place_run(core, &run[1..], &data[1..])
         } else {
             Vec::new()
@@ -321,9 +351,9 @@ impl Inner {
             self.resident.fetch_sub((run.len() * page) as u64, Relaxed);
             return;
         }
-        self.mark_resident(core, &mut st, idx, PageState::Stored, !tracked);
-        for (&j, &t) in run[1..].iter().zip(&rest_tracked) {
-            self.mark_resident(core, &mut st, j, PageState::Stored, !t);
+        self.mark_resident(core, &mut st, idx, PageState::Stored, placed);
+        for (&j, &p) in run[1..].iter().zip(&rest) {
+            self.mark_resident(core, &mut st, j, PageState::Stored, p);
         }
         drop(st);
         if run.len() > 1 {
@@ -365,17 +395,33 @@ impl Inner {
     /// `protect` (so the first write is seen, even from a thread that was not waiting on this
     /// page). Returns whether the page is write-protected (tracked clean).
     pub(super) fn place(&self, pa: usize, data: &[u8], protect: bool) -> bool {
+        self.place_whole(pa, data, protect) && protect
+    }
+
+    /// As [`Inner::place`]; returns whether the page was mapped whole in one call. Where part
+    /// of the range exists already (or the region is being unmapped) it copies 4 KiB at a
+    /// time, ignoring what exists, unprotected: the page then counts as dirty.
+    fn place_whole(&self, pa: usize, data: &[u8], protect: bool) -> bool {
         let page = self.page;
         match self.uffd.copy(data, pa, protect) {
-            Ok(()) => protect,
+            Ok(()) => true,
             Err(_) => {
-                // Part of the range exists already (or the region is being unmapped): copy
-                // 4 KiB at a time, ignoring what exists, and count the page dirty.
                 for off in (0..page).step_by(4096) {
                     let _ = self.uffd.copy(&data[off..off + 4096], pa + off, false);
                 }
                 false
             }
+        }
+    }
+
+    /// Maps a page read from the store (without waking): write-protected (tracked), or
+    /// writable with its hash when `hashed`; counted dirty where the mapping call had to go
+    /// 4 KiB at a time.
+    pub(super) fn place_clean(&self, pa: usize, data: &[u8], hashed: bool) -> Placed {
+        match (self.place_whole(pa, data, !hashed), hashed) {
+            (true, false) => Placed::Tracked,
+            (true, true) => Placed::Hashed(page_hash(data)),
+            (false, _) => Placed::Dirty,
         }
     }
 
@@ -385,11 +431,19 @@ impl Inner {
         st: &mut RState,
         idx: usize,
         backed: PageState,
-        dirty: bool,
+        placed: Placed,
     ) {
         st.pages[idx] = PageState::Resident;
         st.backed[idx] = backed;
-        st.dirty[idx] = dirty;
+        st.dirty[idx] = placed != Placed::Tracked;
+        match placed {
+            Placed::Hashed(h) if backed == PageState::Stored => {
+                st.hashes.insert(idx as u32, h);
+            }
+            _ => {
+                st.hashes.remove(&(idx as u32));
+            }
+        }
         st.resident += self.page as u64;
         if !st.queued[idx] {
             st.queued[idx] = true;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::fault::{page_hash, Placed};
 use super::region::{PageState, RState, RegionCore, WRITE_HEAT_ON};
 use super::Inner;
 
@@ -154,7 +155,12 @@ impl Inner {
         for &j in &zeros {
             let _ = self.place(core.base + j * self.page, &self.zeros, false);
         }
-        self.finish_loads(core, &zeros, PageState::Zero, &vec![false; zeros.len()]);
+        self.finish_loads(
+            core,
+            &zeros,
+            PageState::Zero,
+            &vec![Placed::Dirty; zeros.len()],
+        );
         // Pages in the store: read in parallel by the prefetch threads, runs of adjacent pages
         // as one job (one read per drive, one mapping call).
         let tx = self.prefetch_tx.lock().clone();
@@ -195,29 +201,24 @@ impl Inner {
         self.counters
             .bytes_in
             .fetch_add((data.len() * page) as u64, Relaxed);
-        let tracked = self.place_run(core, &job.idxs, &data);
-        self.finish_loads(core, &job.idxs, PageState::Stored, &tracked);
+        let placed = self.place_run(core, &job.idxs, &data);
+        self.finish_loads(core, &job.idxs, PageState::Stored, &placed);
     }
 
     /// Maps the adjacent pages `idxs` of `core` with contents `data` in one call (page by page
-    /// where part of the range exists already): tracked clean, or writable while the region
-    /// is being written. Each page mapped writable spends heat; each write-protect fault adds
-    /// two. A stream that writes everything settles at two writable pages in three; one that
-    /// stops writing is back to tracked (clean) pages within a few dozen pages. Returns, per
-    /// page, whether it is tracked.
+    /// where part of the range exists already): write-protected (tracked), or, while the
+    /// region is being written (its write heat at least [`WRITE_HEAT_ON`]), writable with
+    /// each page's hash, so that a stream that writes takes no write-protect fault per page
+    /// and its eviction still skips the pages it did not change. Returns how each page was
+    /// mapped.
     pub(super) fn place_run(
         &self,
         core: &RegionCore,
         idxs: &[usize],
         data: &[Vec<u8>],
-    ) -> Vec<bool> {
+    ) -> Vec<Placed> {
         let page = self.page;
-        let heat = core.write_heat.load(Relaxed);
-        let protect = heat < WRITE_HEAT_ON;
-        if !protect {
-            core.write_heat
-                .store(heat.saturating_sub(data.len() as u32), Relaxed);
-        }
+        let hashed = core.write_heat.load(Relaxed) >= WRITE_HEAT_ON;
         let Some(&first) = idxs.first() else {
             return Vec::new();
         };
@@ -228,15 +229,24 @@ impl Inner {
             }
             if self
                 .uffd
-                .copy(&run, core.base + first * page, protect)
+                .copy(&run, core.base + first * page, !hashed)
                 .is_ok()
             {
-                return vec![protect; data.len()];
+                return data
+                    .iter()
+                    .map(|d| {
+                        if hashed {
+                            Placed::Hashed(page_hash(d))
+                        } else {
+                            Placed::Tracked
+                        }
+                    })
+                    .collect();
             }
         }
         idxs.iter()
             .zip(data)
-            .map(|(&j, d)| self.place(core.base + j * page, d, protect))
+            .map(|(&j, d)| self.place_clean(core.base + j * page, d, hashed))
             .collect()
     }
 
@@ -247,7 +257,7 @@ impl Inner {
         core: &Arc<RegionCore>,
         idxs: &[usize],
         was: PageState,
-        tracked: &[bool],
+        placed: &[Placed],
     ) {
         if idxs.is_empty() {
             return;
@@ -260,8 +270,8 @@ impl Inner {
                 .fetch_sub(idxs.len() as u64 * page as u64, Relaxed);
             return;
         }
-        for (&j, &t) in idxs.iter().zip(tracked) {
-            self.mark_resident(core, &mut st, j, was, !t);
+        for (&j, &p) in idxs.iter().zip(placed) {
+            self.mark_resident(core, &mut st, j, was, p);
         }
         drop(st);
         self.counters

@@ -42,6 +42,11 @@ pub(super) struct RState {
     pub(super) backed: Vec<PageState>,
     /// In the clock queue.
     pub(super) queued: Vec<bool>,
+    /// Resident pages mapped writable although they may never be written (along a stream
+    /// that writes): the hash of the contents the store holds for them. Eviction
+    /// write-protects them like dirty pages, compares, and drops an unchanged one without a
+    /// write: no write-protect fault on the program's path, no needless write-back.
+    pub(super) hashes: std::collections::HashMap<u32, u128>,
     pub(super) resident: u64,
     pub(super) streams: [Stream; STREAMS],
     pub(super) tick: u64,
@@ -52,9 +57,10 @@ pub(super) struct RState {
 }
 
 pub(super) struct RegionCore {
-    /// Recent write-protect faults (+2 each): while the region is being written, prefetched
-    /// pages are mapped writable (dirty, -1 each) instead of taking a write-protect fault
-    /// each; clean evictions cool it down too.
+    /// How much the region is being written: +2 for each write-protect fault and for each
+    /// hashed page found changed at eviction, -1 for each page evicted unchanged. While it is
+    /// at least [`WRITE_HEAT_ON`], pages read from the store are mapped writable and hashed
+    /// (see [`RState::hashes`]) instead of write-protected.
     pub(super) write_heat: std::sync::atomic::AtomicU32,
     /// Evictions reading this region's pages outside the lock; drop waits for them.
     pub(super) inflight: AtomicU64,
@@ -157,6 +163,7 @@ pub(super) fn map_region(
             dirty: vec![false; npages],
             backed: vec![PageState::Zero; npages],
             queued: vec![false; npages],
+            hashes: std::collections::HashMap::new(),
             resident: 0,
             streams: [Stream::default(); STREAMS],
             tick: 0,
@@ -201,6 +208,8 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
             dirty: o.dirty.clone(),
             backed: o.backed.clone(),
             queued: vec![false; o.pages.len()],
+            // The child's store copy is its own: its writable pages count as dirty.
+            hashes: std::collections::HashMap::new(),
             resident: 0,
             streams: [Stream::default(); STREAMS],
             tick: 0,
@@ -326,6 +335,7 @@ impl Region {
                     }
                     PageState::Resident => {
                         st.resident -= page as u64;
+                        st.hashes.remove(&(i as u32));
                         self.inner.resident.fetch_sub(page as u64, Relaxed);
                         if st.backed[i] == PageState::Stored {
                             let _ = self.inner.store.remove((self.core.obj, i as u64));
@@ -365,6 +375,7 @@ impl Region {
                     PageState::Loading | PageState::Evicting => break,
                     PageState::Resident => {
                         st.resident -= page as u64;
+                        st.hashes.remove(&(i as u32));
                         self.inner.resident.fetch_sub(page as u64, Relaxed);
                         if st.backed[i] == PageState::Stored {
                             let _ = self.inner.store.remove((self.core.obj, i as u64));
