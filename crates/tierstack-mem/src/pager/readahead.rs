@@ -100,25 +100,22 @@ impl Inner {
             st.sequential = forward && window > 1;
             return out;
         }
-        // Near a stream's last fault: a (new) stride.
-        if let Some(s) = st
+        // Near the last fault of a stream (the nearest): a candidate stream with that stride,
+        // in a slot of its own. The stream it starts from keeps its stride: two streams that
+        // interleave close to each other (the pairs i, i + 2^k of a butterfly, a stencil's
+        // rows) would otherwise overwrite each other's stride at every fault and neither
+        // would ever be followed.
+        let stride = st
             .streams
-            .iter_mut()
-            .find(|s| s.used > 0 && s.last != i && (i - s.last).abs() <= MAX_STRIDE)
-        {
-            s.stride = i - s.last;
-            s.last = i;
-            s.ahead = i;
-            s.hits = 0;
-            s.window = 1;
-            s.used = tick;
-            return Vec::new();
-        }
-        // A new stream in the least recently used slot.
+            .iter()
+            .filter(|s| s.used > 0 && s.last != i && (i - s.last).abs() <= MAX_STRIDE)
+            .min_by_key(|s| (i - s.last).abs())
+            .map_or(0, |s| i - s.last);
+        // In the least recently used slot.
         if let Some(s) = st.streams.iter_mut().min_by_key(|s| s.used) {
             *s = Stream {
                 last: i,
-                stride: 0,
+                stride,
                 ahead: i,
                 hits: 0,
                 window: 1,
