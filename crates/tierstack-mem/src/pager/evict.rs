@@ -143,6 +143,8 @@ impl Inner {
         // Phase 2, no lock: write the dirty pages out (writers wait on the protection).
         let mut written = Vec::with_capacity(dirty.len());
         let (mut unchanged, mut changed) = (0u32, 0u32);
+        // First every page's contents, and whether a hashed one is what the store holds.
+        let mut pages: Vec<(usize, Vec<u8>, bool)> = Vec::with_capacity(dirty.len());
         for &(i, hash) in &dirty {
             let pa = core.base + i * page;
             let mut bytes = self.store.page_buf(page);
@@ -151,15 +153,34 @@ impl Inner {
             // and the mapping stays until the region's drop, which marks the state dead
             // first (checked below before the result is used).
             self.zapper.read(pa, &mut bytes);
-            if let Some(h) = hash {
-                if super::fault::page_hash(&bytes) == h {
-                    // What the store holds already: dropped without a write.
-                    unchanged += 1;
-                    self.counters.clean_drops.fetch_add(1, Relaxed);
-                    written.push((i, Some(PageState::Stored)));
-                    continue;
-                }
-                changed += 1;
+            let same = hash.is_some_and(|h| super::fault::page_hash(&bytes) == h);
+            match hash {
+                Some(_) if same => unchanged += 1,
+                Some(_) => changed += 1,
+                None => {}
+            }
+            pages.push((i, bytes, same));
+        }
+        // An unchanged page between pages that are written goes with them: a run of pages
+        // stays one run in the store (read back with one request per drive) instead of being
+        // cut into pieces at every page the stream happened not to change.
+        let written_at = |k: usize| pages.get(k).is_some_and(|p: &(usize, Vec<u8>, bool)| !p.2);
+        let keep_run: Vec<bool> = (0..pages.len())
+            .map(|k| {
+                pages[k].2
+                    && k > 0
+                    && pages[k - 1].0 + 1 == pages[k].0
+                    && written_at(k - 1)
+                    && pages.get(k + 1).is_some_and(|n| n.0 == pages[k].0 + 1)
+                    && written_at(k + 1)
+            })
+            .collect();
+        for (k, (i, bytes, same)) in pages.into_iter().enumerate() {
+            if same && !keep_run[k] {
+                // What the store holds already: dropped without a write.
+                self.counters.clean_drops.fetch_add(1, Relaxed);
+                written.push((i, Some(PageState::Stored)));
+                continue;
             }
             if bytes.iter().all(|&b| b == 0) {
                 let _ = self.store.remove((core.obj, i as u64));
