@@ -125,6 +125,8 @@ enum Backing {
     // Field order matters: the region goes before the drives it pages to.
     Tierstack {
         region: tierstack_mem::Region,
+        /// What the engine was built as (None for the in-memory store).
+        config: Option<tierstack_mem::setup::EngineConfig>,
         _drives: TempDrives,
     },
 }
@@ -162,6 +164,7 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
             .map_err(|e| e.to_string())?;
         return Ok(Backing::Tierstack {
             region,
+            config: None,
             _drives: TempDrives(Vec::new()),
         });
     }
@@ -169,13 +172,19 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
         .map_err(|e| format!("cannot create {}: {e}", t.dir.display()))?;
     let level = tierstack_array::Level::from_number(t.level)
         .ok_or_else(|| format!("unknown RAID level {}", t.level))?;
-    // The array, store and budget split `tierstack run` makes (tierstack_mem::setup), with
-    // room for the whole map twice over (the log needs slack).
+    // The array, store and budget split `tierstack run` makes (tierstack_mem::setup): its
+    // default store size in this folder (sparse drives), or twice the map where that is more.
     let prefix = format!("tierstack-mem-{}-", std::process::id());
-    let (array, paths) =
-        tierstack_mem::setup::create_array(&t.dir, &prefix, map * 2, level, t.page)
-            .map_err(|e| e.to_string())?;
+    let (array, paths) = tierstack_mem::setup::create_array(
+        &t.dir,
+        &prefix,
+        tierstack_mem::setup::store_bytes_for(&t.dir, map),
+        level,
+        t.page,
+    )
+    .map_err(|e| e.to_string())?;
     let drives = TempDrives(paths);
+    let config = tierstack_mem::setup::engine_config(&array, t.dram, t.page);
     let (store, p) = tierstack_mem::setup::store_and_options(array, t.dram, t.page)
         .map_err(|e| e.to_string())?;
     let opts = tierstack_mem::RegionOptions {
@@ -187,6 +196,7 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
         tierstack_mem::Region::new(store, map as usize, &opts).map_err(|e| e.to_string())?;
     Ok(Backing::Tierstack {
         region,
+        config: Some(config),
         _drives: drives,
     })
 }
@@ -221,6 +231,10 @@ pub struct MemReport {
     /// The tierstack engine's pager during the timed phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pager: Option<PagerPhase>,
+    /// What the tierstack engine was built as: the same description `tierstack run`
+    /// publishes for each paged process (`run --stats --json`, "engine").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_config: Option<tierstack_mem::setup::EngineConfig>,
 }
 
 /// What the tierstack engine's pager did during the timed phase.
@@ -442,6 +456,10 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
         write_mean_us: us(wh.mean()),
         bands,
         pager,
+        engine_config: match &backing {
+            Backing::Tierstack { config, .. } => config.clone(),
+            Backing::Plain(_) => None,
+        },
     })
 }
 

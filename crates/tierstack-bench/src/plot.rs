@@ -391,6 +391,7 @@ mod tests {
                 })
                 .collect(),
             pager: None,
+            engine_config: None,
         }
     }
 

@@ -181,11 +181,6 @@ fn check_linkage(program: &std::ffi::OsStr) -> Result<()> {
     Ok(())
 }
 
-fn free_space(dir: &Path) -> Option<u64> {
-    let st = rustix::fs::statvfs(dir).ok()?;
-    Some(st.f_bavail * st.f_frsize)
-}
-
 /// Removes the run folder when `run` returns, however it returns.
 struct RunDir(PathBuf);
 
@@ -281,7 +276,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 }
                 v
             }
-            None => (free_space(&parent).unwrap_or(8 << 30) / 2).clamp(1 << 30, 1 << 40),
+            None => tierstack_mem::setup::default_store_in(&parent),
         };
         cmd.env("TIERSTACK_DIR", &run_dir.0)
             .env("TIERSTACK_STORE", store.to_string());
@@ -358,6 +353,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "bytes_paged_out": g("bytes_out"),
                 "store_fault_p50_us": st.fault_quantile_us(0.5),
                 "store_fault_p99_us": st.fault_quantile_us(0.99),
+                "engine": st.engine,
             })
         );
     }

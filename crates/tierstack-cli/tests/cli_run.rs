@@ -667,3 +667,61 @@ fn sigterm_is_passed_on_and_the_run_cleans_up() {
         "run folder left"
     );
 }
+
+/// `bench mem`'s tierstack engine is the engine `tierstack run` builds: the same array
+/// (level, drives, chunk, capacity), page and budget split, as each reports it (issue 14).
+#[test]
+fn bench_mem_measures_the_engine_run_builds() {
+    let Some(Built {
+        _serial,
+        _tmp,
+        exe,
+        dir,
+    }) = build("gcc", "memalign_threads.c", &["-pthread"])
+    else {
+        return;
+    };
+    let r = run(
+        &[
+            "--dram",
+            "256M",
+            "--stats",
+            "--json",
+            "--",
+            exe.to_str().expect("utf8"),
+        ],
+        &dir,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let from_run = run_json(&r.stderr)["engine"].clone();
+    assert!(from_run.is_object(), "no engine in {}", r.stderr);
+    let out = Command::new(BIN)
+        .args(["bench", "mem", "--engine", "tierstack", "--map", "64M"])
+        .args(["--dram", "256M", "--seconds", "0.5", "--json", "--dir"])
+        .arg(&dir)
+        .output()
+        .expect("bench mem");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench json");
+    let mut from_bench = j["engine_config"].clone();
+    // The store is sized from the folder's free space (in whole GiB), which other writers on
+    // the machine may move across a GiB between the two commands: the same within 2 %.
+    let cap = |v: &serde_json::Value| v["capacity_bytes"].as_f64().unwrap_or(0.0);
+    assert!(
+        (cap(&from_run) - cap(&from_bench)).abs() <= cap(&from_run) * 0.02,
+        "run built {from_run}, bench mem measured {from_bench}"
+    );
+    for k in ["capacity_bytes", "commit_limit_bytes"] {
+        from_bench[k] = from_run[k].clone();
+    }
+    assert_eq!(
+        from_run, from_bench,
+        "run built {from_run}, bench mem measured {from_bench}"
+    );
+    assert_eq!(from_run["level"], 5, "{from_run}");
+    assert_eq!(from_run["page"], 8192, "{from_run}");
+}

@@ -26,6 +26,66 @@ use crate::{MemError, PagerOptions, Result};
 /// access and faster for streams (docs/BENCHMARKS.md).
 pub const DEFAULT_PAGE: usize = 8192;
 
+/// Bytes of paging store the preload shim makes when `run` does not say (`TIERSTACK_STORE`).
+pub const DEFAULT_STORE: u64 = 64 << 30;
+
+/// The paging store `run` makes in the folder `dir` unless told (`--store`): half of the
+/// free space there (8 GiB assumed where it cannot be read), in whole GiB, at least 1 GiB, at
+/// most 1 TiB. The drives are sparse files: only what is written takes disk.
+pub fn default_store_in(dir: &Path) -> u64 {
+    let free = rustix::fs::statvfs(dir)
+        .ok()
+        .map(|st| st.f_bavail * st.f_frsize);
+    ((free.unwrap_or(8 << 30) / 2) & !((1 << 30) - 1)).clamp(1 << 30, 1 << 40)
+}
+
+/// The store `bench mem` makes in `dir` for a map of `map` bytes: what `run` would make
+/// there, or twice the map where that is more (regions may commit half of the array).
+pub fn store_bytes_for(dir: &Path, map: u64) -> u64 {
+    default_store_in(dir).max(map.saturating_mul(2))
+}
+
+/// What a paging engine was built as: `tierstack run` publishes it for each paged process
+/// and `bench mem` reports it for its tierstack engine, so that the two can be compared.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EngineConfig {
+    /// RAID level of the paging array.
+    pub level: u32,
+    /// Drives of the paging array.
+    pub drives: usize,
+    /// The array's chunk, bytes.
+    pub chunk: usize,
+    /// The array's capacity, bytes.
+    pub capacity_bytes: u64,
+    /// The page (unit of faulting and eviction), bytes.
+    pub page: usize,
+    /// The `--dram` budget the engine was given.
+    pub dram_bytes: u64,
+    /// The store's own DRAM tier, out of `dram_bytes`.
+    pub store_dram_bytes: u64,
+    /// The regions' resident budget, out of `dram_bytes`.
+    pub budget_bytes: u64,
+    /// Bytes of regions the store may hold.
+    pub commit_limit_bytes: Option<u64>,
+}
+
+/// The configuration [`store_over`] gives an engine over `array` with `dram` and `page`.
+pub fn engine_config(array: &Array, dram: u64, page: usize) -> EngineConfig {
+    let st = array.status();
+    let (store_dram, budget) = split_budget(dram, array.buffer_bytes(), page);
+    EngineConfig {
+        level: st.level,
+        drives: st.drives_total,
+        chunk: st.chunk,
+        capacity_bytes: st.capacity_bytes,
+        page,
+        dram_bytes: dram,
+        store_dram_bytes: store_dram,
+        budget_bytes: budget,
+        commit_limit_bytes: Some(st.capacity_bytes / 2),
+    }
+}
+
 /// The RAID level `run` pages to.
 pub const LEVEL: Level = Level::Raid5;
 /// Drives of the array `run` makes.
@@ -99,20 +159,20 @@ pub fn store_over(
     dram: u64,
     page: usize,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
-    let capacity = array.status().capacity_bytes;
-    let (store_dram, budget) = split_budget(dram, array.buffer_bytes(), page);
+    let cfg = engine_config(&array, dram, page);
     let mut tiers: Vec<Box<dyn Tier>> = vec![Box::new(ArrayTier::shared(array))];
     for s in snapshots {
         tiers.push(Box::new(ArrayTier::shared(s.clone())));
     }
-    let store = TieredStore::new(store_dram, tiers).map_err(|e| MemError::Config(e.to_string()))?;
+    let store = TieredStore::new(cfg.store_dram_bytes, tiers)
+        .map_err(|e| MemError::Config(e.to_string()))?;
     Ok((
         Arc::new(store),
         PagerOptions {
             page,
-            budget,
+            budget: cfg.budget_bytes,
             fault_threads: crate::default_fault_threads(),
-            commit_limit: Some(capacity / 2),
+            commit_limit: cfg.commit_limit_bytes,
         },
     ))
 }

@@ -75,6 +75,8 @@ static HIGH: AtomicUsize = AtomicUsize::new(0);
 
 struct Engine {
     pager: Pager,
+    /// What this engine was built as (published with the figures).
+    config: tierstack_mem::setup::EngineConfig,
     regions: Mutex<HashMap<usize, Region>>,
     stats_dir: Option<std::path::PathBuf>,
     /// The process's own paging array (its store's first tier below DRAM).
@@ -221,7 +223,7 @@ fn paging_dir() -> Option<std::path::PathBuf> {
 fn own_array(dir: &std::path::Path, page: usize) -> Result<tierstack_array::Array, String> {
     let dir = dir.join(std::process::id().to_string());
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(64 << 30);
+    let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(tierstack_mem::setup::DEFAULT_STORE);
     let made =
         tierstack_mem::setup::create_array(&dir, "", store, tierstack_mem::setup::LEVEL, page);
     for i in 0..tierstack_mem::setup::DRIVES {
@@ -284,6 +286,7 @@ fn build_engine(
     let (store, options) = tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page)
         .map_err(|e| e.to_string())?;
     let pager = Pager::new(store, &options).map_err(|e| e.to_string())?;
+    let config = tierstack_mem::setup::engine_config(&array, dram, page);
     let stats_dir = std::env::var_os("TIERSTACK_STATS_DIR")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from);
@@ -291,13 +294,15 @@ fn build_engine(
         // Live figures for `tierstack top` and `run --metrics`, about once a second.
         // It runs on the evictor inside one unit of the pager's work, which `fork_prepare`
         // waits for after closing GATE: passing GATE here could deadlock.
+        let config = config.clone();
         pager.set_reporter(Some(Box::new(move |r| {
             let _b = Busy::outside();
-            publish_stats(&dir, r, true);
+            publish_stats(&dir, r, true, &config);
         })));
     }
     Ok(Engine {
         pager,
+        config,
         regions: Mutex::new(HashMap::new()),
         stats_dir,
         array,
@@ -339,16 +344,22 @@ extern "C" fn write_stats() {
     let Some(dir) = &e.stats_dir else { return };
     // No live report may land after the final one.
     e.pager.set_reporter(None);
-    publish_stats(dir, &e.pager.report(), false);
+    publish_stats(dir, &e.pager.report(), false, &e.config);
 }
 
 /// Writes this process's pager figures to `DIR/PID.json` (whole: a temporary file renamed
 /// into place), `live` while the process runs, not after its exit.
-fn publish_stats(dir: &std::path::Path, r: &tierstack_mem::PagerReport, live: bool) {
+fn publish_stats(
+    dir: &std::path::Path,
+    r: &tierstack_mem::PagerReport,
+    live: bool,
+    config: &tierstack_mem::setup::EngineConfig,
+) {
     let pid = std::process::id();
     let v = serde_json::json!({
         "pid": pid,
         "live": live,
+        "engine": config,
         "budget": r.budget,
         "page": r.page,
         "committed": r.committed,

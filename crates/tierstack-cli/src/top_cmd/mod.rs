@@ -351,6 +351,9 @@ pub struct RunCounters {
     /// Faults served from the store per latency bucket
     /// (`tierstack_common::LATENCY_BOUNDS_US`, then the overflow bucket), summed.
     pub fault_buckets: Vec<u64>,
+    /// What the first process's paging engine was built as (`tierstack_mem::setup::
+    /// EngineConfig`; the processes of one run share the rule).
+    pub engine: Option<serde_json::Value>,
 }
 
 impl RunCounters {
@@ -396,6 +399,9 @@ pub fn run_counters(dir: &Path) -> RunCounters {
             rc.exited += 1;
         }
         rc.budget = rc.budget.max(v["budget"].as_u64().unwrap_or(0));
+        if rc.engine.is_none() && v["engine"].is_object() {
+            rc.engine = Some(v["engine"].clone());
+        }
         if let Some(o) = v["stats"].as_object() {
             for (k, x) in o {
                 if let Some(n) = x.as_u64() {
