@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::error::Result;
 
@@ -121,6 +121,8 @@ pub struct InodeRow {
 
 pub struct Db {
     pub conn: Connection,
+    /// Since when a group transaction has been open (see [`Db::begin_group`]).
+    group: Option<std::time::Instant>,
 }
 
 impl Db {
@@ -149,7 +151,7 @@ impl Db {
         if !has_staged {
             conn.execute_batch("ALTER TABLE inodes ADD COLUMN staged BLOB;")?;
         }
-        Ok(Db { conn })
+        Ok(Db { conn, group: None })
     }
 
     pub fn meta_get(&self, k: &str) -> Result<Option<Vec<u8>>> {
@@ -241,7 +243,7 @@ impl Db {
         let since = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.savepoint()?;
         tx.execute(
             "INSERT OR REPLACE INTO stuck(seq, kind, ino, p1, p2, error, since)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -279,7 +281,7 @@ impl Db {
 
     /// Moves every quarantined row back into the journal (at its old place in the order).
     pub fn release_stuck(&mut self) -> Result<usize> {
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.savepoint()?;
         let n = tx.execute(
             "INSERT OR IGNORE INTO journal(seq, kind, ino, p1, p2)
              SELECT seq, kind, ino, p1, p2 FROM stuck",
@@ -313,7 +315,7 @@ impl Db {
 
     /// Deletes journal rows `seqs` in one transaction.
     pub fn del_ops(&mut self, seqs: &[i64]) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.savepoint()?;
         {
             let mut st = tx.prepare_cached("DELETE FROM journal WHERE seq=?1")?;
             for s in seqs {
@@ -339,7 +341,38 @@ impl Db {
     }
 
     /// Makes every commit so far durable (one synchronous commit syncs the whole WAL).
-    pub fn make_durable(&self) -> Result<()> {
+    /// Opens a group transaction unless one is open: the namespace operations that follow
+    /// (each in a savepoint of its own, see `Core::tx`) share one commit. A group is
+    /// committed within a few milliseconds (`Core::tx`, the mount's committer thread), and
+    /// before anything is made durable ([`Db::make_durable`]) or handed to the drainer.
+    /// Returns whether it opened one.
+    pub fn begin_group(&mut self) -> Result<bool> {
+        if self.group.is_some() {
+            return Ok(false);
+        }
+        self.conn.execute_batch("BEGIN")?;
+        self.group = Some(std::time::Instant::now());
+        Ok(true)
+    }
+
+    /// Commits the open group transaction, if any.
+    pub fn commit_group(&mut self) -> Result<()> {
+        if self.group.is_some() {
+            self.conn.execute_batch("COMMIT")?;
+            self.group = None;
+        }
+        Ok(())
+    }
+
+    /// How long the open group transaction has been open.
+    pub fn group_age(&self) -> Option<std::time::Duration> {
+        self.group.map(|t| t.elapsed())
+    }
+
+    /// Commits the open group and makes everything committed durable (an fsync of the
+    /// database's WAL).
+    pub fn make_durable(&mut self) -> Result<()> {
+        self.commit_group()?;
         self.conn.execute_batch(
             "PRAGMA synchronous=FULL;
              INSERT OR REPLACE INTO meta(k, v) VALUES ('sync', randomblob(8));
@@ -349,7 +382,7 @@ impl Db {
     }
 }
 
-pub fn put_inode(tx: &Transaction, r: &InodeRow) -> Result<()> {
+pub fn put_inode(tx: &Connection, r: &InodeRow) -> Result<()> {
     tx.prepare_cached(
         "INSERT OR REPLACE INTO inodes(ino, kind, mode, uid, gid, size, atime, mtime, ctime, target,
             obj, has_base, base_len, bpath, loaded, dirty, staged)
@@ -377,7 +410,7 @@ pub fn put_inode(tx: &Transaction, r: &InodeRow) -> Result<()> {
     Ok(())
 }
 
-pub fn del_inode(tx: &Transaction, ino: u64) -> Result<()> {
+pub fn del_inode(tx: &Connection, ino: u64) -> Result<()> {
     tx.prepare_cached("DELETE FROM inodes WHERE ino=?1")?
         .execute([ino as i64])?;
     tx.prepare_cached("DELETE FROM xattrs WHERE ino=?1")?
@@ -386,7 +419,7 @@ pub fn del_inode(tx: &Transaction, ino: u64) -> Result<()> {
 }
 
 /// Sets (Some) or removes (None) extended attribute `name` of `ino`.
-pub fn put_xattr(tx: &Transaction, ino: u64, name: &[u8], value: Option<&[u8]>) -> Result<()> {
+pub fn put_xattr(tx: &Connection, ino: u64, name: &[u8], value: Option<&[u8]>) -> Result<()> {
     match value {
         Some(v) => tx
             .prepare_cached("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)")?
@@ -398,25 +431,25 @@ pub fn put_xattr(tx: &Transaction, ino: u64, name: &[u8], value: Option<&[u8]>) 
     Ok(())
 }
 
-pub fn add_dentry(tx: &Transaction, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+pub fn add_dentry(tx: &Connection, parent: u64, name: &[u8], ino: u64) -> Result<()> {
     tx.prepare_cached("INSERT OR REPLACE INTO dentries(parent, name, ino) VALUES (?1, ?2, ?3)")?
         .execute(params![parent as i64, name, ino as i64])?;
     Ok(())
 }
 
-pub fn del_dentry(tx: &Transaction, parent: u64, name: &[u8]) -> Result<()> {
+pub fn del_dentry(tx: &Connection, parent: u64, name: &[u8]) -> Result<()> {
     tx.prepare_cached("DELETE FROM dentries WHERE parent=?1 AND name=?2")?
         .execute(params![parent as i64, name])?;
     Ok(())
 }
 
-pub fn push_op(tx: &Transaction, kind: OpKind, ino: u64, p1: &[u8], p2: &[u8]) -> Result<()> {
+pub fn push_op(tx: &Connection, kind: OpKind, ino: u64, p1: &[u8], p2: &[u8]) -> Result<()> {
     tx.prepare_cached("INSERT INTO journal(kind, ino, p1, p2) VALUES (?1, ?2, ?3, ?4)")?
         .execute(params![kind as i64, ino as i64, p1, p2])?;
     Ok(())
 }
 
-pub fn set_bpath(tx: &Transaction, ino: u64, bpath: Option<&[u8]>) -> Result<()> {
+pub fn set_bpath(tx: &Connection, ino: u64, bpath: Option<&[u8]>) -> Result<()> {
     tx.prepare_cached("UPDATE inodes SET bpath=?2 WHERE ino=?1")?
         .execute(params![ino as i64, bpath])?;
     Ok(())

@@ -481,6 +481,15 @@ impl Daemon {
         spec.mountpoint = mp;
         spec.backing = backing;
         {
+            // Group commit of the namespace journal: a group left open by the last operations
+            // of a burst is committed within a few milliseconds.
+            let core = core.clone();
+            std::thread::Builder::new()
+                .name("journal-commit".into())
+                .spawn(move || core.group_committer())
+                .map_err(|e| FsError::Config(format!("cannot start the journal committer: {e}")))?;
+        }
+        {
             let core = core.clone();
             std::thread::Builder::new()
                 .name("store-bg".into())

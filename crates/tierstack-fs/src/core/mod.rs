@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
-use rusqlite::Transaction;
 use tierstack_array::Array;
 use tierstack_store::{TieredStore, MAX_OBJECT_ID};
 
@@ -106,6 +105,9 @@ pub struct Core {
     space_cv: Condvar,
     pub wake_lock: Mutex<u64>,
     pub wake_cv: Condvar,
+    /// Raised when a group transaction opens; the committer waits on it (see `tx`).
+    group_open: Mutex<bool>,
+    group_cv: Condvar,
     /// Writers are waiting for space.
     pub pressure: AtomicBool,
     /// `tierstack drain` asked for every dirty file to be drained now.
@@ -153,6 +155,10 @@ pub struct Core {
     pub ops: crate::opstats::OpStats,
 }
 
+/// The longest a namespace operation waits in an open group transaction before the group is
+/// committed (see [`Core::tx`]).
+pub const GROUP_COMMIT: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// In sync mode, dirty DRAM pages are written to the array in the background once this many
 /// bytes are dirty, so an `fsync` finds little left to write.
 pub const WRITE_BACK_START: u64 = 32 << 20;
@@ -188,6 +194,8 @@ impl Core {
             space_cv: Condvar::new(),
             wake_lock: Mutex::new(0),
             wake_cv: Condvar::new(),
+            group_open: Mutex::new(false),
+            group_cv: Condvar::new(),
             pressure: AtomicBool::new(false),
             force: AtomicBool::new(false),
             activity: AtomicU64::new(0),
@@ -396,14 +404,57 @@ impl Core {
     }
 
     /// Runs `f` in one transaction of the journal database.
-    pub fn tx<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
+    /// Runs `f` as one namespace operation: a savepoint (all of it or none of it) inside the
+    /// group transaction that nearby operations share (group commit: one SQLite commit per
+    /// [`GROUP_COMMIT`] instead of one per operation). What an operation wrote is seen at
+    /// once by every later database access (one connection); it survives a `kill -9` of the
+    /// daemon once its group is committed (within a few milliseconds), and a power loss
+    /// once made durable (fsync of the file or a directory, umount).
+    pub fn tx<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> Result<T>) -> Result<T> {
         self.touch();
         self.db_commits.fetch_add(1, Relaxed);
         let mut db = self.db.lock();
-        let tx = db.conn.transaction()?;
-        let v = f(&tx)?;
-        tx.commit()?;
+        if db.begin_group()? {
+            *self.group_open.lock() = true;
+            self.group_cv.notify_one();
+        }
+        let sp = db.conn.savepoint()?;
+        let v = f(&sp)?;
+        sp.commit()?;
+        if db.group_age().is_some_and(|a| a >= GROUP_COMMIT) {
+            // Under steady load the committer thread may wait for the lock: commit here.
+            // The operation itself is done; a failed commit is retried by the next one.
+            if let Err(e) = db.commit_group() {
+                tracing::warn!("committing the journal: {e}");
+            }
+        }
         Ok(v)
+    }
+
+    /// The mount's committer thread: waits for a group transaction to open, lets it gather
+    /// the operations of [`GROUP_COMMIT`], and commits it (if an operation has not already).
+    /// Returns when the core stops.
+    pub fn group_committer(&self) {
+        while !self.stopping.load(Relaxed) {
+            {
+                let mut open = self.group_open.lock();
+                if !*open {
+                    self.group_cv
+                        .wait_for(&mut open, std::time::Duration::from_millis(100));
+                }
+                if !*open {
+                    continue;
+                }
+                *open = false;
+            }
+            std::thread::sleep(GROUP_COMMIT);
+            let mut db = self.db.lock();
+            if let Err(e) = db.commit_group() {
+                tracing::warn!("committing the journal: {e}");
+                // Try again at the next turn.
+                *self.group_open.lock() = true;
+            }
+        }
     }
 
     /// Notes foreground work now.

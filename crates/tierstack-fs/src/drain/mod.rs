@@ -359,7 +359,13 @@ impl Drainer {
                 }
                 continue;
             }
-            let ops = match self.core.db.lock().ops_after(last, BATCH) {
+            // Only committed rows reach BACKING: a row of a group that a `kill -9` would
+            // lose must not have been applied there.
+            let batch = {
+                let mut db = self.core.db.lock();
+                db.commit_group().and_then(|()| db.ops_after(last, BATCH))
+            };
+            let ops = match batch {
                 Ok(o) => o,
                 Err(e) => {
                     self.note_error("reading the journal", &e);
