@@ -9,16 +9,23 @@ use serde::{Deserialize, Serialize};
 use crate::array::{hex, read_superblock_path, Array, ArrayOptions};
 use crate::error::{ArrayError, Result};
 
+/// The contents of a descriptor file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Descriptor {
+    /// The array's UUID in hex, checked against the drives' superblocks on open.
     pub uuid: String,
+    /// RAID level number (0, 1, 10, 5, 6, 50, 60).
     pub level: u32,
+    /// Chunk size in bytes.
     pub chunk: usize,
+    /// Redundancy groups.
     pub groups: usize,
+    /// Absolute paths of the drives, in array order.
     pub drives: Vec<PathBuf>,
 }
 
 impl Descriptor {
+    /// The descriptor of an open array, with its drive paths made absolute.
     pub fn for_array(a: &Array) -> Descriptor {
         let g = a.geometry();
         Descriptor {
@@ -30,6 +37,8 @@ impl Descriptor {
         }
     }
 
+    /// Reads and parses the descriptor at `path`; fails with [`ArrayError::Descriptor`] if it
+    /// cannot be read or is not a descriptor.
     pub fn load(path: &Path) -> Result<Descriptor> {
         let err = |msg: String| ArrayError::Descriptor {
             path: path.to_path_buf(),

@@ -6,47 +6,78 @@ use std::path::PathBuf;
 /// Everything that can go wrong in the array layer.
 #[derive(Debug, thiserror::Error)]
 pub enum ArrayError {
+    /// The requested level, drive count, chunk, groups or size is not valid; the message says
+    /// what to change.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A drive cannot be used: it is missing, is a directory, cannot be opened or read, or does
+    /// not belong to this array.
     #[error("drive {path}: {msg}")]
-    Drive { path: PathBuf, msg: String },
+    Drive {
+        /// Path of the drive.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// An I/O call failed.
     #[error("I/O error on {what}: {source}")]
     Io {
+        /// What was being read or written.
         what: String,
+        /// The error the operating system returned.
         #[source]
         source: std::io::Error,
     },
+    /// An on-disk structure did not decode.
     #[error("on-disk format: {0}")]
     Format(#[from] FormatError),
+    /// No free segment or stripe is left for a write, even after cleaning.
     #[error("no space left on the array ({0}); delete objects or create a larger array")]
     NoSpace(String),
+    /// A value is larger than the largest value a key holds: `(value bytes, limit bytes)`.
     #[error("value of {0} bytes exceeds the maximum page of {1} bytes")]
     TooLarge(usize, usize),
+    /// Data could not be read back or reconstructed from redundancy.
     #[error("data lost: {0}")]
     DataLoss(String),
+    /// The array or one of its drives is locked by another process, or a conflicting operation
+    /// (such as a rebuild) is already running.
     #[error("array is in use by another process ({0}); stop it or wait for it to finish")]
     Busy(String),
+    /// More drives are missing or failed in a redundancy group than the level tolerates.
     #[error("array is not redundant enough: {0}")]
     Redundancy(String),
+    /// An array descriptor file could not be read, parsed or written.
     #[error("descriptor {path}: {msg}")]
-    Descriptor { path: PathBuf, msg: String },
+    Descriptor {
+        /// Path of the descriptor file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
 }
 
 /// A malformed on-disk structure, as the decoders of `format` report it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FormatError {
+    /// The structure does not start with the expected magic number.
     #[error("bad magic")]
     Magic,
+    /// The structure was written by an unsupported format version.
     #[error("unsupported format version {0}")]
     Version(u32),
+    /// The structure's stored checksum does not match its contents.
     #[error("checksum mismatch")]
     Checksum,
+    /// The buffer ends before the structure does.
     #[error("truncated structure")]
     Truncated,
+    /// A field holds a value out of range; the name says which.
     #[error("invalid field: {0}")]
     Field(&'static str),
 }
 
+/// Result type of the array layer, failing with [`ArrayError`] unless told otherwise.
 pub type Result<T, E = ArrayError> = std::result::Result<T, E>;
 
 impl ArrayError {

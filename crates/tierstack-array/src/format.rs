@@ -10,10 +10,15 @@ pub use crate::error::FormatError;
 
 /// Size of one superblock copy; two copies are kept at offsets 0 and SB_SIZE.
 pub const SB_SIZE: usize = 4096;
+/// Magic number at the start of every superblock copy.
 pub const SB_MAGIC: &[u8; 8] = b"TSARRAY\x01";
+/// On-disk format version written to, and required in, every superblock.
 pub const FORMAT_VERSION: u32 = 1;
+/// Bytes of an encoded stripe footer.
 pub const FOOTER_SIZE: usize = 64;
+/// Magic number at the start of every stripe footer.
 pub const FOOTER_MAGIC: &[u8; 8] = b"TSSTRIP\x01";
+/// Bytes of one encoded summary entry.
 pub const ENTRY_SIZE: usize = 40;
 
 /// Entry flag: the key was deleted at this version.
@@ -25,8 +30,11 @@ pub const FOOTER_FREE: u32 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DriveState {
+    /// In service and up to date.
     Online,
+    /// Out of service: neither read nor written.
     Failed,
+    /// Being rebuilt from the other drives: written to, but not read from.
     Rebuilding,
 }
 
@@ -48,20 +56,35 @@ impl DriveState {
     }
 }
 
+/// The per-drive header of an array, kept in two copies of [`SB_SIZE`] bytes at the start of
+/// every drive. It records the geometry and the state of every drive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// The array's UUID, the same on every drive.
     pub uuid: [u8; 16],
+    /// Position of this drive in the array (0 .. ndrives).
     pub drive_index: u32,
+    /// Drives in the array (1 ..= [`MAX_DRIVES`]).
     pub ndrives: u32,
+    /// RAID level number (0, 1, 10, 5, 6, 50, 60).
     pub level: u32,
+    /// Chunk size in bytes: a power of two from 4 KiB to 1 MiB.
     pub chunk: u32,
+    /// Redundancy groups.
     pub groups: u32,
+    /// Rows per log stripe.
     pub stripe_rows: u32,
+    /// Stripes per segment.
     pub seg_stripes: u32,
+    /// Segments in the array.
     pub nsegs: u32,
+    /// Rows per drive.
     pub rows: u64,
+    /// Incremented on every change of drive states; the copy with the highest generation wins.
     pub generation: u64,
+    /// Creation time of the array, in seconds since the Unix epoch.
     pub created: u64,
+    /// State of every drive, indexed by drive index.
     pub states: Vec<DriveState>,
 }
 
@@ -115,6 +138,7 @@ fn crc_tail_ok(b: &[u8]) -> bool {
 }
 
 impl Superblock {
+    /// Encodes one superblock copy, zero-padded, with its crc32c in the last 4 bytes.
     pub fn encode(&self) -> [u8; SB_SIZE] {
         let mut out = [0u8; SB_SIZE];
         let mut w = W { b: &mut out, p: 0 };
@@ -145,6 +169,8 @@ impl Superblock {
         out
     }
 
+    /// Decodes a superblock copy from the first [`SB_SIZE`] bytes of `b`, checking magic,
+    /// checksum, version and the range of every field.
     pub fn decode(b: &[u8]) -> Result<Superblock, FormatError> {
         if b.len() < SB_SIZE {
             return Err(FormatError::Truncated);
@@ -215,20 +241,28 @@ impl Superblock {
 /// One record of a stripe summary: a value (or a deletion) of key (obj, page).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
+    /// Object id (first half of the key).
     pub obj: u64,
+    /// Page number within the object (second half of the key).
     pub page: u64,
+    /// Array-wide sequence number of the write; the highest version of a key is current.
     pub version: u64,
     /// First block of the value within the stripe.
     pub block: u32,
+    /// Length of the value in bytes (0 for a tombstone).
     pub len: u32,
+    /// crc32c of the value (0 for a tombstone).
     pub crc: u32,
+    /// Flags: [`ENTRY_TOMBSTONE`] or 0.
     pub flags: u32,
 }
 
 impl Entry {
+    /// Whether the entry records a deletion.
     pub fn is_tombstone(&self) -> bool {
         self.flags & ENTRY_TOMBSTONE != 0
     }
+    /// Writes the entry's [`ENTRY_SIZE`] bytes at the start of `out`; panics if `out` is shorter.
     pub fn encode_into(&self, out: &mut [u8]) {
         let mut w = W { b: out, p: 0 };
         w.u64(self.obj);
@@ -256,17 +290,26 @@ impl Entry {
 /// The last 64 bytes of a stripe's data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Footer {
+    /// UUID of the array the stripe belongs to.
     pub uuid: [u8; 16],
+    /// Segment the stripe was written to.
     pub seg: u32,
+    /// Index of the stripe within its segment.
     pub stripe: u32,
+    /// Sequence number of the segment's current use; every stripe of one use carries the same.
     pub seg_seq: u64,
+    /// Sequence number of this stripe write, unique and increasing across the array.
     pub stripe_seq: u64,
+    /// Summary entries that precede the footer.
     pub nentries: u32,
+    /// Flags: [`FOOTER_FREE`] or 0.
     pub flags: u32,
+    /// crc32c of the encoded entries.
     pub summary_crc: u32,
 }
 
 impl Footer {
+    /// Encodes the footer with its crc32c in the last 4 bytes.
     pub fn encode(&self) -> [u8; FOOTER_SIZE] {
         let mut out = [0u8; FOOTER_SIZE];
         let mut w = W { b: &mut out, p: 0 };
@@ -284,6 +327,8 @@ impl Footer {
         out
     }
 
+    /// Decodes a footer from the first [`FOOTER_SIZE`] bytes of `b`, checking magic and
+    /// checksum.
     pub fn decode(b: &[u8]) -> Result<Footer, FormatError> {
         if b.len() < FOOTER_SIZE {
             return Err(FormatError::Truncated);

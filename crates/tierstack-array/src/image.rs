@@ -6,11 +6,15 @@ use crate::io::AlignedBuf;
 use crate::layout::Geometry;
 use crate::parity;
 
+/// One log stripe held in memory, data and redundancy, laid out as on the drives.
 pub struct StripeImage {
+    /// One buffer per drive, in drive order, of [`Geometry::stripe_drive_bytes`] bytes each:
+    /// row `r` of the stripe is at byte `r * chunk`.
     pub bufs: Vec<AlignedBuf>,
 }
 
 impl StripeImage {
+    /// A zero-filled image sized for `geo`.
     pub fn new(geo: &Geometry) -> Self {
         StripeImage {
             bufs: (0..geo.ndrives)
@@ -19,6 +23,7 @@ impl StripeImage {
         }
     }
 
+    /// Zeroes every drive's buffer.
     pub fn clear(&mut self) {
         for b in &mut self.bufs {
             b.fill(0);

@@ -47,23 +47,29 @@ impl AlignedBuf {
         }
     }
 
+    /// Length in bytes (a multiple of [`ALIGN`]).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer has no bytes (never true: [`AlignedBuf::new`] allocates at least
+    /// [`ALIGN`]).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Sets every byte to `b`.
     pub fn fill(&mut self, b: u8) {
         self.as_mut_slice().fill(b);
     }
 
+    /// The whole buffer.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr points to `len` initialised (zeroed at allocation) bytes owned by self.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The whole buffer, writable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
@@ -92,14 +98,22 @@ impl std::ops::DerefMut for AlignedBuf {
 
 /// One positioned operation of a batch.
 pub enum IoOp<'a> {
+    /// Fill `buf` from `offset` of `fd`.
     Read {
+        /// Open descriptor to read from; the caller keeps it open for the whole batch.
         fd: RawFd,
+        /// Byte offset in the file or device.
         offset: u64,
+        /// Destination; filled completely or the operation fails.
         buf: &'a mut [u8],
     },
+    /// Write all of `buf` at `offset` of `fd`.
     Write {
+        /// Open descriptor to write to; the caller keeps it open for the whole batch.
         fd: RawFd,
+        /// Byte offset in the file or device.
         offset: u64,
+        /// Bytes to write.
         buf: &'a [u8],
     },
 }
@@ -117,7 +131,9 @@ pub trait IoEngine: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineKind {
+    /// io_uring ([`UringEngine`]); parsed from `uring` or `io_uring`.
     Uring,
+    /// Plain `pread`/`pwrite` ([`PsyncEngine`]); parsed from `psync`.
     Psync,
 }
 
@@ -200,6 +216,8 @@ pub struct UringEngine {
 }
 
 impl UringEngine {
+    /// Creates the engine with one ring of `depth` entries (clamped to 1 ..= 4096); further
+    /// rings are created on demand. Fails if the kernel refuses a ring.
     pub fn new(depth: u32) -> io::Result<Self> {
         let depth = depth.clamp(1, 4096);
         let first = new_ring(depth)?;
@@ -408,7 +426,10 @@ impl IoEngine for UringEngine {
 
 /// An open drive: a regular file or a block device, opened with O_DIRECT when possible.
 pub struct DriveFile {
+    /// The open file or device, read-write.
     pub file: File,
+    /// Whether it was opened with O_DIRECT (buffers and offsets must then be aligned to
+    /// [`ALIGN`]).
     pub direct: bool,
 }
 
@@ -434,10 +455,12 @@ impl DriveFile {
         })
     }
 
+    /// The raw descriptor, for [`IoOp`]s.
     pub fn fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
 
+    /// Flushes written data to stable storage (`fdatasync`).
     pub fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
     }

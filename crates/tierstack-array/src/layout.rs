@@ -31,18 +31,27 @@ pub const BLOCK: usize = 4096;
 /// Most drives in one array.
 pub const MAX_DRIVES: usize = 255;
 
+/// A RAID level; see the module docs for how each maps to groups, data and redundancy units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Level {
+    /// Striping without redundancy.
     Raid0,
+    /// Mirroring: every drive holds a full copy.
     Raid1,
+    /// Striping over mirrored pairs.
     Raid10,
+    /// Striping with one XOR parity unit per row.
     Raid5,
+    /// Striping with two redundancy units per row (P = XOR, Q = Reed-Solomon over GF(2^8)).
     Raid6,
+    /// Striping over RAID 5 groups.
     Raid50,
+    /// Striping over RAID 6 groups.
     Raid60,
 }
 
 impl Level {
+    /// The level's conventional number (0, 1, 10, 5, 6, 50, 60), as stored on disk.
     pub fn number(self) -> u32 {
         match self {
             Level::Raid0 => 0,
@@ -55,6 +64,7 @@ impl Level {
         }
     }
 
+    /// The level with conventional number `n`, or `None` if there is none.
     pub fn from_number(n: u32) -> Option<Level> {
         Some(match n {
             0 => Level::Raid0,
@@ -93,10 +103,15 @@ impl std::fmt::Display for Level {
 /// The shape of an array: how rows, stripes and segments map onto drives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Geometry {
+    /// RAID level.
     pub level: Level,
+    /// Drives in the array.
     pub ndrives: usize,
+    /// Chunk size in bytes: a power of two from 4 KiB to 1 MiB.
     pub chunk: usize,
+    /// Redundancy groups.
     pub groups: usize,
+    /// Drives per group (`k + m`).
     pub group_size: usize,
     /// Data units per group and row.
     pub k: usize,
@@ -121,6 +136,7 @@ pub struct Piece {
     pub unit: usize,
     /// Offset within the chunk.
     pub off: usize,
+    /// Bytes in the piece (at most to the end of the chunk).
     pub len: usize,
     /// Offset within the requested range.
     pub dst: usize,
@@ -236,12 +252,15 @@ impl Geometry {
         Ok(geo)
     }
 
+    /// Data units per row over all groups.
     pub fn data_units(&self) -> usize {
         self.groups * self.k
     }
+    /// Bytes of data per row (excluding redundancy).
     pub fn row_data(&self) -> usize {
         self.data_units() * self.chunk
     }
+    /// Bytes of data per log stripe (excluding redundancy).
     pub fn stripe_data(&self) -> usize {
         self.row_data() * self.stripe_rows as usize
     }
@@ -249,9 +268,11 @@ impl Geometry {
     pub fn stripe_drive_bytes(&self) -> usize {
         self.chunk * self.stripe_rows as usize
     }
+    /// Data blocks of [`BLOCK`] bytes per log stripe.
     pub fn stripe_blocks(&self) -> usize {
         self.stripe_data() / BLOCK
     }
+    /// Log stripes in the array (whole segments only).
     pub fn total_stripes(&self) -> u64 {
         self.nsegs * self.seg_stripes
     }
@@ -263,6 +284,7 @@ impl Geometry {
     pub fn tolerance(&self) -> usize {
         self.m
     }
+    /// Whether each row holds one data unit and its copies (RAID 1 and 10).
     pub fn is_mirror(&self) -> bool {
         self.k == 1
     }

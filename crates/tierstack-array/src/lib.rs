@@ -9,6 +9,8 @@
 //! * [`Array::flush`] is the durability point; recovery rebuilds the index from the stripe
 //!   summaries on the drives alone.
 
+#![warn(missing_docs)]
+
 pub mod array;
 pub mod descriptor;
 pub mod error;

@@ -15,20 +15,26 @@ use crate::layout::MAX_VALUE;
 pub const NAME_OBJ: u64 = u64::MAX;
 /// Object ids of object data live in [DATA_BASE, DATA_LAST].
 pub const DATA_BASE: u64 = 0xFE00_0000_0000_0000;
+/// Last object id used for object data (inclusive).
 pub const DATA_LAST: u64 = 0xFEFF_FFFF_FFFF_FFFF;
 const PROBES: u64 = 16;
 const MAGIC: &[u8; 4] = b"TSNM";
 
+/// What a name record says about one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInfo {
+    /// The object's name (1 to 4000 bytes of UTF-8).
     pub name: String,
+    /// Object id of its pages in the array, in [`DATA_BASE`] ..= [`DATA_LAST`].
     pub id: u64,
+    /// Size of the object in bytes.
     pub size: u64,
 }
 
 /// A name lookup: the record found (its key and contents) and the first free slot seen.
 type Found = (Option<(Key, ObjectInfo)>, Option<Key>);
 
+/// Named objects stored in an [`Array`]; see the module docs.
 pub struct ObjectStore {
     array: Array,
     next_id: Mutex<u64>,
@@ -82,6 +88,7 @@ impl ObjectStore {
         })
     }
 
+    /// The underlying array.
     pub fn array(&self) -> &Array {
         &self.array
     }
@@ -99,6 +106,7 @@ impl ObjectStore {
         Ok(out)
     }
 
+    /// Every object, sorted by name.
     pub fn list(&self) -> Result<Vec<ObjectInfo>> {
         Self::scan(&self.array)
     }
@@ -127,6 +135,7 @@ impl ObjectStore {
         Ok((None, free))
     }
 
+    /// The info of object `name`, or `None` if there is no such object.
     pub fn stat(&self, name: &str) -> Result<Option<ObjectInfo>> {
         Ok(self.find(name)?.0.map(|(_, i)| i))
     }

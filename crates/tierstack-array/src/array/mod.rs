@@ -59,7 +59,9 @@ pub type Key = (u64, u64);
 /// How to build and open an array.
 #[derive(Debug, Clone)]
 pub struct ArrayOptions {
+    /// I/O engine to use; io_uring falls back to psync where the kernel refuses a ring.
     pub engine: EngineKind,
+    /// Entries per io_uring ring (the most operations one ring has in flight).
     pub queue_depth: u32,
     /// Try O_DIRECT on every drive (falls back to buffered where the file system refuses).
     pub direct: bool,
@@ -82,17 +84,25 @@ impl Default for ArrayOptions {
 /// Parameters of `Array::create`.
 #[derive(Debug, Clone)]
 pub struct CreateParams {
+    /// RAID level.
     pub level: Level,
+    /// Chunk size in bytes: a power of two from 4 KiB to 1 MiB.
     pub chunk: usize,
+    /// Redundancy groups for RAID 50 and 60 (default 2); must be `None` for other levels.
     pub groups: Option<usize>,
     /// Size to create or grow file drives to; None uses the drives' current size.
     pub size: Option<u64>,
 }
 
+/// Error counters of one drive since the array was opened.
 #[derive(Debug, Default)]
 pub struct DriveCounters {
+    /// Reads from the drive that failed.
     pub read_errors: AtomicU64,
+    /// Writes to the drive that failed.
     pub write_errors: AtomicU64,
+    /// Pieces read from the drive that held wrong data (found by a checksum, then rebuilt
+    /// from redundancy).
     pub csum_errors: AtomicU64,
 }
 
@@ -328,19 +338,23 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Lower-case hex of `b`, two digits per byte (how UUIDs are shown and stored in descriptors).
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 impl Array {
+    /// The array's geometry.
     pub fn geometry(&self) -> &Geometry {
         &self.inner.geo
     }
 
+    /// The array's UUID, as stored in every superblock and stripe footer.
     pub fn uuid(&self) -> [u8; 16] {
         self.inner.uuid
     }
 
+    /// Name of the I/O engine in use (`io_uring` or `psync`).
     pub fn engine_name(&self) -> &'static str {
         self.inner.engine.name()
     }

@@ -15,15 +15,22 @@ use super::{Array, SegState};
 /// Result of a scrub.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ScrubReport {
+    /// Written stripes read and verified.
     pub stripes_checked: u64,
+    /// Values whose checksum was verified.
     pub records_checked: u64,
+    /// Values, and stripe summaries, that did not match their checksum.
     pub checksum_errors: u64,
+    /// Redundancy chunks that disagreed with their data.
     pub parity_errors: u64,
+    /// Chunks rewritten on the drives (with `repair` only).
     pub repaired: u64,
+    /// Stripes or values that redundancy could not fix.
     pub unrepairable: u64,
 }
 
 impl ScrubReport {
+    /// Whether the scrub found nothing wrong.
     pub fn clean(&self) -> bool {
         self.checksum_errors == 0 && self.parity_errors == 0 && self.unrepairable == 0
     }

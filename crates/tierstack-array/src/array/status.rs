@@ -10,38 +10,65 @@ use super::{check_tolerance, hex, Array, SegState, MAX_INFLIGHT};
 /// Per-drive line of [`ArrayStatus`].
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DriveStatus {
+    /// Position of the drive in the array.
     pub index: usize,
+    /// Path of the drive.
     pub path: String,
+    /// State recorded in the superblocks.
     pub state: DriveState,
+    /// Failed reads since open.
     pub read_errors: u64,
+    /// Failed writes since open.
     pub write_errors: u64,
+    /// Pieces found wrong by a checksum and rebuilt from redundancy, since open.
     pub checksum_errors: u64,
 }
 
 /// What `array show` prints.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ArrayStatus {
+    /// The array's UUID in hex.
     pub uuid: String,
+    /// RAID level number.
     pub level: u32,
+    /// Chunk size in bytes.
     pub chunk: usize,
+    /// Redundancy groups.
     pub groups: usize,
+    /// Drives per group.
     pub group_size: usize,
+    /// Drives in the array, whatever their state.
     pub drives_total: usize,
     /// online | degraded | rebuilding | failed
     pub state: String,
+    /// Progress of a running rebuild in percent; `None` when no drive is rebuilding.
     pub rebuild_percent: Option<f64>,
+    /// Bytes of stripe data in all segments but the cleaner's reserve.
     pub capacity_bytes: u64,
+    /// Sum of the lengths of all live values, in bytes.
     pub used_bytes: u64,
+    /// `capacity_bytes` less the blocks live values occupy.
     pub free_bytes: u64,
+    /// Live keys (values, not named objects).
     pub objects: u64,
+    /// Segments in the array.
     pub segments: u64,
+    /// Segments holding no data.
     pub free_segments: u64,
+    /// Bytes of data per log stripe.
     pub stripe_bytes: usize,
+    /// Bytes written by users and the cleaner per byte written by users (1.0 before any
+    /// write); parity and padding are not counted.
     pub write_amplification: f64,
+    /// Pieces rewritten from redundancy since open (repair on read and scrub).
     pub repaired: u64,
+    /// Name of the I/O engine in use.
     pub engine: String,
+    /// Whether any drive is open with O_DIRECT.
     pub direct_io: bool,
+    /// Superblock generation.
     pub generation: u64,
+    /// One line per drive, in drive order.
     pub drives: Vec<DriveStatus>,
 }
 
@@ -53,6 +80,7 @@ impl Array {
         ((MAX_INFLIGHT + 1) * geo.ndrives * geo.stripe_drive_bytes()) as u64
     }
 
+    /// A snapshot of the array's configuration, state, space and counters.
     pub fn status(&self) -> ArrayStatus {
         let geo = &self.inner.geo;
         let drives = self.inner.drives.read();
