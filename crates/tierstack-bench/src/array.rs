@@ -10,17 +10,26 @@ use serde::Serialize;
 use tierstack_array::io::{make_engine, AlignedBuf, DriveFile, EngineKind, IoOp};
 use tierstack_array::{parity, Array, ArrayOptions, CreateParams, Level};
 
+/// Settings of one `bench array` run.
 #[derive(Debug, Clone)]
 pub struct ArrayBenchOpts {
+    /// RAID level of the array.
     pub level: Level,
+    /// Number of drive files, all made in `dir`.
     pub drives: usize,
+    /// Folder for the drive files (and the spare); they are created there and removed afterwards.
     pub dir: PathBuf,
     /// Bytes per drive.
     pub size: u64,
+    /// Chunk size of the array in bytes.
     pub chunk: usize,
+    /// Number of parity groups for RAID 50 and 60 (None: the array's default).
     pub groups: Option<usize>,
+    /// I/O engine of both the raw-drive baseline and the array.
     pub engine: EngineKind,
+    /// Queue depth of the I/O engine (the raw passes use at least 8).
     pub queue_depth: u32,
+    /// Reader threads of the array's sequential reads; the random reads use twice as many.
     pub threads: usize,
     /// Seconds of random reads.
     pub rand_seconds: f64,
@@ -28,47 +37,81 @@ pub struct ArrayBenchOpts {
     pub repeat: usize,
 }
 
+/// The figures of `bench array` (its JSON output). Rates named `_mbps` are MiB/s (2^20 bytes
+/// per second); every ratio compares with a baseline taken in the same run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ArrayBenchReport {
+    /// RAID level number.
     pub level: u32,
+    /// Number of drives.
     pub drives: usize,
+    /// Drives' worth of user data per row: the drives minus those holding parity or mirror copies.
     pub data_drives: usize,
+    /// Chunk size in bytes.
     pub chunk: usize,
+    /// Size of each drive file in bytes.
     pub drive_size: u64,
+    /// Folder that held the drive files.
     pub dir: String,
+    /// Name of the I/O engine the array used.
     pub engine: String,
+    /// Whether every raw drive file was opened with O_DIRECT.
     pub direct_io: bool,
+    /// Baseline: sequential write rate of all raw drives together, 1 MiB requests with four in
+    /// flight per drive, up to the fdatasync.
     pub raw_write_mbps: f64,
+    /// Baseline: sequential read rate of all raw drives together, as the write.
     pub raw_read_mbps: f64,
+    /// Array sequential write of 1 MiB values filling 60 % of its capacity, up to the flush, in
+    /// user bytes per second.
     pub seq_write_mbps: f64,
+    /// Array sequential read of those values with `threads` readers, in user bytes per second.
     pub seq_read_mbps: f64,
+    /// Random 4 KiB reads per second from the array, over 64 MiB of pages.
     pub rand_read_iops: f64,
+    /// Sequential read rate with the last drive failed (0 for a level without redundancy).
     pub degraded_read_mbps: f64,
+    /// Rate of the rebuild onto a spare, in bytes written to the spare per second (0 for a level
+    /// without redundancy).
     pub rebuild_mbps: f64,
     /// What the rebuild read from the surviving drives per second (every other drive is read).
     pub rebuild_read_mbps: f64,
     /// rebuild_read_mbps / raw_read_mbps: how close the rebuild runs to the drives' read limit.
     pub rebuild_read_ratio: f64,
+    /// XOR parity rate of one core, GB/s (10^9 bytes per second) of source data.
     pub xor_gbps_per_core: f64,
+    /// seq_write_mbps / (raw_write_mbps x data_drives / drives): the array's write rate against the
+    /// drives' raw rate for the share that holds user data.
     pub seq_write_ratio: f64,
+    /// degraded_read_mbps / seq_read_mbps: reads with a failed drive against healthy reads.
     pub degraded_read_ratio: f64,
+    /// rebuild_mbps / (raw_write_mbps / drives): the rebuild against one drive's write rate.
     pub rebuild_ratio: f64,
+    /// Bytes the array wrote to its drives during the sequential write (taken from the first run,
+    /// not a median).
     pub bytes_written: u64,
+    /// bytes_written / user bytes of the sequential write: write amplification at the drives.
     pub write_amplification_drives: f64,
     /// How many runs the figures are the median of.
     pub runs: usize,
 }
 
+/// What can go wrong in `bench array`.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    /// The array returned an error.
     #[error("{0}")]
     Array(#[from] tierstack_array::ArrayError),
+    /// An I/O call on a drive file failed.
     #[error("{what}: {source}")]
     Io {
+        /// What was being done, with the path (e.g. `open /tmp/x`).
         what: String,
+        /// The error of the call.
         #[source]
         source: std::io::Error,
     },
+    /// The benchmark found data read back wrong, or a reader thread panicked.
     #[error("{0}")]
     Invalid(String),
 }

@@ -1,5 +1,7 @@
 //! Benchmark engines of tierstack. Every figure comes with its baseline from the same run.
 
+#![warn(missing_docs)]
+
 pub mod array;
 pub mod checkpoint;
 pub mod io;

@@ -18,13 +18,18 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+/// Size of the pages the workload touches, in bytes (4 KiB, as pmbench).
 pub const PAGE: usize = 4096;
 
+/// Which page each access of `bench mem` goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Pattern {
+    /// A page drawn uniformly at random.
     Uniform,
+    /// Every page in turn, each thread starting at its own share of the map and wrapping around.
     Linear,
+    /// Pages drawn from a Zipf distribution with exponent 0.99 (the first page most often).
     Zipf,
     /// Pairs of pages (i, i + 2^k) across the whole map, k sweeping 0..log2(pages): the
     /// access pattern of an FFT or of a state-vector simulator's gates.
@@ -76,11 +81,15 @@ impl std::str::FromStr for Fill {
 /// What one worker run does.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerSpec {
+    /// Bytes to map and touch; the workload uses whole 4 KiB pages of it.
     pub map: u64,
+    /// Threads that access the map during the timed phase (at least one runs).
     pub threads: usize,
     /// Fraction of reads, 0.0 to 1.0.
     pub read_ratio: f64,
+    /// Which page each access goes to.
     pub pattern: Pattern,
+    /// Length of the timed phase in seconds (at least 0.1).
     pub seconds: f64,
     /// cgroup.procs file to join before touching memory (kernel-swap engine).
     pub cgroup_procs: Option<PathBuf>,
@@ -96,8 +105,12 @@ pub struct WorkerSpec {
 /// store over it and a userfaultfd region whose DRAM budget is `dram`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TierstackSpec {
+    /// Folder for the array's drive files (created if missing; the files are removed afterwards).
     pub dir: PathBuf,
+    /// The DRAM budget in bytes, split between the store and the region as `tierstack run` splits
+    /// it (with `in_memory`, the region's resident budget alone).
     pub dram: u64,
+    /// Page size in bytes: the unit the region faults in and evicts.
     pub page: usize,
     /// RAID level number (0, 1, 5, 6 or 10).
     pub level: u32,
@@ -204,29 +217,52 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
 /// One log2 band: accesses that took [2^lo_log2, 2^(lo_log2+1)) nanoseconds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Band {
+    /// Lower bound of the band in nanoseconds (2^k).
     pub lo_ns: u64,
+    /// Upper bound of the band in nanoseconds (2^(k+1)), not included.
     pub hi_ns: u64,
+    /// Reads whose latency fell in the band.
     pub reads: u64,
+    /// Writes whose latency fell in the band.
     pub writes: u64,
 }
 
+/// The result of one engine's run of `bench mem` (its JSON output). Latencies are of single
+/// accesses, timed in the worker threads, in microseconds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MemReport {
+    /// The engine measured: `dram`, `kernel-swap`, `tierstack` or `tierstack-dram`.
     pub engine: String,
+    /// Bytes mapped and touched by the workload.
     pub map_bytes: u64,
+    /// The DRAM limit the engine ran under, in bytes (0 for `dram`: no limit).
     pub dram_bytes: u64,
+    /// Threads that accessed the map.
     pub threads: usize,
+    /// Fraction of accesses asked to be reads (0.0 to 1.0).
     pub read_ratio: f64,
+    /// Which page each access went to.
     pub pattern: Pattern,
+    /// Length of the timed phase as asked for, in seconds.
     pub seconds: f64,
+    /// Accesses made in the timed phase, all threads together.
     pub accesses: u64,
+    /// accesses / seconds.
     pub accesses_per_s: f64,
+    /// Mean latency of all accesses, reads and writes together.
     pub mean_us: f64,
+    /// Median latency of all accesses.
     pub p50_us: f64,
+    /// 99th percentile latency of all accesses.
     pub p99_us: f64,
+    /// 99.9th percentile latency of all accesses.
     pub p999_us: f64,
+    /// Mean latency of the reads.
     pub read_mean_us: f64,
+    /// Mean latency of the writes.
     pub write_mean_us: f64,
+    /// Read and write counts per log2 nanosecond band, fastest first; bands without any access are
+    /// left out.
     pub bands: Vec<Band>,
     /// The tierstack engine's pager during the timed phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,6 +290,7 @@ pub struct PagerPhase {
     /// the wake-up of the program is in neither).
     #[serde(default)]
     pub overhead_us_per_miss: f64,
+    /// Pages evicted from the region (clean and dirty).
     pub evictions: u64,
     /// Evictions of clean pages (dropped without a write).
     pub clean_drops: u64,
@@ -261,6 +298,8 @@ pub struct PagerPhase {
     /// another fault thread served because the owner had not taken them in time.
     #[serde(default)]
     pub handed_over: u64,
+    /// Of `handed_over`, the faults another fault thread served because their owner had not
+    /// taken them in time.
     #[serde(default)]
     pub stolen: u64,
 }

@@ -32,14 +32,18 @@ pub struct WorkerSpec {
     pub dir: PathBuf,
     /// Name prefix of its files (unique per worker).
     pub prefix: String,
+    /// Number of files it creates, stats, reads and unlinks.
     pub files: usize,
+    /// Bytes written to each file and read back.
     pub bytes: usize,
 }
 
 /// One phase of one worker: CLOCK_MONOTONIC ns.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Stamp {
+    /// When the worker started the phase.
     pub start_ns: u64,
+    /// When the worker finished the phase.
     pub end_ns: u64,
 }
 
@@ -101,8 +105,11 @@ pub fn run_worker(spec: &WorkerSpec, go: impl Read, mut out: impl Write) -> io::
 pub struct Config {
     /// The `tierstack` binary.
     pub exe: PathBuf,
+    /// Number of worker processes (1 to 1024).
     pub procs: usize,
+    /// Files per worker (at least 1).
     pub files: usize,
+    /// Bytes written to each file and read back.
     pub bytes: usize,
     /// All workers in one directory instead of one each.
     pub shared: bool,
@@ -112,6 +119,7 @@ pub struct Config {
     pub mount: bool,
     /// Work folder for the mount point and its fast tier.
     pub dir: PathBuf,
+    /// `tierstack mount --mode` for the mount (None: the mount's default).
     pub mode: Option<String>,
     /// Limit for one target's four phases: past it (or on Ctrl-C) the workers are killed and
     /// the run fails with a message, rather than wait on a hung file system.
@@ -121,22 +129,33 @@ pub struct Config {
 /// The rates of one target.
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetResult {
+    /// `plain` (the folder) or `tierstack mount`.
     pub target: String,
-    /// Operations per second, by phase (PHASES order).
+    /// Files created, written and closed per second, all workers together. Every rate is all
+    /// the files over the time from the first worker's start of the phase to the last one's end.
     pub create_per_s: f64,
+    /// Stats per second.
     pub stat_per_s: f64,
+    /// Opens, reads and closes per second (one file each).
     pub read_per_s: f64,
+    /// Unlinks per second.
     pub unlink_per_s: f64,
     /// With the mount: seconds from the end of the unlink phase until the drain was done.
     pub drain_s: Option<f64>,
 }
 
+/// The result of `bench meta` (its JSON output).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Number of worker processes.
     pub procs: usize,
+    /// Files per worker.
     pub files_per_proc: usize,
+    /// Bytes in each file.
     pub bytes: usize,
+    /// Whether all workers used one shared directory (else one directory each).
     pub shared_dir: bool,
+    /// One result per target: the plain folder first, then the mount if it ran.
     pub results: Vec<TargetResult>,
     /// mount / plain, by phase, when both ran.
     pub ratios: Option<[f64; 4]>,

@@ -46,17 +46,30 @@ pub enum CheckpointError {
     /// An I/O call failed on a path.
     #[error("cannot {what} {}: {source}", path.display())]
     Io {
+        /// What was being done (e.g. `create`, `fsync`).
         what: &'static str,
+        /// The path it was done on.
         path: PathBuf,
+        /// The error of the call.
         #[source]
         source: io::Error,
     },
     /// A command that the benchmark runs failed.
     #[error("{what} failed: {msg}")]
-    Command { what: String, msg: String },
+    Command {
+        /// What failed: a command (e.g. `tierstack status --json`) or a step (`the drain`).
+        what: String,
+        /// Why it failed.
+        msg: String,
+    },
     /// A writer process failed.
     #[error("checkpoint writer {index} failed: {msg}")]
-    Writer { index: usize, msg: String },
+    Writer {
+        /// Index of the writer, from 0 (its file is `ckpt.` and the index in five digits).
+        index: usize,
+        /// Why it failed (usually the last line of its stderr).
+        msg: String,
+    },
     /// The caller asked to stop (Ctrl-C).
     #[error("interrupted: the loop device, mounts, cgroup and files it had set up were removed")]
     Cancelled,
@@ -93,17 +106,25 @@ use throttle::{cgroup_kind, CgKind, Throttle};
 pub struct Config {
     /// The `tierstack` binary (writers and mount commands).
     pub exe: PathBuf,
+    /// Number of writer processes (1 to 4096).
     pub procs: usize,
+    /// Bytes each writer writes into its file.
     pub file_size: u64,
     /// BACKING: required without a throttle; with one, where the throttled file system is
     /// mounted (an empty or new directory; default: under the work folder).
     pub backing: Option<PathBuf>,
     /// Folder for the work folder (image, mount point, fast tier).
     pub dir: PathBuf,
+    /// Limit of the writes to a throttled backing file system, MB/s (10^6 bytes per second); None:
+    /// no throttle, BACKING as given.
     pub throttle_mb_s: Option<f64>,
+    /// `tierstack mount --mode` for the mount (None: the mount's default).
     pub mode: Option<String>,
+    /// `tierstack mount --dram` for the mount, as the CLI takes it (None: the mount's default).
     pub dram: Option<String>,
+    /// Only the run straight into BACKING, no mount.
     pub direct_only: bool,
+    /// Repetitions of the experiment (1 to 100).
     pub repeat: usize,
     /// Tells the user what happens (the demo): the `tierstack status` output once the writers
     /// are done and the drain runs, and the check of BACKING after `umount`.
@@ -113,9 +134,14 @@ pub struct Config {
 /// One repetition.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
+    /// Number of the repetition, from 1.
     pub run: usize,
+    /// Output time straight into BACKING, seconds: from the writers' release to the last fsync.
     pub direct_output_s: f64,
+    /// Output time through the tierstack mount, seconds (None with `direct_only`).
     pub mount_output_s: Option<f64>,
+    /// Seconds from the end of the mount's output phase until the drain was done (None with
+    /// `direct_only`).
     pub drain_s: Option<f64>,
     /// From the first byte drained (seen by sampling `status`) to the end of the drain.
     pub drain_window_s: Option<f64>,
@@ -126,22 +152,35 @@ pub struct RunResult {
 /// The benchmark's figures (means over the repetitions).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Number of writer processes.
     pub procs: usize,
+    /// Bytes each writer wrote.
     pub file_size: u64,
+    /// Bytes written in one output phase, all writers: procs x file_size.
     pub bytes_total: u64,
+    /// The throttle asked for, MB/s (10^6 bytes per second).
     pub throttle_mb_s: Option<f64>,
     /// How the throttle was applied (`blkio v1` or `io v2`), if any.
     pub throttle_cgroup: Option<String>,
+    /// BACKING, resolved to an absolute path.
     pub backing: String,
     /// ext4 on a loop device mounted -o sync, or "directory as given".
     pub backing_fs: String,
+    /// The mount's mode: as asked for, else as the mount reported it, else `default`.
     pub mode: String,
+    /// Whether only the direct run was made.
     pub direct_only: bool,
+    /// Number of repetitions.
     pub repeat: usize,
+    /// Mean output time straight into BACKING, seconds.
     pub direct_output_s: f64,
+    /// bytes_total / direct_output_s, in MB/s (10^6 bytes per second).
     pub direct_mb_s: f64,
+    /// Mean output time through the tierstack mount, seconds.
     pub mount_output_s: Option<f64>,
+    /// bytes_total / mount_output_s, in MB/s (10^6 bytes per second).
     pub mount_mb_s: Option<f64>,
+    /// Mean seconds from the end of the mount's output phase until the drain was done.
     pub drain_s: Option<f64>,
     /// From the first byte drained to the end of the drain (the drain starts while the
     /// writers still write).
@@ -152,6 +191,7 @@ pub struct Report {
     pub drain_peak_mb_s: Option<f64>,
     /// direct_output_s / mount_output_s.
     pub speedup: Option<f64>,
+    /// Each repetition's figures.
     pub runs: Vec<RunResult>,
 }
 

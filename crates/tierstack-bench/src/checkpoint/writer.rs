@@ -20,10 +20,13 @@ use super::{io_err, monotonic_ns, CheckpointError, Result, BLOCK};
 /// What one writer process does (passed as JSON on its command line).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WriterSpec {
+    /// The file to create and write.
     pub path: PathBuf,
+    /// Bytes to write.
     pub size: u64,
     /// cgroup.procs file to join before anything else.
     pub cgroup_procs: Option<PathBuf>,
+    /// Seed of the data written (each writer gets its own).
     pub seed: u64,
 }
 
@@ -34,6 +37,7 @@ pub struct WriterReport {
     pub start_ns: u64,
     /// When its fsync returned.
     pub done_ns: u64,
+    /// Bytes it wrote.
     pub bytes: u64,
     /// xxh3-64 of what it wrote (computed after its fsync, outside the timing).
     pub xxh3: u64,
@@ -150,6 +154,7 @@ pub struct Phase {
     pub output_s: f64,
     /// CLOCK_MONOTONIC ns of the last fsync.
     pub end_ns: u64,
+    /// Bytes written by all writers together.
     pub bytes: u64,
     /// xxh3-64 of each writer's file, by index.
     pub hashes: Vec<u64>,

@@ -49,16 +49,21 @@ pub enum IoBenchError {
     /// MPI is missing, did not build the rank program, or a run failed.
     #[error("{0}")]
     Mpi(String),
+    /// An I/O call failed on a path.
     #[error("cannot {what} {}: {source}", path.display())]
     Io {
+        /// What was being done (e.g. `create`, `remove`).
         what: &'static str,
+        /// The path it was done on.
         path: PathBuf,
+        /// The error of the call.
         #[source]
         source: io::Error,
     },
     /// The tierstack mount (mount, drain, umount) failed.
     #[error("{0}")]
     Mount(#[from] CheckpointError),
+    /// The caller asked to stop (Ctrl-C).
     #[error("interrupted: the mount and the files the benchmark made were removed")]
     Cancelled,
 }
@@ -84,11 +89,13 @@ pub struct Config {
     pub blocks: Vec<u64>,
     /// Bytes each rank writes (IOR's `-b` with one segment).
     pub size_per_rank: u64,
+    /// fsync each file before closing it (IOR's `-e`).
     pub fsync: bool,
     /// One shared file (segmented) instead of a file per process.
     pub shared: bool,
     /// Random transfer offsets within each rank's range (IOR's `-z`).
     pub random: bool,
+    /// Repetitions of each point (1 to 1000).
     pub reps: usize,
     /// The plain folder (e.g. on the parallel file system).
     pub target: PathBuf,
@@ -114,23 +121,34 @@ pub struct Config {
 /// One rank's timestamps for one phase (seconds on rank 0's monotonic clock).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RankTimes {
+    /// When the rank began to open its file.
     pub open_start: f64,
+    /// When the open returned.
     pub open_end: f64,
+    /// When the last transfer returned (before any fsync).
     pub xfer_end: f64,
+    /// When the close returned (after the fsync, if any).
     pub close_end: f64,
+    /// Bytes the rank wrote or read in the phase.
     pub bytes: u64,
+    /// Transfers read that came up short or, with verify, differ from what was written (0 for
+    /// writes).
     pub errors: u64,
 }
 
 /// One line of the rank program: a phase of one repetition, every rank's times.
 #[derive(Debug, Clone, Deserialize)]
 pub struct PhaseLine {
+    /// Number of the repetition, from 0.
     pub rep: usize,
+    /// `write` or `read`.
     pub op: String,
+    /// Each rank's `[open_start, open_end, xfer_end, close_end, bytes, errors]`, by rank.
     pub ranks: Vec<[f64; 6]>,
 }
 
 impl PhaseLine {
+    /// The ranks' entries as [`RankTimes`].
     pub fn times(&self) -> Vec<RankTimes> {
         self.ranks
             .iter()
@@ -164,12 +182,17 @@ pub fn phase_time(ranks: &[RankTimes]) -> (f64, u64) {
 /// Max, min, mean and population standard deviation (IOR divides by the count).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
+    /// Highest value.
     pub max: f64,
+    /// Lowest value.
     pub min: f64,
+    /// Mean value.
     pub mean: f64,
+    /// Population standard deviation.
     pub stddev: f64,
 }
 
+/// IOR's summary statistics of `v` (all zero when `v` is empty).
 pub fn stats(v: &[f64]) -> Stats {
     if v.is_empty() {
         return Stats {
@@ -210,31 +233,45 @@ pub fn short_size(b: u64) -> String {
 pub struct Row {
     /// `plain` (the folder) or `mount` (through tierstack).
     pub target: String,
+    /// Number of MPI ranks.
     pub ranks: usize,
     /// Transfer size in bytes (IOR's xsize).
     pub block: u64,
+    /// I/O interface of the rank program: always `POSIX`.
     pub api: String,
+    /// Each rank has a file of its own (else one shared file).
     pub file_per_process: bool,
+    /// Transfers at random offsets within each rank's range.
     pub random: bool,
+    /// Each file was fsynced before its close.
     pub fsync: bool,
+    /// Bytes each rank writes and reads back.
     pub size_per_rank: u64,
     /// Bytes of one phase, all ranks.
     pub aggregate_bytes: u64,
+    /// Repetitions of the point.
     pub reps: usize,
     /// IOR's Test# (the point's number in the sweep).
     pub test_id: usize,
     /// Mean over the repetitions, MiB/s (IOR's Mean(MiB)).
     pub write_mibps: f64,
+    /// Read bandwidth, mean over the repetitions, MiB/s.
     pub read_mibps: f64,
     /// Transfers per second, mean (IOR's Mean(OPs)).
     pub write_ops: f64,
+    /// Reads per second, mean over the repetitions.
     pub read_ops: f64,
+    /// Write bandwidth over the repetitions, MiB/s.
     pub write_mib: Stats,
+    /// Read bandwidth over the repetitions, MiB/s.
     pub read_mib: Stats,
+    /// Writes per second over the repetitions.
     pub write_ops_stats: Stats,
+    /// Reads per second over the repetitions.
     pub read_ops_stats: Stats,
     /// Each repetition's phase time, seconds.
     pub write_s: Vec<f64>,
+    /// Each repetition's read phase time, seconds.
     pub read_s: Vec<f64>,
     /// Transfers read that differ from what was written (with --verify) or came up short.
     pub read_errors: u64,
@@ -329,14 +366,23 @@ impl Row {
 /// The parameters of a row that do not come from the measurement.
 #[derive(Debug, Clone)]
 pub struct RowBase {
+    /// `plain` or `mount`.
     pub target: String,
+    /// Number of MPI ranks.
     pub ranks: usize,
+    /// Transfer size in bytes.
     pub block: u64,
+    /// Each rank has a file of its own.
     pub file_per_process: bool,
+    /// Random transfer offsets.
     pub random: bool,
+    /// fsync before close.
     pub fsync: bool,
+    /// Bytes each rank writes.
     pub size_per_rank: u64,
+    /// Repetitions of the point.
     pub reps: usize,
+    /// The point's number in the sweep.
     pub test_id: usize,
 }
 
@@ -355,38 +401,57 @@ pub fn parse_phase_lines(stdout: &str) -> std::result::Result<Vec<PhaseLine>, St
 /// mount / plain for one point.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Ratio {
+    /// Number of MPI ranks.
     pub ranks: usize,
+    /// Transfer size in bytes.
     pub block: u64,
+    /// Mount write bandwidth / plain write bandwidth (0 when the plain one is 0).
     pub write: f64,
+    /// Mount read bandwidth / plain read bandwidth (0 when the plain one is 0).
     pub read: f64,
 }
 
 /// Where and on what the benchmark ran.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Host {
+    /// The machine's host name.
     pub hostname: String,
+    /// CPUs available to the benchmark process.
     pub cpus: usize,
+    /// First line of `mpirun --version`.
     pub mpi: String,
+    /// Kernel release (`uname -r`).
     pub kernel: String,
 }
 
 /// The sweep's result.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
+    /// Every point's figures: the plain rows first, then the mount's, each in sweep order.
     pub rows: Vec<Row>,
+    /// Where and on what the sweep ran.
     pub host: Host,
     /// Sum of the mount rows' drain times (None without --mount).
     pub drain_seconds: Option<f64>,
     /// mount / plain per point (with both targets).
     pub ratios: Vec<Ratio>,
+    /// The `--target` folder, resolved to an absolute path.
     pub target: String,
+    /// The mount's mode, as the mount reported it or as asked for (None without --mount).
     pub mount_mode: Option<String>,
+    /// Bytes each rank writes.
     pub size_per_rank: u64,
+    /// Each rank had a file of its own (else one shared file).
     pub file_per_process: bool,
+    /// Each file was fsynced before its close.
     pub fsync: bool,
+    /// Transfers at random offsets.
     pub random: bool,
+    /// Repetitions of each point.
     pub reps: usize,
+    /// The reader's file was dropped from the page cache before each read phase.
     pub drop_cache: bool,
+    /// Every byte read was checked against what was written.
     pub verify: bool,
 }
 

@@ -21,7 +21,9 @@ pub const RANK_SOURCE: &str = include_str!("ior_rank.c");
 /// The MPI installation found on PATH.
 #[derive(Debug, Clone)]
 pub struct Mpi {
+    /// Path of `mpirun`.
     pub mpirun: PathBuf,
+    /// Path of `mpicc`.
     pub mpicc: PathBuf,
     /// First line of `mpirun --version`, e.g. `mpirun (Open MPI) 4.1.4`.
     pub version: String,

@@ -71,20 +71,35 @@ pub fn render_summary(rows: &[&Row]) -> String {
 /// One data line of IOR's summary table, parsed back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SummaryLine {
+    /// `write` or `read`.
     pub operation: String,
+    /// Max(MiB): the highest bandwidth of a repetition, MiB/s.
     pub max_mib: f64,
+    /// Min(MiB): the lowest bandwidth of a repetition, MiB/s.
     pub min_mib: f64,
+    /// Mean(MiB): the mean bandwidth, MiB/s.
     pub mean_mib: f64,
+    /// StdDev of the bandwidth (the first StdDev column), MiB/s.
     pub stddev_mib: f64,
+    /// Mean(OPs): transfers per second, mean over the repetitions.
     pub mean_ops: f64,
+    /// Mean(s): the mean phase time, seconds.
     pub mean_s: f64,
+    /// Test#: the point's number in the sweep.
     pub test: usize,
+    /// #Tasks: the number of ranks.
     pub tasks: usize,
+    /// reps: the number of repetitions.
     pub reps: usize,
+    /// fPP: a file per process.
     pub fpp: bool,
+    /// blksiz: bytes per rank (IOR's block size).
     pub blksiz: u64,
+    /// xsize: the transfer size in bytes.
     pub xsize: u64,
+    /// aggs(MiB): MiB of one phase, all ranks together.
     pub aggs_mib: f64,
+    /// API: the I/O interface (`POSIX`).
     pub api: String,
 }
 
