@@ -256,7 +256,10 @@ impl UringEngine {
                 }
             }
             let n = end - start;
-            ring.submit_and_wait(n)?;
+            // Once entries are in the ring the kernel may be using their buffers: a wait
+            // interrupted by a signal (or a full completion queue) is waited again, never
+            // returned, so that the caller cannot reuse or free a buffer still in flight.
+            wait_uninterrupted(ring, n)?;
             let mut seen = 0;
             while seen < n {
                 let cqes: Vec<(u64, i32)> = ring
@@ -264,7 +267,7 @@ impl UringEngine {
                     .map(|c| (c.user_data(), c.result()))
                     .collect();
                 if cqes.is_empty() {
-                    ring.submit_and_wait(1)?;
+                    wait_uninterrupted(ring, 1)?;
                     continue;
                 }
                 for (idx, res) in cqes {
@@ -276,6 +279,21 @@ impl UringEngine {
             start = end;
         }
         Ok(())
+    }
+}
+
+/// `submit_and_wait(want)`, retried while the kernel answers EINTR, EAGAIN or EBUSY (the
+/// entries already submitted stay in flight: returning would let their buffers go).
+fn wait_uninterrupted(ring: &mut io_uring::IoUring, want: usize) -> io::Result<()> {
+    loop {
+        match ring.submit_and_wait(want) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
