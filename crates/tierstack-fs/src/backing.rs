@@ -58,10 +58,15 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
 /// Owner, mode and times to give a node in BACKING.
 #[derive(Clone, Copy, Debug)]
 pub struct Attrs {
+    /// Mode bits; only the permission, set-ID and sticky bits (`0o7777`) are applied.
     pub mode: u32,
+    /// Owner's user id.
     pub uid: u32,
+    /// Owner's group id.
     pub gid: u32,
+    /// Last access time, in nanoseconds since the epoch (negative: before it).
     pub atime: i64,
+    /// Last modification time, in nanoseconds since the epoch (negative: before it).
     pub mtime: i64,
 }
 

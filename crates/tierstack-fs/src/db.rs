@@ -13,14 +13,26 @@ use crate::error::Result;
 /// What a journal row does to BACKING.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {
+    /// A directory was made at `p1`.
     Mkdir = 1,
+    /// A regular file was created at `p1` (empty; its contents follow in a `Data` row).
     Create = 2,
+    /// A symlink was made at `p1`; `p2` is its target.
     Symlink = 3,
+    /// A hard link `p2` was added to the node at `p1`.
     Link = 4,
+    /// The node at `p1` was renamed to `p2` (replacing what was there).
     Rename = 5,
+    /// The name `p1` (not a directory) was removed.
     Unlink = 6,
+    /// The empty directory `p1` was removed.
     Rmdir = 7,
+    /// The mode, owner or times of the node at `p1` changed; the values come from the inode
+    /// when the row is applied.
     SetAttr = 8,
+    /// A file's contents are to be written to `p1` (and its further links in `p2`) from the
+    /// fast tier; queued when a changed file is closed or truncated (at most one waits per
+    /// file).
     Data = 9,
     /// A FIFO, socket or device node: `p2` holds its device number (8 bytes, little
     /// endian); its type, mode and owner come from the inode.
@@ -62,18 +74,26 @@ impl OpKind {
 /// rename or link, the target of a symlink, or the further links of a file (NUL-separated).
 #[derive(Debug, Clone)]
 pub struct JOp {
+    /// The row's place in the journal order (increasing, never reused).
     pub seq: i64,
+    /// What the row does.
     pub kind: OpKind,
+    /// The inode the row is about.
     pub ino: u64,
+    /// The path the row acts on, relative to BACKING.
     pub p1: Vec<u8>,
+    /// The second argument (see [`OpKind`]); empty when the kind has none.
     pub p2: Vec<u8>,
 }
 
 /// A journal row that BACKING refused for good, with its error and when (Unix seconds).
 #[derive(Debug, Clone)]
 pub struct Stuck {
+    /// The journal row.
     pub op: JOp,
+    /// The error BACKING gave, as text.
     pub error: String,
+    /// When the row was quarantined, in Unix seconds.
     pub since: i64,
 }
 
@@ -98,34 +118,53 @@ pub type XattrRow = (u64, Vec<u8>, Vec<u8>);
 /// One inode row.
 #[derive(Debug, Clone, Default)]
 pub struct InodeRow {
+    /// Inode number.
     pub ino: u64,
+    /// The node's type (a [`crate::core::Kind`] as its number).
     pub kind: u8,
+    /// Permission, set-ID and sticky bits.
     pub mode: u32,
+    /// Owner's user id.
     pub uid: u32,
+    /// Owner's group id.
     pub gid: u32,
+    /// Size in bytes.
     pub size: u64,
+    /// Last access time, in nanoseconds since the epoch.
     pub atime: i64,
+    /// Last modification time, in nanoseconds since the epoch.
     pub mtime: i64,
+    /// Last status change time, in nanoseconds since the epoch.
     pub ctime: i64,
+    /// A symlink's target or a special node's device number (8 bytes, little endian).
     pub target: Option<Vec<u8>>,
+    /// The object id keying a regular file's pages in the store (0 for other kinds).
     pub obj: u64,
+    /// The file has a base in BACKING.
     pub has_base: bool,
+    /// Bytes of the base that are the file's contents.
     pub base_len: u64,
+    /// The node's path in BACKING as of the journal rows applied so far.
     pub bpath: Option<Vec<u8>>,
+    /// A directory's entries in BACKING have been listed into the namespace.
     pub loaded: bool,
+    /// The file's contents differ from BACKING.
     pub dirty: bool,
     /// Where a file's drain stages its contents while it is still being written (a
     /// temporary name in BACKING holding the first `base_len` bytes).
     pub staged: Option<Vec<u8>>,
 }
 
+/// The journal database: one SQLite connection, in WAL mode.
 pub struct Db {
+    /// The connection; every access of the mount goes through it.
     pub conn: Connection,
     /// Since when a group transaction has been open (see [`Db::begin_group`]).
     group: Option<std::time::Instant>,
 }
 
 impl Db {
+    /// Opens (or creates) the database at `path`, creating missing tables and columns.
     pub fn open(path: &Path) -> Result<Db> {
         let conn = Connection::open(path)?;
         conn.execute_batch(
@@ -154,6 +193,7 @@ impl Db {
         Ok(Db { conn, group: None })
     }
 
+    /// The value of key `k` in the `meta` table, if set.
     pub fn meta_get(&self, k: &str) -> Result<Option<Vec<u8>>> {
         Ok(self
             .conn
@@ -161,6 +201,7 @@ impl Db {
             .optional()?)
     }
 
+    /// Sets key `k` of the `meta` table to `v`.
     pub fn meta_set(&self, k: &str, v: &[u8]) -> Result<()> {
         self.conn.execute(
             "INSERT OR REPLACE INTO meta(k, v) VALUES (?1, ?2)",
@@ -169,6 +210,7 @@ impl Db {
         Ok(())
     }
 
+    /// Every inode row.
     pub fn load_inodes(&self) -> Result<Vec<InodeRow>> {
         let mut st = self.conn.prepare(
             "SELECT ino, kind, mode, uid, gid, size, atime, mtime, ctime, target, obj, has_base,
@@ -198,6 +240,7 @@ impl Db {
         Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
     }
 
+    /// Every directory entry: (parent inode, name, inode).
     pub fn load_dentries(&self) -> Result<Vec<(u64, Vec<u8>, u64)>> {
         let mut st = self
             .conn
@@ -326,6 +369,7 @@ impl Db {
         Ok(())
     }
 
+    /// Deletes journal row `seq` (it was applied to BACKING).
     pub fn del_op(&self, seq: i64) -> Result<()> {
         self.conn
             .prepare_cached("DELETE FROM journal WHERE seq=?1")?
@@ -333,6 +377,7 @@ impl Db {
         Ok(())
     }
 
+    /// Rows in the journal (not counting the quarantine).
     pub fn count_ops(&self) -> Result<u64> {
         Ok(self
             .conn
@@ -340,7 +385,6 @@ impl Db {
             as u64)
     }
 
-    /// Makes every commit so far durable (one synchronous commit syncs the whole WAL).
     /// Opens a group transaction unless one is open: the namespace operations that follow
     /// (each in a savepoint of its own, see `Core::tx`) share one commit. A group is
     /// committed within a few milliseconds (`Core::tx`, the mount's committer thread), and
@@ -382,6 +426,7 @@ impl Db {
     }
 }
 
+/// Writes inode row `r` (inserted or replaced).
 pub fn put_inode(tx: &Connection, r: &InodeRow) -> Result<()> {
     tx.prepare_cached(
         "INSERT OR REPLACE INTO inodes(ino, kind, mode, uid, gid, size, atime, mtime, ctime, target,
@@ -410,6 +455,7 @@ pub fn put_inode(tx: &Connection, r: &InodeRow) -> Result<()> {
     Ok(())
 }
 
+/// Deletes the inode row of `ino` and its extended attributes.
 pub fn del_inode(tx: &Connection, ino: u64) -> Result<()> {
     tx.prepare_cached("DELETE FROM inodes WHERE ino=?1")?
         .execute([ino as i64])?;
@@ -431,24 +477,28 @@ pub fn put_xattr(tx: &Connection, ino: u64, name: &[u8], value: Option<&[u8]>) -
     Ok(())
 }
 
+/// Enters `ino` as `name` in directory `parent` (replacing an entry of that name).
 pub fn add_dentry(tx: &Connection, parent: u64, name: &[u8], ino: u64) -> Result<()> {
     tx.prepare_cached("INSERT OR REPLACE INTO dentries(parent, name, ino) VALUES (?1, ?2, ?3)")?
         .execute(params![parent as i64, name, ino as i64])?;
     Ok(())
 }
 
+/// Removes entry `name` from directory `parent`.
 pub fn del_dentry(tx: &Connection, parent: u64, name: &[u8]) -> Result<()> {
     tx.prepare_cached("DELETE FROM dentries WHERE parent=?1 AND name=?2")?
         .execute(params![parent as i64, name])?;
     Ok(())
 }
 
+/// Appends a journal row (its `seq` is the next one).
 pub fn push_op(tx: &Connection, kind: OpKind, ino: u64, p1: &[u8], p2: &[u8]) -> Result<()> {
     tx.prepare_cached("INSERT INTO journal(kind, ino, p1, p2) VALUES (?1, ?2, ?3, ?4)")?
         .execute(params![kind as i64, ino as i64, p1, p2])?;
     Ok(())
 }
 
+/// Records the node's path in BACKING (`None`: it is not there).
 pub fn set_bpath(tx: &Connection, ino: u64, bpath: Option<&[u8]>) -> Result<()> {
     tx.prepare_cached("UPDATE inodes SET bpath=?2 WHERE ino=?1")?
         .execute(params![ino as i64, bpath])?;

@@ -19,7 +19,9 @@ use crate::core::{Attr, Core, Kind, PAGE};
 /// the namespace it shows.
 const TTL: Duration = Duration::from_secs(3600);
 
+/// The mounted file system handed to `fuser`: every operation is served by the core.
 pub struct TierFs {
+    /// The file system's state: namespace, file contents, journal.
     pub core: Arc<Core>,
 }
 

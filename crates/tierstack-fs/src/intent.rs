@@ -33,6 +33,7 @@ use parking_lot::Mutex;
 pub const LOG_BYTES: u64 = 64 << 20;
 /// Largest change of one file an `fsync` logs; more goes through a full flush.
 pub const MAX_RECORD: u64 = 1 << 20;
+/// Bytes of the log's header; records start at this offset.
 pub const HEADER: u64 = 4096;
 const MAGIC: &[u8; 8] = b"TSINTENT";
 const VERSION: u32 = 1;
@@ -43,9 +44,13 @@ const REC_HEAD: usize = 4 + 4 + 8 + 4;
 /// One `fsync`'s worth: a file's changed byte ranges and its size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
+    /// The file's inode number.
     pub ino: u64,
+    /// The file's object id in the store (its pages are keyed by it).
     pub obj: u64,
+    /// The file's size in bytes at the `fsync`.
     pub size: u64,
+    /// The changed byte ranges: offset in the file and the bytes written there.
     pub extents: Vec<(u64, Vec<u8>)>,
 }
 

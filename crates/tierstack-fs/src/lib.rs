@@ -7,6 +7,9 @@
 //! * [`drain`]: the drainer that replays the journal to BACKING.
 //! * [`fuse`]: the `fuser::Filesystem` over the core.
 //! * [`mount`]: the mount daemon, its control socket and the client side of it.
+
+#![warn(missing_docs)]
+
 pub mod backing;
 pub mod core;
 pub mod db;

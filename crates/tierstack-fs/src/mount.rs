@@ -26,7 +26,9 @@ use crate::error::{io_err, FsError, Result};
 /// What the daemon is asked to do (passed as JSON by `tierstack mount`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MountSpec {
+    /// The backing directory (BACKING) the mount shows and drains to.
     pub backing: PathBuf,
+    /// Where the file system is mounted.
     pub mountpoint: PathBuf,
     /// Array descriptor of the fast tier, or
     pub array: Option<PathBuf>,
@@ -34,32 +36,54 @@ pub struct MountSpec {
     pub dir: Option<PathBuf>,
     /// Size of each file drive made under `dir`.
     pub drive_size: u64,
+    /// Bytes of the store's DRAM tier.
     pub dram: u64,
+    /// `--mode sync` (true): a returned `fsync` survives a crash of the daemon; false:
+    /// `--mode async`.
     pub sync: bool,
+    /// Let users other than the mount's owner use it (FUSE `allow_other`).
     pub allow_other: bool,
     /// Bytes per second (None: unlimited).
     pub drain_rate: Option<u64>,
+    /// Workers draining file contents in parallel (at least one).
     pub drain_jobs: usize,
+    /// Threads serving FUSE requests (at least one).
     pub fuse_threads: usize,
 }
 
 /// What `tierstack status` reports.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MountStatus {
+    /// Where the file system is mounted (canonical).
     pub mountpoint: PathBuf,
+    /// The backing directory (canonical).
     pub backing: PathBuf,
+    /// Process id of the mount daemon.
     pub pid: u32,
+    /// `sync` or `async`: what a returned `fsync` guarantees.
     pub mode: String,
+    /// Bytes of file pages in the fast tier that BACKING does not have yet.
     pub dirty_bytes: u64,
+    /// Files whose contents differ from BACKING.
     pub dirty_files: u64,
+    /// Journal rows not yet applied to BACKING (quarantined rows not counted).
     pub pending_ops: u64,
+    /// Files being drained now.
     pub drains_in_flight: usize,
+    /// Bytes per second written to BACKING over the last few seconds.
     pub drain_bytes_per_s: f64,
+    /// Bytes of file contents written to BACKING since the mount started.
     pub drained_bytes: u64,
+    /// Bytes of file pages held in the fast tier, dirty and clean.
     pub held_bytes: u64,
+    /// Above this many held bytes writers wait for the drain (the DRAM tier plus half the
+    /// array's capacity).
     pub limit_bytes: u64,
+    /// Writers are waiting for space now.
     pub backpressure: bool,
+    /// Nothing left to drain: no journal row, no file being drained, no dirty file.
     pub idle: bool,
+    /// Drain errors since the mount started, each retried (or quarantined).
     pub drain_retries: u64,
     /// Journal rows that cancelled out before reaching BACKING (files created and removed
     /// within one burst).
@@ -69,12 +93,15 @@ pub struct MountStatus {
     /// flush of the fast tier.
     #[serde(default)]
     pub fsync_logged: u64,
+    /// `fsync`s made durable by a full flush of the fast tier.
     #[serde(default)]
     pub fsync_flushed: u64,
     /// Intent log records replayed when this mount started (after a crash).
     #[serde(default)]
     pub intent_replayed: u64,
+    /// The last error the drain met, if any (it may have healed since).
     pub last_error: Option<String>,
+    /// Use of each tier of the fast tier's store, fastest first.
     pub tiers: Vec<TierUse>,
     /// Journal rows BACKING refused for good (quarantined; their data stays in the fast tier).
     #[serde(default)]
@@ -115,12 +142,17 @@ pub struct StuckRecord {
 /// One tier of the store, for status output.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TierUse {
+    /// The tier's name (`dram`, `array` ...).
     pub name: String,
+    /// Bytes the tier can hold.
     pub capacity_bytes: u64,
+    /// Bytes the tier holds now.
     pub used_bytes: u64,
+    /// Bytes the tier holds that the tier below does not have yet.
     pub dirty_bytes: u64,
 }
 
+/// The folder of the mounts' control sockets: `TIERSTACK_RUN_DIR`, else `/run/tierstack`.
 pub fn run_dir() -> PathBuf {
     std::env::var_os("TIERSTACK_RUN_DIR")
         .map(PathBuf::from)
@@ -174,6 +206,7 @@ pub fn request(
     serde_json::from_str(&ans).map_err(|e| cerr(format!("bad answer ({e})")))
 }
 
+/// Asks the daemon of the mount at `mountpoint` (canonical) for its status.
 pub fn status(mountpoint: &Path) -> Result<MountStatus> {
     let v = request(
         mountpoint,
@@ -320,7 +353,9 @@ fn open_fast_tier(spec: &MountSpec, created: &mut Created) -> Result<(Array, Pat
 
 /// A running mount.
 pub struct Daemon {
+    /// The file system's state, shared with the FUSE session and the drainer.
     pub core: Arc<Core>,
+    /// The drainer replaying the journal to BACKING.
     pub drainer: Arc<Drainer>,
     session: Option<fuser::BackgroundSession>,
     spec: MountSpec,

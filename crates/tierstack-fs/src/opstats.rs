@@ -46,11 +46,17 @@ pub struct OpStats {
 /// One operation's figures.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpFigures {
+    /// The operation's name (one of [`OPS`]).
     pub op: String,
+    /// Operations served since the mount started.
     pub count: u64,
+    /// Mean latency, in microseconds.
     pub mean_us: f64,
+    /// Median latency, in microseconds.
     pub p50_us: u64,
+    /// 99th percentile latency, in microseconds.
     pub p99_us: u64,
+    /// Longest latency, in microseconds (at most 100 s).
     pub max_us: u64,
     /// Operations per latency bucket (not cumulative; bounds:
     /// `tierstack_common::LATENCY_BOUNDS_US`, then the overflow bucket).

@@ -22,6 +22,7 @@ pub struct Page {
     pub ver: u64,
     /// Differs from BACKING (must be drained before it may be dropped).
     pub dirty: bool,
+    /// Bytes of the page held in the store (at most [`PAGE`]).
     pub len: u32,
 }
 
@@ -29,15 +30,23 @@ pub struct Page {
 /// BACKING (`bpath`, valid for its first `base_len` bytes).
 #[derive(Debug, Default)]
 pub struct FileData {
+    /// The file's size in bytes, as the mount shows it.
     pub size: u64,
+    /// The file has a base in BACKING (see [`FileData::base_path`]).
     pub has_base: bool,
+    /// Bytes of the base that are the file's contents; past them the file is what the store
+    /// holds, or zeros.
     pub base_len: u64,
+    /// The file's path in BACKING as of the journal rows applied so far (`None`: not there
+    /// yet).
     pub bpath: Option<Vec<u8>>,
     /// Contents differ from BACKING.
     pub dirty: bool,
+    /// The pages held in the store, by page number (offset / [`PAGE`]).
     pub pages: BTreeMap<u64, Page>,
     /// Bumped by every change of contents.
     pub ver: u64,
+    /// The base file, held open once read (dropped when the base changes).
     pub base_fd: Option<Arc<File>>,
     /// A data op for this file is queued in the journal and has not started.
     pub data_pending: bool,
@@ -52,7 +61,11 @@ pub struct FileData {
     /// Byte ranges written since the full flush of generation `unsynced_gen` (adjacent ones
     /// merged) and their bytes in all: what an `fsync` logs (`crate::intent`).
     pub unsynced: Vec<(u64, u64)>,
+    /// The full-flush generation (`Core::flush_gen`) that `unsynced` was gathered under; a
+    /// newer one makes the list stale.
     pub unsynced_gen: u64,
+    /// Bytes written since that full flush, in all (may exceed the bytes of `unsynced`,
+    /// which stops growing past `intent::MAX_RECORD`).
     pub unsynced_bytes: u64,
 }
 
@@ -342,6 +355,8 @@ impl Core {
         Ok(data.len())
     }
 
+    /// Up to `size` bytes of file `ino` at `off` (fewer at the end of the file), from the
+    /// store or the base in BACKING; holes read as zeros.
     pub fn read(&self, ino: u64, off: u64, size: u32) -> R<Vec<u8>> {
         let (d, obj) = self.file(ino)?;
         let mut f = d.lock();

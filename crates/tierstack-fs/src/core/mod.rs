@@ -48,13 +48,16 @@ pub const PAGE: u64 = 1 << 20;
 /// Prefix of the drainer's temporary files in BACKING (hidden from the mount).
 pub const TMP_PREFIX: &[u8] = b".tierstack-tmp.";
 
+/// The inode number of the mount's root directory (BACKING itself).
 pub const ROOT: u64 = 1;
 
 /// An errno for the FUSE layer.
 pub type Errno = i32;
 
+/// The result of an operation the FUSE layer serves: the value or an errno.
 pub type R<T> = std::result::Result<T, Errno>;
 
+/// The time now, in nanoseconds since the epoch (0 if the clock is before it).
 pub fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -69,6 +72,7 @@ fn ns_of(t: SystemTime) -> i64 {
     }
 }
 
+/// The relative path of `name` in directory `dir` (empty `dir`: the root, so just `name`).
 pub fn join_rel(dir: &[u8], name: &[u8]) -> Vec<u8> {
     if dir.is_empty() {
         name.to_vec()
@@ -87,13 +91,20 @@ fn eio(e: impl std::fmt::Display) -> Errno {
 
 /// What the FUSE layer and the drainer share.
 pub struct Core {
+    /// The backing directory's path.
     pub backing: PathBuf,
     /// BACKING held open: every access to it goes through directory handles.
     pub bk: Backing,
+    /// `--mode sync`: `fsync` makes data durable in the fast tier (false: `--mode async`,
+    /// `fsync` returns once the data is in the store's DRAM).
     pub sync_mode: bool,
+    /// The tiered store holding file pages (the fast tier).
     pub store: TieredStore,
+    /// The array under the store.
     pub array: Arc<Array>,
+    /// The in-memory namespace.
     pub ns: Mutex<Ns>,
+    /// The SQLite namespace journal and inode table.
     pub db: Mutex<Db>,
     /// Bytes of file pages held in the store.
     pub held: AtomicU64,
@@ -103,7 +114,9 @@ pub struct Core {
     pub limit: u64,
     space_lock: Mutex<()>,
     space_cv: Condvar,
+    /// Wake-ups of the drainer so far; the dispatcher waits on `wake_cv` under this lock.
     pub wake_lock: Mutex<u64>,
+    /// Signalled by [`Core::wake_drainer`].
     pub wake_cv: Condvar,
     /// Raised when a group transaction opens; the committer waits on it (see `tx`).
     group_open: Mutex<bool>,
@@ -117,7 +130,9 @@ pub struct Core {
     /// `drain::DRAIN_QUIET`).
     activity: AtomicU64,
     epoch: std::time::Instant,
+    /// Bytes of file contents written to BACKING by the drainer since the mount started.
     pub drained_bytes: AtomicU64,
+    /// The last error the drainer met (shown by `status`), if any.
     pub last_error: Mutex<Option<String>>,
     /// Group commit of `fsync` in sync mode: `fsync` calls so far, and how many of them the
     /// last completed flush covered (it started after they arrived). `sync_lock` is held
@@ -136,6 +151,7 @@ pub struct Core {
     db_durable: AtomicU64,
     /// `fsync`s made durable in the intent log, and by a full flush.
     pub fsync_logged: AtomicU64,
+    /// `fsync`s made durable by a full flush.
     pub fsync_flushed: AtomicU64,
     /// Intent log records this mount replayed at its start (after a crash).
     pub intent_replayed: AtomicU64,
@@ -469,6 +485,7 @@ impl Core {
         std::time::Duration::from_nanos(now.saturating_sub(self.activity.load(Relaxed)))
     }
 
+    /// Wakes the drainer's dispatcher to look at the journal.
     pub fn wake_drainer(&self) {
         let mut g = self.wake_lock.lock();
         *g += 1;
@@ -482,6 +499,8 @@ impl Core {
 
     // ------------------------------------------------------------------ namespace helpers
 
+    /// The path of `ino` relative to the mount's root, by its first link (None if it has no
+    /// link or is nested deeper than 4096 levels).
     pub fn path_of(ns: &Ns, ino: u64) -> Option<Vec<u8>> {
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut cur = ino;
@@ -511,6 +530,8 @@ impl Core {
         Ok(join_rel(&p, name))
     }
 
+    /// The attributes of node `n` (inode `ino`) as the FUSE layer reports them; a file's
+    /// size and blocks come from its [`FileData`].
     pub fn attr_of(ino: u64, n: &Node) -> Attr {
         let (size, blocks) = match &n.data {
             Some(d) => {
@@ -608,6 +629,8 @@ impl Core {
     }
 }
 
+/// The `inodes` table row of node `n` (inode `ino`), with the contents fields of `f` for a
+/// regular file.
 pub fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
     InodeRow {
         ino,

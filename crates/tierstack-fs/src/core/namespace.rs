@@ -147,12 +147,15 @@ impl Core {
 
     // ------------------------------------------------------------------ FUSE operations
 
+    /// The attributes of `ino` (ENOENT if the mount does not know it).
     pub fn getattr(&self, ino: u64) -> R<Attr> {
         let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         Ok(Self::attr_of(ino, n))
     }
 
+    /// The attributes of `name` in directory `parent`, listing the directory from BACKING
+    /// first if it was not yet.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
         check_name(name)?;
         let mut ns = self.ns.lock();
@@ -162,6 +165,7 @@ impl Core {
         Ok(Self::attr_of(ino, n))
     }
 
+    /// A symlink's target (EINVAL for any other kind).
     pub fn readlink(&self, ino: u64) -> R<Vec<u8>> {
         let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
@@ -311,6 +315,8 @@ impl Core {
         Ok((ino, attr))
     }
 
+    /// Makes directory `name` in `parent` for `uid` and `gid` (a set-group-ID parent gives its
+    /// group and that bit), and journals a mkdir row.
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> R<Attr> {
         let mut ns = self.ns.lock();
         self.new_node(
@@ -360,6 +366,7 @@ impl Core {
         Ok(attr)
     }
 
+    /// Makes symlink `name` in `parent` pointing at `target`, and journals a symlink row.
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> R<Attr> {
         let mut ns = self.ns.lock();
         self.new_node(
@@ -376,7 +383,6 @@ impl Core {
         .map(|r| r.1)
     }
 
-    /// Extended attribute `name` of `ino` (ENODATA when it has none of that name).
     /// Whether directory `dir` has a default ACL.
     pub fn has_default_acl(&self, dir: u64) -> bool {
         self.ns
@@ -386,6 +392,7 @@ impl Core {
             .is_some_and(|n| n.xattrs.contains_key(&b"system.posix_acl_default"[..]))
     }
 
+    /// Extended attribute `name` of `ino` (ENODATA when it has none of that name).
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> R<Vec<u8>> {
         let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
@@ -495,6 +502,8 @@ impl Core {
         .map(|r| r.1)
     }
 
+    /// Adds hard link `newname` in `newparent` to `ino` (EPERM for a directory), and journals
+    /// a link row.
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> R<Attr> {
         check_name(newname)?;
         let mut ns = self.ns.lock();
@@ -558,6 +567,9 @@ impl Core {
         Ok(remaining == 0 && open == 0)
     }
 
+    /// Removes `name` from `parent`: an empty directory when `dir` (rmdir), any other kind
+    /// otherwise (unlink). Journals the row first; the node goes once it has no link and no
+    /// open handle.
     pub fn unlink(&self, parent: u64, name: &[u8], dir: bool) -> R<()> {
         check_name(name)?;
         let mut ns = self.ns.lock();
@@ -604,6 +616,9 @@ impl Core {
         Ok(())
     }
 
+    /// Renames `name` in `parent` to `newname` in `newparent`, replacing what is there
+    /// (`RENAME_NOREPLACE` in `flags`: EEXIST instead; `RENAME_EXCHANGE` is not supported),
+    /// and journals a rename row.
     pub fn rename(
         &self,
         parent: u64,
@@ -737,6 +752,9 @@ impl Core {
             .map(|_| ())
     }
 
+    /// Changes what is given of mode, owner, size (a truncate) and times (`Some(None)`: now).
+    /// A change of mode, owner or times is journaled as a setattr row; a truncate queues a
+    /// data row once no handle is open. Returns the new attributes.
     #[allow(clippy::too_many_arguments)]
     pub fn setattr(
         &self,
@@ -810,6 +828,7 @@ impl Core {
         Ok(Self::attr_of(ino, n))
     }
 
+    /// Notes an open handle on a regular file (counted in [`Node::open`]).
     pub fn open(&self, ino: u64) -> R<()> {
         let mut ns = self.ns.lock();
         let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;

@@ -8,14 +8,22 @@ use parking_lot::Mutex;
 
 use super::{FileData, R};
 
+/// The type of a node; the discriminant is the `kind` column of the `inodes` table.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
+    /// A regular file.
     File = 1,
+    /// A directory.
     Dir = 2,
+    /// A symbolic link.
     Symlink = 3,
+    /// A named pipe.
     Fifo = 4,
+    /// A Unix domain socket.
     Socket = 5,
+    /// A character device node.
     CharDev = 6,
+    /// A block device node.
     BlockDev = 7,
 }
 
@@ -89,36 +97,56 @@ pub fn check_name(name: &[u8]) -> R<()> {
     }
 }
 
+/// One inode of the namespace, as the mount shows it.
 pub struct Node {
+    /// The node's type.
     pub kind: Kind,
+    /// Permission, set-ID and sticky bits (`0o7777`; the type is in `kind`).
     pub mode: u32,
+    /// Owner's user id.
     pub uid: u32,
+    /// Owner's group id.
     pub gid: u32,
+    /// Last access time, in nanoseconds since the epoch.
     pub atime: i64,
+    /// Last modification time, in nanoseconds since the epoch.
     pub mtime: i64,
+    /// Last status change time, in nanoseconds since the epoch.
     pub ctime: i64,
     /// Size of directories and symlinks (files: `FileData::size`).
     pub size: u64,
+    /// A symlink's target, or a special node's device number (see [`rdev_of`]); empty for
+    /// other kinds.
     pub target: Vec<u8>,
     /// (parent, name) of every link; directories have one, the root none.
     pub links: Vec<(u64, Vec<u8>)>,
+    /// The object id keying a regular file's pages in the store (0 for other kinds).
     pub obj: u64,
     /// Where this node is in BACKING as of the journal rows applied so far.
     pub bpath: Option<Vec<u8>>,
+    /// A directory's entries in BACKING have been listed into the namespace (done once, on
+    /// first use).
     pub loaded: bool,
+    /// A directory's entries: name to inode number.
     pub children: BTreeMap<Vec<u8>, u64>,
     /// Directories among `children` (a directory's link count is 2 + this).
     pub subdirs: u32,
     /// Extended attributes (user.*, trusted.*, security.*).
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Open handles on the node (a file's data row is queued at the last close).
     pub open: u32,
+    /// A regular file's contents; `None` for other kinds.
     pub data: Option<Arc<Mutex<FileData>>>,
 }
 
+/// The namespace: every inode the mount knows, by inode number.
 #[derive(Default)]
 pub struct Ns {
+    /// The nodes, by inode number.
     pub nodes: HashMap<u64, Node>,
+    /// The inode number the next new node gets.
     pub next_ino: u64,
+    /// The store object id the next new regular file gets.
     pub next_obj: u64,
 }
 
@@ -162,15 +190,25 @@ impl Ns {
 /// Attributes handed to the FUSE layer.
 #[derive(Clone, Debug)]
 pub struct Attr {
+    /// Inode number.
     pub ino: u64,
+    /// The node's type.
     pub kind: Kind,
+    /// Permission, set-ID and sticky bits (`0o7777`).
     pub mode: u32,
+    /// Owner's user id.
     pub uid: u32,
+    /// Owner's group id.
     pub gid: u32,
+    /// Size in bytes.
     pub size: u64,
+    /// Last access time, in nanoseconds since the epoch.
     pub atime: i64,
+    /// Last modification time, in nanoseconds since the epoch.
     pub mtime: i64,
+    /// Last status change time, in nanoseconds since the epoch.
     pub ctime: i64,
+    /// Link count (a directory: 2 plus its subdirectories).
     pub nlink: u32,
     /// Device number of a device node.
     pub rdev: u64,

@@ -74,6 +74,7 @@ impl Core {
         freed > 0
     }
 
+    /// Wakes writers waiting for space (after pages were dropped or made clean).
     pub fn notify_space(&self) {
         self.space_cv.notify_all();
     }
@@ -301,6 +302,8 @@ impl Core {
         }
     }
 
+    /// FUSE `flush` (a `close` of a handle): writes the node's attributes and contents
+    /// fields through to the inode table.
     pub fn flush_handle(&self, ino: u64) -> R<()> {
         let ns = self.ns.lock();
         self.persist_node(&ns, ino).map_err(eio)

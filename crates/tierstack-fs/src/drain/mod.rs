@@ -81,6 +81,8 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// A limit of `bytes_per_s` bytes per second (more than 0), with bursts of up to a
+    /// quarter second's worth.
     pub fn new(bytes_per_s: u64) -> RateLimit {
         RateLimit {
             rate: bytes_per_s as f64,
@@ -88,6 +90,7 @@ impl RateLimit {
         }
     }
 
+    /// Takes `n` bytes from the bucket, sleeping until the rate allows them.
     pub fn take(&self, n: u64) {
         let wait = {
             let mut s = self.state.lock();
@@ -115,15 +118,20 @@ struct Inflight {
     total: usize,
 }
 
+/// The drainer: a dispatcher thread that reads the journal in order and a pool of workers
+/// that drain data rows, with retries, the quarantine and an optional rate limit.
 pub struct Drainer {
     core: Arc<Core>,
     jobs: usize,
     rate: Option<RateLimit>,
     inflight: Mutex<Inflight>,
     inflight_cv: Condvar,
+    /// Set to stop the dispatcher and the workers (at unmount); rows not yet applied stay in
+    /// the journal for the next mount.
     pub stop: AtomicBool,
     /// (time, drained bytes) samples for the drain rate.
     samples: Mutex<VecDeque<(Instant, u64)>>,
+    /// Errors met while draining, each followed by a retry, since the mount started.
     pub retries: AtomicU64,
     /// Journal rows that cancelled out before reaching BACKING (a file created and removed
     /// within one burst).
@@ -142,6 +150,9 @@ fn tmp_name(ino: u64, suffix: &str) -> Vec<u8> {
 }
 
 impl Drainer {
+    /// A drainer over `core` with `jobs` data workers (at least one) and an optional limit
+    /// in bytes per second written to BACKING (`None` or 0: unlimited). Nothing runs until
+    /// [`Drainer::start`].
     pub fn new(core: Arc<Core>, jobs: usize, rate: Option<u64>) -> Arc<Drainer> {
         Arc::new(Drainer {
             core,
@@ -207,6 +218,7 @@ impl Drainer {
         }
     }
 
+    /// Data rows being drained now.
     pub fn in_flight(&self) -> usize {
         self.inflight.lock().total
     }
@@ -525,6 +537,7 @@ fn under(p: &[u8], root: &[u8]) -> bool {
     p == root || (p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/')
 }
 
+/// The path of the drainer's staging file for inode `ino` in directory `dir`.
 pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     dir.join(std::ffi::OsStr::from_bytes(&tmp_name(ino, "")))

@@ -11,8 +11,11 @@ use super::{io_err, Plan, StageError};
 /// One parsed manifest line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestLine {
+    /// The line's number in the manifest, from 1.
     pub line: usize,
+    /// The source path, as written.
     pub src: String,
+    /// The destination path, as written (the source path when the line has one field).
     pub dst: String,
 }
 

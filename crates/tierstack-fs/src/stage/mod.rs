@@ -56,8 +56,11 @@ pub enum StageError {
     /// An I/O call failed on a path.
     #[error("cannot {what} {}: {source}", path.display())]
     Io {
+        /// What was being done (`create the directory`, `read` ...), for the message.
         what: &'static str,
+        /// The path it was done on.
         path: PathBuf,
+        /// The error the operating system returned.
         #[source]
         source: io::Error,
     },
@@ -67,13 +70,23 @@ pub enum StageError {
     /// A manifest line that the stager refuses (and how many other lines were refused too).
     #[error("manifest line {line}: {msg}{}", if *others > 0 { format!(" ({others} more line(s) refused too)") } else { String::new() })]
     Manifest {
+        /// The first refused line's number, from 1.
         line: usize,
+        /// What is wrong with it.
         msg: String,
+        /// How many further lines were refused.
         others: usize,
     },
     /// A destination whose checksum differs from its source's.
     #[error("verify failed for {}: xxh3 {got:016x} differs from the source's {want:016x}: the destination was changed while it was copied or the storage returns wrong data; run the stage again", dst.display())]
-    Verify { dst: PathBuf, want: u64, got: u64 },
+    Verify {
+        /// The destination file.
+        dst: PathBuf,
+        /// The xxh3-64 of the source's contents.
+        want: u64,
+        /// The xxh3-64 read back from the destination.
+        got: u64,
+    },
     /// The caller asked to stop.
     #[error(
         "interrupted: files already renamed into place are complete, nothing half-written was left"
@@ -92,10 +105,15 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> S
 /// One regular file to copy.
 #[derive(Debug, Clone)]
 pub struct FileJob {
+    /// The source file.
     pub src: PathBuf,
+    /// Where the copy goes.
     pub dst: PathBuf,
+    /// The source's size in bytes when planned.
     pub len: u64,
+    /// Permission, set-ID and sticky bits the copy gets (the source's).
     pub mode: u32,
+    /// Modification time the copy gets (None: left as the copy made it).
     pub mtime: Option<SystemTime>,
     /// The source's (`st_dev`, `st_ino`) when it has more than one hard link: names of one
     /// inode within a stage are copied once and linked.
@@ -106,16 +124,22 @@ pub struct FileJob {
 /// copy's destination), or a copy of `file.src` where the destination refuses the link.
 #[derive(Debug, Clone)]
 pub struct HardLinkJob {
+    /// The further name as a file job: its source, and its destination (the link's name).
     pub file: FileJob,
+    /// The destination of the copy already made of the same inode.
     pub target: PathBuf,
 }
 
 /// The kind of a special file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpecialKind {
+    /// A named pipe.
     Fifo,
+    /// A Unix domain socket.
     Socket,
+    /// A character device node (recreated only as root).
     CharDevice,
+    /// A block device node (recreated only as root).
     BlockDevice,
 }
 
@@ -161,11 +185,17 @@ impl SpecialKind {
 /// One FIFO, socket or device node to recreate (never opened, never copied as data).
 #[derive(Debug, Clone)]
 pub struct SpecialJob {
+    /// The source node.
     pub src: PathBuf,
+    /// Where it is recreated.
     pub dst: PathBuf,
+    /// What kind of node it is.
     pub kind: SpecialKind,
+    /// Permission, set-ID and sticky bits (the source's).
     pub mode: u32,
+    /// The source's owner (given to the new node only when running as root).
     pub uid: u32,
+    /// The source's group (given to the new node only when running as root).
     pub gid: u32,
     /// The device number of a device node.
     pub rdev: u64,
@@ -176,24 +206,34 @@ pub struct SpecialJob {
 /// One directory to create (and give `mode` at the end).
 #[derive(Debug, Clone)]
 pub struct DirJob {
+    /// The directory to create (with its missing parents).
     pub dst: PathBuf,
+    /// Permission bits to give it at the end (None: leave it as created, e.g. the parent of
+    /// a single file's destination).
     pub mode: Option<u32>,
 }
 
 /// One symbolic link to recreate (its target copied as is).
 #[derive(Debug, Clone)]
 pub struct LinkJob {
+    /// The link's target, as the source link holds it.
     pub target: PathBuf,
+    /// Where the link is created.
     pub dst: PathBuf,
 }
 
 /// Everything a stage will do, checked before anything is written.
 #[derive(Debug, Default, Clone)]
 pub struct Plan {
+    /// Directories to create.
     pub dirs: Vec<DirJob>,
+    /// Regular files to copy (one per inode with several hard links).
     pub files: Vec<FileJob>,
+    /// Symbolic links to recreate.
     pub links: Vec<LinkJob>,
+    /// Further names of files in `files`, made as hard links.
     pub hardlinks: Vec<HardLinkJob>,
+    /// FIFOs, sockets and device nodes to recreate.
     pub specials: Vec<SpecialJob>,
 }
 
@@ -218,9 +258,13 @@ pub struct Options {
 /// What a stage did.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
+    /// Regular files copied (including names copied where a hard link was refused).
     pub files: u64,
+    /// Bytes of the files copied, holes included.
     pub bytes: u64,
+    /// Directories of the plan created (or found already there).
     pub dirs: u64,
+    /// Symbolic links recreated.
     pub symlinks: u64,
     /// Files whose checksums were compared (and matched).
     pub verified: u64,
@@ -242,7 +286,9 @@ pub struct Report {
 /// A path and why it was not staged as asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
+    /// The source path (or, for a refused hard link, the destination path).
     pub path: PathBuf,
+    /// Why, as a message.
     pub reason: String,
 }
 
