@@ -88,8 +88,19 @@ impl Array {
         rep.stripes_checked += 1;
         let sd = geo.stripe_data();
         let mut dirty: Vec<(usize, u64)> = Vec::new();
-        // Summary.
-        let mut tail = vec![0u8; sd.min(BLOCK * 64)];
+        // Summary: as long as the footer (in the last block) says; a summary can be several
+        // MiB (tombstones take no data blocks). With a footer that does not decode, the last
+        // 256 KiB are searched for a drive to blame, as before.
+        let told = {
+            let mut last = vec![0u8; BLOCK];
+            img.gather(geo, gs, sd - BLOCK, &mut last);
+            format::Footer::decode(&last[BLOCK - format::FOOTER_SIZE..])
+                .ok()
+                .filter(|f| f.uuid == self.inner.uuid)
+                .map(|f| format::summary_bytes(f.nentries as usize).div_ceil(BLOCK) * BLOCK)
+                .filter(|&n| n <= sd)
+        };
+        let mut tail = vec![0u8; told.unwrap_or(sd.min(BLOCK * 64)).max(BLOCK)];
         let tail_off = sd - tail.len();
         img.gather(geo, gs, tail_off, &mut tail);
         let max_blocks = geo.stripe_blocks() as u32;
