@@ -1,3 +1,6 @@
+//! The array end to end: every RAID level written, failed, rebuilt, reopened and scrubbed; the
+//! cleaner, a full array, concurrent readers and writers, rebuild under load.
+
 use std::path::PathBuf;
 
 use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
