@@ -297,6 +297,18 @@ impl Drop for Created {
 
 const EMBEDDED_DRIVES: usize = 4;
 
+/// The embedded fast tier for a buffer that must hold `capacity` bytes: (the size of each of
+/// its file drives, the store's DRAM tier). RAID 5 over four drives keeps three drives of
+/// data, so each drive gets a third of the capacity (whole MiB, at least 64 MiB); the DRAM
+/// tier is a quarter of the capacity, 64 MiB to 1 GiB. The SLURM hooks size each job's
+/// buffer by `capacity=` with it.
+pub fn fast_tier_for(capacity: u64) -> (u64, u64) {
+    let data_drives = (EMBEDDED_DRIVES - 1) as u64;
+    let drive = (capacity.div_ceil(data_drives).div_ceil(1 << 20)).max(64) << 20;
+    let dram = (capacity / 4).clamp(64 << 20, 1 << 30) >> 20 << 20;
+    (drive, dram)
+}
+
 /// Opens (or makes) the fast tier's array and the journal database.
 fn open_fast_tier(spec: &MountSpec, created: &mut Created) -> Result<(Array, PathBuf)> {
     let opts = ArrayOptions::default();
@@ -713,4 +725,20 @@ fn raise_dirty_limit(mp: &Path) {
 pub fn default_dir(backing: &Path) -> PathBuf {
     let h = xxhash_rust::xxh3::xxh3_64(backing.as_os_str().as_bytes());
     PathBuf::from("/var/tmp/tierstack").join(format!("{h:016x}"))
+}
+
+#[cfg(test)]
+mod sizing_tests {
+    use super::fast_tier_for;
+
+    #[test]
+    fn a_buffer_of_one_gib_gets_three_data_drives_of_a_third() {
+        let (drive, dram) = fast_tier_for(1 << 30);
+        assert_eq!(drive, 342 << 20);
+        assert!(3 * drive >= 1 << 30);
+        assert_eq!(dram, 256 << 20);
+        // Small buffers keep 64 MiB drives and DRAM; large ones 1 GiB of DRAM.
+        assert_eq!(fast_tier_for(1 << 20), (64 << 20, 64 << 20));
+        assert_eq!(fast_tier_for(1 << 40).1, 1 << 30);
+    }
 }

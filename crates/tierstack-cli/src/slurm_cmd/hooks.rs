@@ -225,11 +225,10 @@ pub(super) fn make_buffer(
 fn mount_job(dir: &Path, s: &JobState, c: &Common) -> Result<()> {
     let mnt = dir.join("mnt");
     let tier = dir.join("tier");
-    // RAID 5 of 4 file drives: 3 hold data. The drives are sparse files.
-    let drive = (s.capacity.div_ceil(3)).div_ceil(1 << 20).max(64);
-    let dram = (s.capacity / 4).clamp(64 << 20, 1 << 30) >> 20;
-    let drive = format!("{drive}M");
-    let dram = format!("{dram}M");
+    // The drives are sparse files.
+    let (drive, dram) = tierstack_fs::mount::fast_tier_for(s.capacity);
+    let drive = format!("{}M", drive >> 20);
+    let dram = format!("{}M", dram >> 20);
     let mut args: Vec<&std::ffi::OsStr> = vec![
         "mount".as_ref(),
         s.backing.as_os_str(),
