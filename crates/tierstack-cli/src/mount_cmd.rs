@@ -453,24 +453,13 @@ fn request_drain(mp: &Path) -> Result<()> {
 }
 
 fn request_drain_with(mp: &Path, retry: bool) -> Result<()> {
-    fsmount::request(
-        mp,
-        &serde_json::json!({"cmd": "drain", "retry": retry}),
-        Duration::from_secs(30),
-    )
-    .map_err(|_| not_mounted(mp))?;
-    Ok(())
+    fsmount::request_drain(mp, retry).map_err(|_| not_mounted(mp))
 }
 
-/// Asks the daemon to try the quarantined records again, then waits until nothing is left to
-/// drain, with a progress bar. Stops with an error when only records the backing refused again
-/// are left, or `timeout` passed.
+/// Waits until nothing is left to drain (`tierstack_fs::mount::wait_drained`), with a
+/// progress bar. Stops with an error when only records the backing refused again are left,
+/// or `timeout` passed.
 fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
-    let t0 = Instant::now();
-    let asked = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    request_drain_with(mp, true)?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -480,25 +469,30 @@ fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
         .progress_chars("=> "),
     );
     let mut most = 0u64;
-    let mut last_force = Instant::now();
-    loop {
-        let s = connect_status(mp)?;
-        if s.idle {
+    let r = fsmount::wait_drained(mp, timeout, &mut |s| {
+        most = most.max(s.dirty_bytes);
+        bar.set_length(most);
+        bar.set_position(most - s.dirty_bytes);
+        let mut msg = format!("{} files, {} ops waiting", s.dirty_files, s.pending_ops);
+        if let Some(e) = &s.last_error {
+            if s.drain_retries > 0 {
+                msg.push_str(&format!("; retrying: {e}"));
+            }
+        }
+        bar.set_message(msg);
+    });
+    match r {
+        Ok(()) => {
             bar.set_length(most);
             bar.set_position(most);
             bar.finish_with_message("done");
-            return Ok(());
+            Ok(())
         }
-        // Refused again since the retry (a record quarantined before it is being retried).
-        if s.settled
-            && !s.retry_pending
-            && !s.stuck.is_empty()
-            && s.stuck.iter().all(|r| r.since >= asked)
-        {
+        Err(fsmount::DrainWait::Stuck(s)) => {
             bar.abandon_with_message("stuck");
             bail!("{}", stuck_message(mp, &s));
         }
-        if let Some(t) = timeout.filter(|t| t0.elapsed() > *t) {
+        Err(fsmount::DrainWait::TimedOut(t, s)) => {
             bar.abandon_with_message("timed out");
             bail!(
                 "timed out after {:.0} s with {} in {} files and {} journal ops still to drain{}; the mount stays and nothing is lost: wait longer (`tierstack drain {} --wait`) or `tierstack umount {} --force` to keep the rest in the fast tier for the next mount",
@@ -514,22 +508,10 @@ fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
                 mp.display()
             );
         }
-        most = most.max(s.dirty_bytes);
-        bar.set_length(most);
-        bar.set_position(most - s.dirty_bytes);
-        let mut msg = format!("{} files, {} ops waiting", s.dirty_files, s.pending_ops);
-        if let Some(e) = &s.last_error {
-            if s.drain_retries > 0 {
-                msg.push_str(&format!("; retrying: {e}"));
-            }
+        Err(fsmount::DrainWait::Gone(_)) => {
+            bar.abandon();
+            Err(not_mounted(mp))
         }
-        bar.set_message(msg);
-        // Files still open when the drain was asked for get queued again.
-        if last_force.elapsed() > Duration::from_secs(1) {
-            request_drain(mp)?;
-            last_force = Instant::now();
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

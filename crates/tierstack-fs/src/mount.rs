@@ -219,6 +219,68 @@ pub fn status(mountpoint: &Path) -> Result<MountStatus> {
     })
 }
 
+/// Asks the daemon of `mountpoint` to drain now (and, with `retry`, to try the quarantined
+/// records again).
+pub fn request_drain(mountpoint: &Path, retry: bool) -> Result<()> {
+    request(
+        mountpoint,
+        &serde_json::json!({"cmd": "drain", "retry": retry}),
+        Duration::from_secs(30),
+    )?;
+    Ok(())
+}
+
+/// How [`wait_drained`] ended short of an idle mount.
+#[derive(Debug)]
+pub enum DrainWait {
+    /// Only records BACKING refused again since the wait began are left (quarantined).
+    Stuck(Box<MountStatus>),
+    /// The time limit passed; the status at that moment.
+    TimedOut(Duration, Box<MountStatus>),
+    /// The daemon stopped answering.
+    Gone(FsError),
+}
+
+/// Asks the daemon of `mountpoint` to try quarantined records again and to drain, then waits
+/// until nothing is left to drain (`Ok`), only records refused again since are left, or
+/// `timeout` passes. `progress` sees each status (about ten a second). Files still open when
+/// the drain was asked for are queued again every second.
+pub fn wait_drained(
+    mountpoint: &Path,
+    timeout: Option<Duration>,
+    progress: &mut dyn FnMut(&MountStatus),
+) -> std::result::Result<(), DrainWait> {
+    let t0 = std::time::Instant::now();
+    let asked = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    request_drain(mountpoint, true).map_err(DrainWait::Gone)?;
+    let mut last_force = std::time::Instant::now();
+    loop {
+        let s = status(mountpoint).map_err(DrainWait::Gone)?;
+        if s.idle {
+            progress(&s);
+            return Ok(());
+        }
+        if s.settled
+            && !s.retry_pending
+            && !s.stuck.is_empty()
+            && s.stuck.iter().all(|r| r.since >= asked)
+        {
+            return Err(DrainWait::Stuck(Box::new(s)));
+        }
+        if let Some(t) = timeout.filter(|t| t0.elapsed() > *t) {
+            return Err(DrainWait::TimedOut(t, Box::new(s)));
+        }
+        progress(&s);
+        if last_force.elapsed() > Duration::from_secs(1) {
+            request_drain(mountpoint, false).map_err(DrainWait::Gone)?;
+            last_force = std::time::Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Whether `mountpoint` is listed in /proc/self/mountinfo, and its file-system type.
 pub fn mounted_type(mountpoint: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
