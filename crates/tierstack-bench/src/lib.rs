@@ -4,10 +4,12 @@
 
 pub mod array;
 pub mod checkpoint;
+pub mod error;
 pub mod io;
 pub mod mem;
 pub mod meta;
 pub mod plot;
 pub mod table;
 
+pub use error::BenchError;
 pub use tierstack_common::{fmt_size, parse_size};

@@ -18,6 +18,8 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::BenchError;
+
 /// Size of the pages the workload touches, in bytes (4 KiB, as pmbench).
 pub const PAGE: usize = 4096;
 
@@ -37,16 +39,14 @@ pub enum Pattern {
 }
 
 impl std::str::FromStr for Pattern {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self, BenchError> {
         match s {
             "uniform" => Ok(Pattern::Uniform),
             "linear" => Ok(Pattern::Linear),
             "zipf" => Ok(Pattern::Zipf),
             "butterfly" => Ok(Pattern::Butterfly),
-            o => Err(format!(
-                "unknown pattern '{o}': use uniform, linear, zipf or butterfly"
-            )),
+            o => Err(BenchError::UnknownPattern(o.to_string())),
         }
     }
 }
@@ -65,15 +65,13 @@ pub enum Fill {
 }
 
 impl std::str::FromStr for Fill {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self, BenchError> {
         match s {
             "one-word" => Ok(Fill::OneWord),
             "random" => Ok(Fill::Random),
             "floats" => Ok(Fill::Floats),
-            o => Err(format!(
-                "unknown fill '{o}': use one-word, random or floats"
-            )),
+            o => Err(BenchError::UnknownFill(o.to_string())),
         }
     }
 }
@@ -164,27 +162,24 @@ impl Backing {
     }
 }
 
-fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
+fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, BenchError> {
     if t.in_memory {
-        let store = tierstack_store::TieredStore::new(map + (64 << 20), Vec::new())
-            .map_err(|e| e.to_string())?;
+        let store = tierstack_store::TieredStore::new(map + (64 << 20), Vec::new())?;
         let opts = tierstack_mem::RegionOptions {
             page: t.page,
             budget: t.dram.max(4 * t.page as u64),
             fault_threads: tierstack_mem::default_fault_threads(),
         };
-        let region = tierstack_mem::Region::new(std::sync::Arc::new(store), map as usize, &opts)
-            .map_err(|e| e.to_string())?;
+        let region = tierstack_mem::Region::new(std::sync::Arc::new(store), map as usize, &opts)?;
         return Ok(Backing::Tierstack {
             region,
             config: None,
             _drives: TempDrives(Vec::new()),
         });
     }
-    std::fs::create_dir_all(&t.dir)
-        .map_err(|e| format!("cannot create {}: {e}", t.dir.display()))?;
-    let level = tierstack_array::Level::from_number(t.level)
-        .ok_or_else(|| format!("unknown RAID level {}", t.level))?;
+    std::fs::create_dir_all(&t.dir).map_err(io_err("create", &t.dir))?;
+    let level =
+        tierstack_array::Level::from_number(t.level).ok_or(BenchError::UnknownLevel(t.level))?;
     // The array, store and budget split `tierstack run` makes (tierstack_mem::setup): its
     // default store size in this folder (sparse drives), or twice the map where that is more.
     let prefix = format!("tierstack-mem-{}-", std::process::id());
@@ -194,19 +189,16 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, String> {
         tierstack_mem::setup::store_bytes_for(&t.dir, map),
         level,
         t.page,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let drives = TempDrives(paths);
     let config = tierstack_mem::setup::engine_config(&array, t.dram, t.page);
-    let (store, p) = tierstack_mem::setup::store_and_options(array, t.dram, t.page)
-        .map_err(|e| e.to_string())?;
+    let (store, p) = tierstack_mem::setup::store_and_options(array, t.dram, t.page)?;
     let opts = tierstack_mem::RegionOptions {
         page: p.page,
         budget: p.budget,
         fault_threads: p.fault_threads,
     };
-    let region =
-        tierstack_mem::Region::new(store, map as usize, &opts).map_err(|e| e.to_string())?;
+    let region = tierstack_mem::Region::new(store, map as usize, &opts)?;
     Ok(Backing::Tierstack {
         region,
         config: Some(config),
@@ -330,10 +322,9 @@ fn hist() -> Histogram<u64> {
 }
 
 /// Runs the workload in this process and returns its report (engine name filled by caller).
-pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, String> {
+pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, BenchError> {
     if let Some(p) = &spec.cgroup_procs {
-        std::fs::write(p, std::process::id().to_string())
-            .map_err(|e| format!("cannot join cgroup {}: {e}", p.display()))?;
+        std::fs::write(p, std::process::id().to_string()).map_err(io_err("join cgroup", p))?;
     }
     let pages = (spec.map as usize / PAGE).max(1);
     let words_per_page = PAGE / 8;
@@ -538,25 +529,43 @@ impl Drop for SwapSetup {
     }
 }
 
-fn sh(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let o = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+fn io_err<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> BenchError + 'a {
+    move |source| BenchError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn sh(cmd: &mut Command, what: &str) -> Result<(), BenchError> {
+    let o = cmd.output().map_err(|source| BenchError::CommandStart {
+        what: what.to_string(),
+        source,
+    })?;
     if o.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "{what} failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ))
+        Err(BenchError::CommandFailed {
+            what: what.to_string(),
+            stderr: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        })
     }
 }
 
 /// Creates the swap file (size bytes, written out: swap files may not have holes), turns it
 /// on and makes a memory cgroup limited to `limit` bytes. Returns the cgroup.procs path.
-fn kernel_swap_setup(dir: &Path, size: u64, limit: u64) -> Result<(SwapSetup, PathBuf), String> {
+fn kernel_swap_setup(
+    dir: &Path,
+    size: u64,
+    limit: u64,
+) -> Result<(SwapSetup, PathBuf), BenchError> {
     if !rustix::process::geteuid().is_root() {
-        return Err("the kernel-swap engine needs root (swapon and a memory cgroup): run as root or use --engine dram".into());
+        return Err(BenchError::NeedsRoot);
     }
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
     let swapfile = dir.join(format!("tierstack-swap-{}", std::process::id()));
     let mut setup = SwapSetup {
         swapfile: swapfile.clone(),
@@ -565,15 +574,21 @@ fn kernel_swap_setup(dir: &Path, size: u64, limit: u64) -> Result<(SwapSetup, Pa
     };
     {
         use std::io::Write;
-        let mut f = std::fs::File::create(&swapfile)
-            .map_err(|e| format!("cannot create swap file: {e}"))?;
+        let mut f = std::fs::File::create(&swapfile).map_err(|source| BenchError::SwapFile {
+            what: "create",
+            source,
+        })?;
         let zeros = vec![0u8; 1 << 20];
         for _ in 0..size.div_ceil(1 << 20) {
-            f.write_all(&zeros)
-                .map_err(|e| format!("cannot write swap file: {e}"))?;
+            f.write_all(&zeros).map_err(|source| BenchError::SwapFile {
+                what: "write",
+                source,
+            })?;
         }
-        f.sync_all()
-            .map_err(|e| format!("cannot sync swap file: {e}"))?;
+        f.sync_all().map_err(|source| BenchError::SwapFile {
+            what: "sync",
+            source,
+        })?;
     }
     let _ = std::fs::set_permissions(
         &swapfile,
@@ -590,12 +605,16 @@ fn kernel_swap_setup(dir: &Path, size: u64, limit: u64) -> Result<(SwapSetup, Pa
     } else if v2.join("cgroup.controllers").exists() {
         (v2.join(&name), "memory.max")
     } else {
-        return Err("no memory cgroup (v1 or v2) found under /sys/fs/cgroup".into());
+        return Err(BenchError::NoMemoryCgroup);
     };
-    std::fs::create_dir(&cg).map_err(|e| format!("cannot create cgroup {}: {e}", cg.display()))?;
+    std::fs::create_dir(&cg).map_err(io_err("create cgroup", &cg))?;
     setup.cgroup = Some(cg.clone());
-    std::fs::write(cg.join(limit_file), limit.to_string())
-        .map_err(|e| format!("cannot set {limit_file}: {e}"))?;
+    std::fs::write(cg.join(limit_file), limit.to_string()).map_err(|source| {
+        BenchError::CgroupLimit {
+            file: limit_file,
+            source,
+        }
+    })?;
     // v1: let the group swap, and make a group that reclaim cannot keep up with wait for
     // swap-out rather than be OOM-killed (heavy swapping to a slow drive trips the memcg OOM
     // killer even with free swap).
@@ -615,7 +634,7 @@ pub fn run_engine(
     dir: &Path,
     page: usize,
     level: tierstack_array::Level,
-) -> Result<MemReport, String> {
+) -> Result<MemReport, BenchError> {
     let mut spec = spec.clone();
     let _setup = match engine {
         "dram" => None,
@@ -636,19 +655,15 @@ pub fn run_engine(
             });
             None
         }
-        o => {
-            return Err(format!(
-                "unknown engine '{o}': use tierstack, tierstack-dram, kernel-swap or dram"
-            ))
-        }
+        o => return Err(BenchError::UnknownEngine(o.to_string())),
     };
-    let json = serde_json::to_string(&spec).map_err(|e| e.to_string())?;
+    let json = serde_json::to_string(&spec).map_err(BenchError::Spec)?;
     let mut child = Command::new(exe)
         .args(["bench", "mem-worker", &json])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start the worker: {e}"))?;
+        .map_err(BenchError::WorkerStart)?;
     // A worker that cannot make progress (swap exhausted under a frozen cgroup) is stopped.
     // Allowance: the run, plus the warm-up touching every page at no less than 10 MB/s.
     let warmup = 60.0 + spec.map as f64 / 10e6;
@@ -660,26 +675,20 @@ pub fn run_engine(
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err("the worker made no progress and was stopped (swap full? other processes may be using the swap file too): give --dir more free space or a larger --dram".into());
+                return Err(BenchError::WorkerStuck);
             }
         }
     }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("worker: {e}"))?;
+    let out = child.wait_with_output().map_err(BenchError::WorkerWait)?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
         return Err(if err.is_empty() {
-            format!(
-                "the worker died ({}): was it killed for memory?",
-                out.status
-            )
+            BenchError::WorkerDied(out.status)
         } else {
-            format!("the worker failed: {err}")
+            BenchError::WorkerFailed(err)
         });
     }
-    let mut r: MemReport =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("worker output: {e}"))?;
+    let mut r: MemReport = serde_json::from_slice(&out.stdout).map_err(BenchError::WorkerOutput)?;
     r.engine = engine.to_string();
     r.dram_bytes = if engine == "dram" { 0 } else { dram };
     Ok(r)

@@ -348,8 +348,8 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
             Ok::<_, CheckpointError>(r)
         })();
         let _ = fs::remove_dir_all(&backing);
-        if let Err(msg) = crate::checkpoint::cmd::remove_work_folder(&work) {
-            tracing_free_warn(&msg);
+        if let Err(e) = crate::checkpoint::cmd::remove_work_folder(&work) {
+            tracing_free_warn(&e.to_string());
         }
         results.push(r?);
     }

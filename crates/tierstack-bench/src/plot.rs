@@ -13,6 +13,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
 
 use crate::mem::MemReport;
+use crate::BenchError;
 
 const W: u32 = 1600;
 const H: u32 = 1000;
@@ -26,15 +27,29 @@ const FONT_PATHS: &[&str] = &[
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
 ];
 
-static FONT: OnceLock<Result<(), String>> = OnceLock::new();
+/// Why no font could be registered, kept for the life of the process (a [`BenchError`] is not
+/// `Clone`: it can hold an I/O error).
+#[derive(Debug, Clone)]
+enum NoFont {
+    /// `TIERSTACK_FONT` names a file that is not a TrueType font.
+    NotTrueType(std::path::PathBuf),
+    /// None of the fonts tried is there.
+    Missing,
+}
+
+static FONT: OnceLock<Result<(), NoFont>> = OnceLock::new();
 
 /// Registers a system TrueType font for plot text (once per process). Call it before a long
 /// benchmark so a missing font fails at once.
-pub fn check_font() -> Result<(), String> {
-    FONT.get_or_init(load_font).clone()
+pub fn check_font() -> Result<(), BenchError> {
+    match FONT.get_or_init(load_font) {
+        Ok(()) => Ok(()),
+        Err(NoFont::NotTrueType(p)) => Err(BenchError::FontNotTrueType(p.clone())),
+        Err(NoFont::Missing) => Err(BenchError::NoFont),
+    }
 }
 
-fn load_font() -> Result<(), String> {
+fn load_font() -> Result<(), NoFont> {
     let env = std::env::var_os("TIERSTACK_FONT").map(std::path::PathBuf::from);
     let candidates = env
         .iter()
@@ -52,45 +67,36 @@ fn load_font() -> Result<(), String> {
             return Ok(());
         }
         if env.as_ref() == Some(&p) {
-            return Err(format!(
-                "TIERSTACK_FONT={} is not a TrueType font",
-                p.display()
-            ));
+            return Err(NoFont::NotTrueType(p));
         }
     }
-    Err("no TrueType font for --plot: install fonts-dejavu-core (apt-get install fonts-dejavu-core) or set TIERSTACK_FONT=/path/to/font.ttf".into())
+    Err(NoFont::Missing)
 }
 
 /// Checks that `path` can be written (its folder exists) before a benchmark runs.
-pub fn check_target(path: &Path) -> Result<(), String> {
+pub fn check_target(path: &Path) -> Result<(), BenchError> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     if !parent.is_dir() {
-        return Err(format!(
-            "cannot write the plot to {}: folder {} does not exist",
-            path.display(),
-            parent.display()
-        ));
+        return Err(BenchError::PlotFolderMissing {
+            path: path.to_path_buf(),
+            folder: parent.to_path_buf(),
+        });
     }
     if path.is_dir() {
-        return Err(format!(
-            "cannot write the plot to {}: it is a folder, give a file name such as mem.png",
-            path.display()
-        ));
+        return Err(BenchError::PlotIsFolder(path.to_path_buf()));
     }
     Ok(())
 }
 
 /// Reads the reports out of `bench mem --json` output: one report object, or the `--compare`
 /// object `{"tierstack": {...}, "kernel_swap": {...}, "ratio": R}`.
-pub fn reports_from_json(text: &str) -> Result<Vec<MemReport>, String> {
-    let v: serde_json::Value =
-        serde_json::from_str(text.trim()).map_err(|e| format!("not bench mem JSON: {e}"))?;
+pub fn reports_from_json(text: &str) -> Result<Vec<MemReport>, BenchError> {
+    let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(BenchError::NotMemJson)?;
     let one = |v: &serde_json::Value| {
-        serde_json::from_value::<MemReport>(v.clone())
-            .map_err(|e| format!("not a bench mem report: {e}"))
+        serde_json::from_value::<MemReport>(v.clone()).map_err(BenchError::NotMemReport)
     };
     if v.get("bands").is_some() {
         return Ok(vec![one(&v)?]);
@@ -102,7 +108,7 @@ pub fn reports_from_json(text: &str) -> Result<Vec<MemReport>, String> {
         }
     }
     if out.is_empty() {
-        return Err("not bench mem JSON: expected a report (with \"bands\") or the --compare object with \"tierstack\" and \"kernel_swap\"".into());
+        return Err(BenchError::NoMemReport);
     }
     Ok(out)
 }
@@ -221,8 +227,12 @@ fn legend_line(r: &MemReport) -> String {
 type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
 /// One panel: reads (`writes == false`) or writes of every engine.
-fn panel(area: &Area, reports: &[MemReport], span: (i64, i64), writes: bool) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<_>| format!("drawing the plot: {e}");
+fn panel(
+    area: &Area,
+    reports: &[MemReport],
+    span: (i64, i64),
+    writes: bool,
+) -> Result<(), BenchError> {
     let count = |b: &crate::mem::Band| if writes { b.writes } else { b.reads };
     let (lo, hi) = span;
     // The smallest share drawn sets the bottom of the log axis.
@@ -243,7 +253,7 @@ fn panel(area: &Area, reports: &[MemReport], span: (i64, i64), writes: bool) -> 
         .x_label_area_size(58)
         .y_label_area_size(80)
         .build_cartesian_2d(lo as f64..hi as f64, (ymin..100.0f64).log_scale())
-        .map_err(e)?;
+        .map_err(draw_err)?;
     chart
         .configure_mesh()
         .x_labels((hi - lo + 1) as usize)
@@ -267,7 +277,7 @@ fn panel(area: &Area, reports: &[MemReport], span: (i64, i64), writes: bool) -> 
         .label_style(("sans-serif", 15))
         .light_line_style(WHITE.mix(0.0))
         .draw()
-        .map_err(e)?;
+        .map_err(draw_err)?;
     let n = reports.len().max(1) as f64;
     for (i, r) in reports.iter().enumerate() {
         let c = color(&r.engine, i);
@@ -279,7 +289,7 @@ fn panel(area: &Area, reports: &[MemReport], span: (i64, i64), writes: bool) -> 
             let share = count(b) as f64 * 100.0 / total.max(1) as f64;
             Rectangle::new([(x0, ymin), (x1, share)], c.filled())
         });
-        chart.draw_series(bars).map_err(e)?;
+        chart.draw_series(bars).map_err(draw_err)?;
         if r.p99_us > 0.0 {
             let x = (r.p99_us * 1000.0).log2();
             chart
@@ -295,7 +305,7 @@ fn panel(area: &Area, reports: &[MemReport], span: (i64, i64), writes: bool) -> 
                     )
                     .into_dyn(),
                 ])
-                .map_err(e)?;
+                .map_err(draw_err)?;
         }
     }
     Ok(())
@@ -303,17 +313,16 @@ fn panel(area: &Area, reports: &[MemReport], span: (i64, i64), writes: bool) -> 
 
 /// Draws the read and write histograms of `reports` into one PNG at `path`. `note` is added to
 /// the settings line of the title (e.g. the tierstack page size).
-pub fn plot_mem(path: &Path, reports: &[MemReport], note: Option<&str>) -> Result<(), String> {
+pub fn plot_mem(path: &Path, reports: &[MemReport], note: Option<&str>) -> Result<(), BenchError> {
     if reports.is_empty() {
-        return Err("nothing to plot: no bench mem report".into());
+        return Err(BenchError::NothingToPlot("no bench mem report"));
     }
     check_font()?;
     check_target(path)?;
     let mut buf = vec![255u8; (W * H * 3) as usize];
     {
-        let e = |e: DrawingAreaErrorKind<_>| format!("drawing the plot: {e}");
         let root = BitMapBackend::with_buffer(&mut buf, (W, H)).into_drawing_area();
-        root.fill(&WHITE).map_err(e)?;
+        root.fill(&WHITE).map_err(draw_err)?;
         let head = 84 + 28 * reports.len() as u32;
         let (title, body) = root.split_vertically(head);
         let (l1, l2) = title_lines(reports, note);
@@ -322,7 +331,7 @@ pub fn plot_mem(path: &Path, reports: &[MemReport], note: Option<&str>) -> Resul
             let style = TextStyle::from(("sans-serif", size).into_font()).pos(top);
             title
                 .draw_text(&text, &style, ((W / 2) as i32, y))
-                .map_err(e)?;
+                .map_err(draw_err)?;
         }
         // Legend: one line per engine with its figures.
         for (i, r) in reports.iter().enumerate() {
@@ -330,34 +339,42 @@ pub fn plot_mem(path: &Path, reports: &[MemReport], note: Option<&str>) -> Resul
             let c = color(&r.engine, i);
             title
                 .draw(&Rectangle::new([(130, y + 2), (152, y + 20)], c.filled()))
-                .map_err(e)?;
+                .map_err(draw_err)?;
             title
                 .draw_text(
                     &legend_line(r),
                     &TextStyle::from(("sans-serif", 19).into_font()),
                     (162, y + 1),
                 )
-                .map_err(e)?;
+                .map_err(draw_err)?;
         }
         let (reads, writes) = body.split_vertically((H - head) / 2);
         let span = band_span(reports);
         panel(&reads, reports, span, false)?;
         panel(&writes, reports, span, true)?;
-        root.present().map_err(e)?;
+        root.present().map_err(draw_err)?;
     }
     let mut png = Vec::new();
     {
         let mut enc = png::Encoder::new(&mut png, W, H);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc
-            .write_header()
-            .map_err(|e| format!("encoding the plot: {e}"))?;
-        w.write_image_data(&buf)
-            .map_err(|e| format!("encoding the plot: {e}"))?;
+        let mut w = enc.write_header().map_err(BenchError::Encode)?;
+        w.write_image_data(&buf).map_err(BenchError::Encode)?;
     }
-    std::fs::write(path, &png)
-        .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))
+    std::fs::write(path, &png).map_err(|source| BenchError::Io {
+        what: "write the plot to",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A plotters error as a [`BenchError::Draw`].
+pub(crate) fn draw_err<E>(e: DrawingAreaErrorKind<E>) -> BenchError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    BenchError::Draw(Box::new(e))
 }
 
 #[cfg(test)]
@@ -400,7 +417,7 @@ mod tests {
         let t = report("tierstack", 0);
         let k = report("kernel-swap", 1);
         let one = serde_json::to_string(&t).unwrap_or_default();
-        assert_eq!(reports_from_json(&one).map(|v| v.len()), Ok(1));
+        assert_eq!(reports_from_json(&one).map(|v| v.len()).ok(), Some(1));
         let cmp = serde_json::json!({"tierstack": t, "kernel_swap": k, "ratio": 1.0}).to_string();
         let v = reports_from_json(&cmp).unwrap_or_default();
         assert_eq!(v.len(), 2);
@@ -418,7 +435,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tmp: {e}"));
         let p = dir.path().join("m.png");
         let rs = [report("tierstack", 0), report("kernel-swap", 1)];
-        assert_eq!(plot_mem(&p, &rs, Some("tierstack page 4 KiB")), Ok(()));
+        assert_eq!(
+            plot_mem(&p, &rs, Some("tierstack page 4 KiB")).map_err(|e| e.to_string()),
+            Ok(())
+        );
         let b = std::fs::read(&p).unwrap_or_default();
         assert!(b.starts_with(b"\x89PNG\r\n\x1a\n"));
         assert!(plot_mem(&dir.path().join("no/m.png"), &rs, None).is_err());

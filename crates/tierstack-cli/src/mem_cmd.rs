@@ -187,7 +187,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
                         r.engine = "kernel-swap-zswap".into();
                         zs.push(r);
                     }
-                    Err(e) => zswap_error = Some(e),
+                    Err(e) => zswap_error = Some(e.to_string()),
                 }
             }
         }

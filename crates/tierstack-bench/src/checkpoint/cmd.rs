@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{CheckpointError, Result};
+use crate::BenchError;
 
 /// Runs a command to completion, killing it on `cancel` or after `timeout`. Its stdout on
 /// success; an error with the last line of its stderr otherwise.
@@ -108,19 +109,14 @@ pub(super) fn tool(name: &str, args: &[&str], what: &str) -> Result<String> {
 /// Mount points (decoded) listed in /proc/self/mounts.
 /// Removes a benchmark's work folder, never through a mount still under it; the error
 /// names the problem and the fix.
-pub(crate) fn remove_work_folder(w: &Path) -> std::result::Result<(), String> {
+pub(crate) fn remove_work_folder(w: &Path) -> std::result::Result<(), BenchError> {
     let wc = fs::canonicalize(w).unwrap_or_else(|_| w.to_path_buf());
     if mount_points().iter().any(|m| m.starts_with(&wc)) {
-        return Err(format!(
-            "a mount under {} is still there: unmount it (umount -l) and remove the folder",
-            w.display()
-        ));
+        return Err(BenchError::MountLeft(w.to_path_buf()));
     }
-    fs::remove_dir_all(w).map_err(|e| {
-        format!(
-            "cannot remove {}: {e}: remove it by hand once nothing uses it",
-            w.display()
-        )
+    fs::remove_dir_all(w).map_err(|source| BenchError::RemoveFolder {
+        path: w.to_path_buf(),
+        source,
     })
 }
 

@@ -224,8 +224,8 @@ impl Env {
             }
         }
         if let Some(w) = self.work.take() {
-            if let Err(msg) = cmd::remove_work_folder(&w) {
-                first.get_or_insert(CheckpointError::Setup(msg));
+            if let Err(e) = cmd::remove_work_folder(&w) {
+                first.get_or_insert(CheckpointError::Setup(e.to_string()));
             }
         }
         match first {

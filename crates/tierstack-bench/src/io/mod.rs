@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::mounted::Mounted;
 use crate::checkpoint::CheckpointError;
+use crate::BenchError;
 
 pub use mpi::{find as find_mpi, Mpi, RANK_SOURCE};
 pub use plot::plot_io;
@@ -282,7 +283,7 @@ pub struct Row {
 
 impl Row {
     /// Builds a row from the rank program's phase lines.
-    pub fn from_phases(base: RowBase, lines: &[PhaseLine]) -> std::result::Result<Row, String> {
+    pub fn from_phases(base: RowBase, lines: &[PhaseLine]) -> std::result::Result<Row, BenchError> {
         let mut w = Vec::new();
         let mut r = Vec::new();
         let mut errors = 0;
@@ -290,11 +291,10 @@ impl Row {
         for l in lines {
             let t = l.times();
             if t.len() != base.ranks {
-                return Err(format!(
-                    "the rank program reported {} ranks for a run of {}",
-                    t.len(),
-                    base.ranks
-                ));
+                return Err(BenchError::RankCount {
+                    got: t.len(),
+                    ranks: base.ranks,
+                });
             }
             let (secs, bytes) = phase_time(&t);
             agg = bytes;
@@ -304,16 +304,15 @@ impl Row {
                     r.push(secs);
                     errors += t.iter().map(|x| x.errors).sum::<u64>();
                 }
-                o => return Err(format!("the rank program reported an unknown phase {o}")),
+                o => return Err(BenchError::UnknownPhase(o.to_string())),
             }
         }
         if w.len() != base.reps || r.len() != base.reps {
-            return Err(format!(
-                "the rank program reported {} write and {} read phases for {} repetitions",
-                w.len(),
-                r.len(),
-                base.reps
-            ));
+            return Err(BenchError::PhaseCount {
+                writes: w.len(),
+                reads: r.len(),
+                reps: base.reps,
+            });
         }
         let bw = |v: &[f64]| -> Vec<f64> {
             v.iter()
@@ -387,13 +386,15 @@ pub struct RowBase {
 }
 
 /// Parses the rank program's `IORANK {...}` lines.
-pub fn parse_phase_lines(stdout: &str) -> std::result::Result<Vec<PhaseLine>, String> {
+pub fn parse_phase_lines(stdout: &str) -> std::result::Result<Vec<PhaseLine>, BenchError> {
     stdout
         .lines()
         .filter_map(|l| l.strip_prefix("IORANK "))
         .map(|j| {
-            serde_json::from_str::<PhaseLine>(j)
-                .map_err(|e| format!("the rank program printed a bad line ({e}): {j}"))
+            serde_json::from_str::<PhaseLine>(j).map_err(|source| BenchError::BadRankLine {
+                line: j.to_string(),
+                source,
+            })
         })
         .collect()
 }
@@ -481,8 +482,8 @@ impl Env {
             }
         }
         if let Some(w) = self.work.take() {
-            if let Err(msg) = crate::checkpoint::cmd::remove_work_folder(&w) {
-                first.get_or_insert(IoBenchError::Setup(msg));
+            if let Err(e) = crate::checkpoint::cmd::remove_work_folder(&w) {
+                first.get_or_insert(IoBenchError::Setup(e.to_string()));
             }
         }
         match first {
@@ -656,7 +657,8 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
                         out.last_err_line()
                     )));
                 }
-                let lines = parse_phase_lines(&out.stdout).map_err(IoBenchError::Mpi)?;
+                let lines =
+                    parse_phase_lines(&out.stdout).map_err(|e| IoBenchError::Mpi(e.to_string()))?;
                 let base = RowBase {
                     target: name.to_string(),
                     ranks,

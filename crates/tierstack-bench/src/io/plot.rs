@@ -8,6 +8,8 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::{short_size, Report, Row};
+use crate::plot::draw_err;
+use crate::BenchError;
 
 const PANEL_W: u32 = 720;
 const PANEL_H: u32 = 520;
@@ -31,7 +33,7 @@ fn ramp(t: f64) -> RGBColor {
 }
 
 /// Draws the heat maps of `r` into a PNG at `path`.
-pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
+pub fn plot_io(path: &Path, r: &Report) -> Result<(), BenchError> {
     crate::plot::check_font()?;
     crate::plot::check_target(path)?;
     let targets: Vec<&str> = ["plain", "mount"]
@@ -39,7 +41,7 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
         .filter(|t| r.rows.iter().any(|x| x.target == *t))
         .collect();
     if targets.is_empty() {
-        return Err("nothing to plot: the sweep has no rows".into());
+        return Err(BenchError::NothingToPlot("the sweep has no rows"));
     }
     let mut ranks: Vec<usize> = r.rows.iter().map(|x| x.ranks).collect();
     ranks.sort_unstable();
@@ -51,9 +53,8 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
     let h = HEAD + 2 * PANEL_H;
     let mut buf = vec![255u8; (w * h * 3) as usize];
     {
-        let e = |e: DrawingAreaErrorKind<_>| format!("drawing the plot: {e}");
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
-        root.fill(&WHITE).map_err(e)?;
+        root.fill(&WHITE).map_err(draw_err)?;
         let (title, body) = root.split_vertically(HEAD);
         let top = Pos::new(HPos::Center, VPos::Top);
         let l1 =
@@ -77,7 +78,7 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
             let style = TextStyle::from(("sans-serif", size).into_font()).pos(top);
             title
                 .draw_text(&text, &style, ((w / 2) as i32, y))
-                .map_err(e)?;
+                .map_err(draw_err)?;
         }
         let (write_row, read_row) = body.split_vertically(PANEL_H);
         for (area, write) in [(write_row, true), (read_row, false)] {
@@ -97,7 +98,7 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
                     &TextStyle::from(("sans-serif", 22).into_font()).pos(top),
                     ((PANEL_W / 2) as i32, 8),
                 )
-                .map_err(e)?;
+                .map_err(draw_err)?;
                 let (x0, y0) = (110i32, 44i32);
                 let gw = PANEL_W as i32 - x0 - 30;
                 let gh = PANEL_H as i32 - y0 - 70;
@@ -112,7 +113,7 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
                         &label.pos(Pos::new(HPos::Right, VPos::Center)),
                         (x0 - 10, y + ch / 2),
                     )
-                    .map_err(e)?;
+                    .map_err(draw_err)?;
                     for (xi, b) in blocks.iter().enumerate() {
                         let x = x0 + xi as i32 * cw;
                         let cell = r
@@ -130,7 +131,7 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
                             [(x + 1, y + 1), (x + cw - 1, y + ch - 1)],
                             color.filled(),
                         ))
-                        .map_err(e)?;
+                        .map_err(draw_err)?;
                         let ink = if cell.is_some_and(|q| value(q) / max > 0.55) {
                             BLACK
                         } else {
@@ -143,7 +144,7 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
                                 .pos(Pos::new(HPos::Center, VPos::Center)),
                             (x + cw / 2, y + ch / 2),
                         )
-                        .map_err(e)?;
+                        .map_err(draw_err)?;
                     }
                 }
                 for (xi, b) in blocks.iter().enumerate() {
@@ -152,31 +153,31 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), String> {
                         &label.pos(top),
                         (x0 + xi as i32 * cw + cw / 2, y0 + gh + 8),
                     )
-                    .map_err(e)?;
+                    .map_err(draw_err)?;
                 }
                 p.draw_text(
                     "transfer size (--block)",
                     &label.pos(top),
                     (x0 + gw / 2, y0 + gh + 36),
                 )
-                .map_err(e)?;
+                .map_err(draw_err)?;
             }
         }
-        root.present().map_err(e)?;
+        root.present().map_err(draw_err)?;
     }
     let mut png = Vec::new();
     {
         let mut enc = png::Encoder::new(&mut png, w, h);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
-        let mut wr = enc
-            .write_header()
-            .map_err(|e| format!("encoding the plot: {e}"))?;
-        wr.write_image_data(&buf)
-            .map_err(|e| format!("encoding the plot: {e}"))?;
+        let mut wr = enc.write_header().map_err(BenchError::Encode)?;
+        wr.write_image_data(&buf).map_err(BenchError::Encode)?;
     }
-    std::fs::write(path, &png)
-        .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))
+    std::fs::write(path, &png).map_err(|source| BenchError::Io {
+        what: "write the plot to",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -234,7 +235,7 @@ mod tests {
         };
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("io.png");
-        assert_eq!(plot_io(&p, &r), Ok(()));
+        assert_eq!(plot_io(&p, &r).map_err(|e| e.to_string()), Ok(()));
         let b = std::fs::read(&p).unwrap_or_default();
         assert!(b.starts_with(b"\x89PNG\r\n\x1a\n"));
         assert!(plot_io(&d.path().join("no/io.png"), &r).is_err());

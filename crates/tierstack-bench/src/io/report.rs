@@ -3,6 +3,7 @@
 //! (ranks × block) for each target and their ratio, CSV, and a parser for the summary table.
 
 use super::{Report, Row};
+use crate::BenchError;
 
 const MIB: f64 = 1048576.0;
 
@@ -105,7 +106,7 @@ pub struct SummaryLine {
 
 /// Parses the lines of every `Summary of all tests:` table in `text` (as IOR users' scripts
 /// do: by header position, whitespace-separated).
-pub fn parse_summary(text: &str) -> Result<Vec<SummaryLine>, String> {
+pub fn parse_summary(text: &str) -> Result<Vec<SummaryLine>, BenchError> {
     let mut out = Vec::new();
     let mut header: Option<Vec<&str>> = None;
     for line in text.lines() {
@@ -119,23 +120,29 @@ pub fn parse_summary(text: &str) -> Result<Vec<SummaryLine>, String> {
             header = None;
             continue;
         }
-        let col = |name: &str, nth: usize| -> Result<&str, String> {
+        let col = |name: &str, nth: usize| -> Result<&str, BenchError> {
             h.iter()
                 .enumerate()
                 .filter(|(_, c)| **c == name)
                 .nth(nth)
                 .map(|(i, _)| cells[i])
-                .ok_or_else(|| format!("the summary table has no column {name}"))
+                .ok_or_else(|| BenchError::NoColumn(name.to_string()))
         };
-        let f = |name: &str, nth: usize| -> Result<f64, String> {
+        let bad =
+            |name: &str, source: Box<dyn std::error::Error + Send + Sync>| BenchError::BadColumn {
+                column: name.to_string(),
+                line: line.to_string(),
+                source,
+            };
+        let f = |name: &str, nth: usize| -> Result<f64, BenchError> {
             col(name, nth)?
                 .parse::<f64>()
-                .map_err(|e| format!("column {name} of '{line}': {e}"))
+                .map_err(|e| bad(name, Box::new(e)))
         };
-        let u = |name: &str| -> Result<u64, String> {
+        let u = |name: &str| -> Result<u64, BenchError> {
             col(name, 0)?
                 .parse::<u64>()
-                .map_err(|e| format!("column {name} of '{line}': {e}"))
+                .map_err(|e| bad(name, Box::new(e)))
         };
         out.push(SummaryLine {
             operation: cells[0].to_string(),
