@@ -6,16 +6,12 @@ use std::process::{Command, Stdio};
 use rand::{Rng, SeedableRng};
 
 mod common;
-use common::{fails, ok, random, s, ts, BIN};
+use common::{fails, ok, random, s, same_content, ts, BIN};
 
 fn random_file(dir: &Path, name: &str, len: usize, seed: u64) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, random(len, seed)).expect("write input");
     p
-}
-
-fn same(a: &Path, b: &Path) -> bool {
-    std::fs::read(a).expect("read a") == std::fs::read(b).expect("read b")
 }
 
 fn show_json(arr: &Path) -> serde_json::Value {
@@ -76,7 +72,7 @@ fn check_all(st: &Setup, objs: &[(String, PathBuf)], what: &str) {
     for (name, f) in objs {
         let out = st.dir.join("out");
         ok(&["array", "get", s(&st.arr), name, s(&out)]);
-        assert!(same(&out, f), "{what}: {name} differs");
+        assert!(same_content(&out, f), "{what}: {name} differs");
     }
 }
 
@@ -242,7 +238,7 @@ fn reads_repair_corruption_on_the_fly() {
     }
     let out = st.dir.join("out");
     ok(&["array", "get", s(&st.arr), "x", s(&out)]);
-    assert!(same(&out, &f));
+    assert!(same_content(&out, &f));
 }
 
 #[test]
@@ -452,7 +448,7 @@ fn background_replace_then_show_reports_and_finishes() {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    assert!(got && same(&out, &f));
+    assert!(got && same_content(&out, &f));
 }
 
 /// Runs a shell command; None when it is not available or fails (the caller skips).
@@ -499,7 +495,7 @@ fn block_devices_as_drives() {
         ok(&["array", "put", s(&arr), "x", s(&f)]);
         ok(&["array", "fail", s(&arr), "--drive", "1"]);
         ok(&["array", "get", s(&arr), "x", s(&out)]);
-        assert!(same(&out, &f));
+        assert!(same_content(&out, &f));
         let j = show_json(&arr);
         assert_eq!(j["state"], "degraded");
     });

@@ -5,7 +5,7 @@
 //! when MPI is not installed (.ci/run installs openmpi-bin and libopenmpi-dev).
 
 mod common;
-use common::{f, s, ts};
+use common::{f, has_root_and_fuse, s, ts, BIN};
 
 use std::fs;
 use std::path::Path;
@@ -224,7 +224,7 @@ fn through_a_mount_with_the_ratio() {
     if !mpi_or_skip("through_a_mount_with_the_ratio") {
         return;
     }
-    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
+    if !has_root_and_fuse() {
         eprintln!("SKIP through_a_mount_with_the_ratio: needs root and /dev/fuse for the mount");
         return;
     }
@@ -302,7 +302,7 @@ fn through_a_mount_with_the_ratio() {
 fn errors_are_one_line_naming_the_fix() {
     let t = tempfile::tempdir().unwrap();
     // No MPI on PATH.
-    let o = Command::new(env!("CARGO_BIN_EXE_tierstack"))
+    let o = Command::new(BIN)
         .args(["bench", "io", "--target", s(t.path())])
         .env("PATH", t.path().join("empty"))
         .output()

@@ -1,7 +1,7 @@
 //! `tierstack bench mem` through the real binary.
 
 mod common;
-use common::ts;
+use common::{ts, uffd_usable};
 
 #[test]
 fn dram_engine_reports_pmbench_figures() {
@@ -36,19 +36,6 @@ fn dram_engine_reports_pmbench_figures() {
     let share = reads as f64 / (reads + writes) as f64;
     assert!((0.45..0.55).contains(&share), "read share {share}");
     assert!(j["p50_us"].as_f64().unwrap_or(-1.0) <= j["p99_us"].as_f64().unwrap_or(-1.0));
-}
-
-/// Whether /dev/userfaultfd can be used here (says SKIP when not).
-fn uffd_usable() -> bool {
-    let ok = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .is_ok();
-    if !ok {
-        eprintln!("SKIP: /dev/userfaultfd not usable here");
-    }
-    ok
 }
 
 /// Whether a kernel-swap run failed for environment limits, not tierstack's: no root, no swap

@@ -2,7 +2,7 @@
 //! backing file system, and that nothing (loop device, mount, cgroup, image) is left behind.
 
 mod common;
-use common::{f, s, ts};
+use common::{f, is_root, s, ts, BIN};
 
 use std::fs;
 use std::path::Path;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 /// Whether this machine can run the throttled variant (root, loop devices, a blkio cgroup).
 fn can_throttle() -> bool {
-    let root = rustix::process::geteuid().is_root();
+    let root = is_root();
     let cg = Path::new("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device").exists()
         || fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
             .map(|c| c.split_whitespace().any(|x| x == "io"))
@@ -198,7 +198,7 @@ fn ctrl_c_tears_everything_down() {
     }
     let t = tempfile::tempdir().expect("tmp");
     // 4 x 8 MiB at 5 MB/s: 6.7 s if it ran to the end.
-    let child = Command::new(env!("CARGO_BIN_EXE_tierstack"))
+    let child = Command::new(BIN)
         .args([
             "bench",
             "checkpoint",

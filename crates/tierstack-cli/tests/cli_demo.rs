@@ -6,8 +6,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{entries, has_root_and_fuse, root_with_fuse, BIN};
+
 fn demo(dir: &Path, extra: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tierstack"))
+    let out = Command::new(BIN)
         .arg("demo")
         .arg("--dir")
         .arg(dir)
@@ -24,11 +27,7 @@ fn demo(dir: &Path, extra: &[&str]) -> (bool, String) {
 
 /// Nothing of the demo is left in `dir`, and no mount under it.
 fn assert_clean(dir: &Path) {
-    let left: Vec<_> = std::fs::read_dir(dir)
-        .expect("read dir")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+    let left = entries(dir);
     assert!(left.is_empty(), "the demo left {left:?}");
     let mounts = std::fs::read_to_string("/proc/mounts").expect("mounts");
     assert!(
@@ -77,7 +76,7 @@ fn the_whole_tour_runs_and_cleans_up() {
         assert!(text.contains(figure), "{part}: no `{figure}` in:\n{text}");
     }
     // This machine has what every part needs (root, userfaultfd, cc, FUSE): none may skip.
-    if rustix::process::geteuid().is_root() && Path::new("/dev/fuse").exists() {
+    if has_root_and_fuse() {
         assert!(
             !summary.contains("SKIPPED"),
             "a part was skipped:\n{summary}"
@@ -110,12 +109,11 @@ fn one_part_only_and_bad_flags() {
 
 #[test]
 fn ctrl_c_during_the_mount_part_cleans_up() {
-    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIP: needs root and /dev/fuse");
+    if !root_with_fuse() {
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tierstack"))
+    let mut child = Command::new(BIN)
         .args(["demo", "--only", "mount", "--dir"])
         .arg(tmp.path())
         .stdout(Stdio::null())

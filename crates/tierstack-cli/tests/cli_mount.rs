@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use rand::{Rng, RngCore, SeedableRng};
 
 mod common;
-use common::{is_mounted, ok, random, root_with_fuse as can_run, ts as run, BIN};
+use common::{detach, is_mounted, ok, random, root_with_fuse as can_run, ts as run, BIN};
 
 /// A backing directory, a mountpoint and a fast tier folder under one temporary directory;
 /// on drop the mount is detached (`umount -l`) and its daemon killed, whatever happened.
@@ -86,15 +86,7 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        if is_mounted(&self.mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        if let Some(pid) = self.pid {
-            // SAFETY: kill(2) on the daemon this fixture started.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGKILL);
-            }
-        }
+        detach(&self.mnt, self.pid);
     }
 }
 

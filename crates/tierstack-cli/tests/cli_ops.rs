@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::BIN;
+use common::{detach, root_with_fuse, success_stdout, BIN};
 
 fn tierstack(rd: &Path, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -22,14 +22,7 @@ fn tierstack(rd: &Path, args: &[&str]) -> Output {
 }
 
 fn ok(rd: &Path, args: &[&str]) -> String {
-    let o = tierstack(rd, args);
-    assert!(
-        o.status.success(),
-        "tierstack {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    success_stdout(args, tierstack(rd, args))
 }
 
 fn fails_with(rd: &Path, args: &[&str], needle: &str) {
@@ -41,16 +34,6 @@ fn fails_with(rd: &Path, args: &[&str], needle: &str) {
         err.contains(needle),
         "error of {args:?} should name {needle:?}: {err}"
     );
-}
-
-fn root_and_fuse() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: needs root and /dev/fuse");
-        return false;
-    }
-    true
 }
 
 fn free_port() -> u16 {
@@ -334,26 +317,13 @@ struct MountGuard {
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mp = self.mnt.to_string_lossy();
-        if info
-            .lines()
-            .any(|l| l.split(' ').nth(4).is_some_and(|m| m == mp))
-        {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        if let Some(pid) = self.pid {
-            // SAFETY: kill(2) on the daemon this test started.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGKILL);
-            }
-        }
+        detach(&self.mnt, self.pid);
     }
 }
 
 #[test]
 fn mount_metrics_while_writing_and_top_lists_the_mount() {
-    if !root_and_fuse() {
+    if !root_with_fuse() {
         return;
     }
     let rd = tempfile::tempdir().expect("tempdir");
@@ -512,7 +482,7 @@ fn sample(body: &str, prefix: &str) -> Option<f64> {
 
 #[test]
 fn run_is_listed_by_top_and_serves_metrics() {
-    if !root_and_fuse() {
+    if !root_with_fuse() {
         return;
     }
     let rd = tempfile::tempdir().expect("tempdir");

@@ -4,29 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tierstack");
+// The tests of this file run one at a time, under `serial()` (each wants the machine's
+// memory and disk).
+mod common;
+use common::{entries, serial, uffd_usable, BIN};
 
 fn programs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
-}
-
-/// The tests of this file run one at a time (each wants the machine's memory and disk).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn usable() -> bool {
-    let uffd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .is_ok();
-    if !uffd {
-        eprintln!("SKIP: /dev/userfaultfd not usable here");
-    }
-    uffd
 }
 
 fn compile(compiler: &str, src: &str, out: &Path, extra: &[&str]) -> PathBuf {
@@ -53,7 +37,7 @@ struct Built {
 /// Takes the test lock, checks userfaultfd (None: skip) and compiles `src`.
 fn build(compiler: &str, src: &str, extra: &[&str]) -> Option<Built> {
     let guard = serial();
-    if !usable() {
+    if !uffd_usable() {
         return None;
     }
     let tmp = tempfile::tempdir().expect("tmp");
@@ -139,11 +123,7 @@ fn must_show(prog: &[&str], dir: &Path) {
         r.stderr
     );
     // The run folder is gone.
-    let left: Vec<_> = std::fs::read_dir(dir)
-        .expect("dir")
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    let left = entries(dir);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -239,7 +219,7 @@ fn python_with_numpy() -> Option<String> {
 /// A python3 with numpy where `run` can work, or None after saying why the test is skipped.
 /// `.ci/run` installs python3-numpy and sets TIERSTACK_REQUIRE_NUMPY: there the test must run.
 fn numpy_or_skip() -> Option<String> {
-    if !usable() {
+    if !uffd_usable() {
         return None;
     }
     let py = python_with_numpy();
@@ -294,7 +274,7 @@ fn full_store_fails_allocations_and_fork_never_sees_wrong_data() {
 #[test]
 fn exit_status_and_signals_of_the_program_are_passed_on() {
     let _s = serial();
-    if !usable() {
+    if !uffd_usable() {
         return;
     }
     let t = tempfile::tempdir().expect("tmp");
@@ -520,7 +500,7 @@ fn numpy_fork_and_multiprocessing() {
 #[test]
 fn node_with_an_800_mb_array() {
     let guard = serial();
-    if !usable() || Command::new("node").arg("--version").output().is_err() {
+    if !uffd_usable() || Command::new("node").arg("--version").output().is_err() {
         eprintln!("SKIP: node not installed");
         return;
     }
@@ -579,7 +559,7 @@ fn a_static_go_binary_is_refused_up_front() {
 #[test]
 fn jvm_heap_is_paged_within_the_budget() {
     let _g = serial();
-    if !usable() || Command::new("java").arg("-version").output().is_err() {
+    if !uffd_usable() || Command::new("java").arg("-version").output().is_err() {
         eprintln!("SKIP: java not installed");
         return;
     }
@@ -611,7 +591,7 @@ fn jvm_heap_is_paged_within_the_budget() {
 #[test]
 fn sigterm_is_passed_on_and_the_run_cleans_up() {
     let _s = serial();
-    if !usable() {
+    if !uffd_usable() {
         return;
     }
     let t = tempfile::tempdir().expect("tmp");

@@ -14,8 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{is_root, random, serial, BIN};
+
 const USER: &str = "tsbbuser";
-const EXE: &str = env!("CARGO_BIN_EXE_tierstack");
 
 fn sh(cmd: &str) -> Output {
     Command::new("bash")
@@ -31,8 +33,7 @@ fn skip(why: &str) {
 
 /// Installs SLURM if missing; Err(reason) when it cannot.
 fn ensure_slurm() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         return Err("not root: the test starts slurmctld/slurmd and mounts FUSE".into());
     }
     if !Path::new("/dev/fuse").exists() {
@@ -101,9 +102,8 @@ impl Slurm {
     fn start_nodes(nodes: &[&str]) -> Slurm {
         // One SLURM at a time (`make test` runs this file's tests in parallel threads): they
         // would compete for the 2 CPUs the node has, and timings are asserted.
-        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
         static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let serial = serial();
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let root = PathBuf::from(format!(
             "/var/tmp/tierstack-slurm-test-{}-{n}",
@@ -240,7 +240,7 @@ JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tiersta
     /// arguments; returns what it printed. burst_buffer.lua is read at every hook call, so a
     /// new install applies to the next hook.
     fn install(&self, extra: &[&str]) -> String {
-        let o = Command::new(EXE)
+        let o = Command::new(BIN)
             .args(["slurm", "install", "--conf-dir"])
             .arg(&self.conf)
             .arg("--fast-dir")
@@ -523,18 +523,6 @@ fn write_data(p: &Path, mib: usize, seed: u64) {
     std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown");
 }
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn job_id(o: &Output) -> String {
     let text = String::from_utf8_lossy(&o.stdout);
     text.split_whitespace()
@@ -556,7 +544,7 @@ fn slurm_burst_buffer_end_to_end() {
     let home = s.root.join("home");
 
     // pools hook: the pool SLURM accounts capacity against.
-    let o = Command::new(EXE)
+    let o = Command::new(BIN)
         .args(["slurm", "pools", "--pool-size", "2G"])
         .output()
         .expect("pools");
@@ -1059,11 +1047,11 @@ fn slurm_stage_out_failures_and_node_local() {
             std::thread::sleep(Duration::from_millis(50));
         }
     };
-    let umount = find(&[EXE, "umount", &mnt_s]);
+    let umount = find(&[BIN, "umount", &mnt_s]);
     // SAFETY: kill(2) on the test's own job's umount process.
     unsafe { libc::kill(umount, libc::SIGKILL) };
     std::thread::sleep(Duration::from_millis(500));
-    let o = Command::new(EXE)
+    let o = Command::new(BIN)
         .args(["status", &mnt_s, "--json"])
         .output()
         .expect("status");
@@ -1185,10 +1173,10 @@ fn slurm_stage_out_failures_and_node_local() {
     s.wait_gone(&idk, 60);
     let kdir = node_jobs.join(&idk);
     let kmnt = kdir.join("mnt").to_string_lossy().into_owned();
-    let drainer = find(&[EXE, "node-drain", &idk]);
+    let drainer = find(&[BIN, "node-drain", &idk]);
     // SAFETY: kill(2) on the test's own job's background drain.
     unsafe { libc::kill(drainer, libc::SIGKILL) };
-    let o = Command::new(EXE)
+    let o = Command::new(BIN)
         .args(["status", &kmnt, "--json"])
         .output()
         .expect("status");
@@ -1296,7 +1284,7 @@ fn install_and_uninstall() {
     fs::write(conf.join("slurm.conf"), "ClusterName=x\n").expect("slurm.conf");
     let fast = d.path().join("fast");
     let install = || {
-        Command::new(EXE)
+        Command::new(BIN)
             .args(["slurm", "install", "--conf-dir"])
             .arg(&conf)
             .arg("--fast-dir")
@@ -1329,9 +1317,9 @@ fn install_and_uninstall() {
         "tierstack_epilog.sh",
     ];
     let lua = fs::read_to_string(conf.join("burst_buffer.lua")).expect("lua");
-    assert!(lua.contains(EXE) && lua.contains("2147483648") && !lua.contains('@'));
+    assert!(lua.contains(BIN) && lua.contains("2147483648") && !lua.contains('@'));
     let prolog = fs::read_to_string(conf.join("tierstack_prolog.sh")).expect("prolog");
-    assert!(prolog.contains(EXE) && prolog.contains("slurm prolog") && !prolog.contains('@'));
+    assert!(prolog.contains(BIN) && prolog.contains("slurm prolog") && !prolog.contains('@'));
     let mode = fs::metadata(conf.join("tierstack_epilog.sh"))
         .expect("epilog")
         .permissions()
@@ -1363,7 +1351,7 @@ fn install_and_uninstall() {
         "{text}"
     );
     // Bad input: one line, non-zero exit, nothing written.
-    let o = Command::new(EXE)
+    let o = Command::new(BIN)
         .args([
             "slurm",
             "install",
@@ -1379,7 +1367,7 @@ fn install_and_uninstall() {
         !o.status.success() && err.lines().count() == 1 && err.contains("not a folder"),
         "{err}"
     );
-    let o = Command::new(EXE)
+    let o = Command::new(BIN)
         .args(["slurm", "uninstall", "--conf-dir"])
         .arg(&conf)
         .output()
@@ -1398,7 +1386,7 @@ fn install_and_uninstall() {
         fs::read_to_string(conf.join("job_submit.lua")).expect("site's"),
         "-- the site's\n"
     );
-    let o = Command::new(EXE)
+    let o = Command::new(BIN)
         .args(["slurm", "uninstall", "--conf-dir"])
         .arg(&conf)
         .output()

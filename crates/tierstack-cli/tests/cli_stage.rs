@@ -1,7 +1,7 @@
 //! `tierstack stage in|out` through the real binary.
 
 mod common;
-use common::{s, ts};
+use common::{is_root, s, same_content, ts, BIN};
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -420,33 +420,6 @@ fn json_of(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("json")
 }
 
-/// Whether two files hold the same bytes (read in chunks: they may be large).
-fn same_content(a: &Path, b: &Path) -> bool {
-    use std::io::Read;
-    let (mut fa, mut fb) = (
-        fs::File::open(a).expect("open"),
-        fs::File::open(b).expect("open"),
-    );
-    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
-    loop {
-        let na = fa.read(&mut ba).expect("read");
-        let mut nb = 0;
-        while nb < na {
-            let k = fb.read(&mut bb[nb..na]).expect("read");
-            if k == 0 {
-                return false;
-            }
-            nb += k;
-        }
-        if ba[..na] != bb[..na] {
-            return false;
-        }
-        if na == 0 {
-            return fb.read(&mut bb).expect("read") == 0;
-        }
-    }
-}
-
 /// A 256 MiB file with three small data regions stays sparse in and out, and verifies.
 #[test]
 fn sparse_files_keep_their_holes() {
@@ -675,10 +648,6 @@ fn hard_linked_files_stay_linked() {
     assert_no_temp_names(&dst3);
 }
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
 fn mknod(p: &Path, ft: rustix::fs::FileType, mode: u32, dev: u64) -> std::io::Result<()> {
     rustix::fs::mknodat(
         rustix::fs::CWD,
@@ -786,7 +755,7 @@ fn special_files_are_recreated_or_skipped() {
         let out = t.path().join("user");
         fs::create_dir_all(&out).expect("mkdir");
         fs::set_permissions(&out, fs::Permissions::from_mode(0o777)).expect("chmod");
-        let o = Command::new(env!("CARGO_BIN_EXE_tierstack"))
+        let o = Command::new(BIN)
             .args(["stage", "out", s(&src), s(&out.join("tree"))])
             .uid(65534)
             .gid(65534)

@@ -2,8 +2,9 @@
 //! and uses what it needs).
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
 
 /// The `tierstack` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tierstack");
@@ -19,7 +20,12 @@ pub fn ts(args: &[&str]) -> Output {
 /// Runs `tierstack ARGS`, which must succeed; its standard output.
 #[track_caller]
 pub fn ok(args: &[&str]) -> String {
-    let o = ts(args);
+    success_stdout(args, ts(args))
+}
+
+/// The standard output of `o`, the run of `tierstack ARGS`, which must have succeeded.
+#[track_caller]
+pub fn success_stdout(args: &[&str], o: Output) -> String {
     assert!(
         o.status.success(),
         "tierstack {args:?} failed: {}{}",
@@ -78,12 +84,90 @@ pub fn is_mounted(p: &Path) -> bool {
         .any(|l| l.split(' ').nth(4).is_some_and(|m| m == s))
 }
 
+/// Whether the tests run as root.
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Whether FUSE mounts can be made here (root and /dev/fuse), saying nothing.
+pub fn has_root_and_fuse() -> bool {
+    is_root() && Path::new("/dev/fuse").exists()
+}
+
 /// Whether FUSE mounts can be made here (root and /dev/fuse); says SKIP when not.
 pub fn root_with_fuse() -> bool {
-    let root = rustix::process::geteuid().is_root();
-    if !root || !Path::new("/dev/fuse").exists() {
+    if !has_root_and_fuse() {
         eprintln!("SKIP: needs root and /dev/fuse");
         return false;
     }
     true
+}
+
+/// Whether /dev/userfaultfd can be used here (says SKIP when not).
+pub fn uffd_usable() -> bool {
+    let ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok();
+    if !ok {
+        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    }
+    ok
+}
+
+/// Takes this test file's lock: the tests that hold it run one at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Detaches `mnt` (`umount -l`) where it is mounted and kills the daemon `pid` (SIGKILL): the
+/// clean-up of a test's mount, whatever happened.
+pub fn detach(mnt: &Path, pid: Option<u32>) {
+    if is_mounted(mnt) {
+        let _ = Command::new("umount").arg("-l").arg(mnt).status();
+    }
+    if let Some(pid) = pid {
+        // SAFETY: kill(2) on the daemon this test started.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
+}
+
+/// The entries of the folder `dir` (which must exist).
+pub fn entries(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("read dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Whether two files hold the same bytes (read in chunks: they may be large).
+pub fn same_content(a: &Path, b: &Path) -> bool {
+    use std::io::Read;
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).expect("open"),
+        std::fs::File::open(b).expect("open"),
+    );
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let na = fa.read(&mut ba).expect("read");
+        let mut nb = 0;
+        while nb < na {
+            let k = fb.read(&mut bb[nb..na]).expect("read");
+            if k == 0 {
+                return false;
+            }
+            nb += k;
+        }
+        if ba[..na] != bb[..na] {
+            return false;
+        }
+        if na == 0 {
+            return fb.read(&mut bb).expect("read") == 0;
+        }
+    }
 }
