@@ -282,8 +282,10 @@ impl UringEngine {
     }
 }
 
-/// `submit_and_wait(want)`, retried while the kernel answers EINTR, EAGAIN or EBUSY (the
-/// entries already submitted stay in flight: returning would let their buffers go).
+/// `submit_and_wait(want)`, retried while a signal interrupts it. EAGAIN and EBUSY (no room
+/// for more, completions to reap first) return `Ok` after a short pause: the caller's loop
+/// reaps what completed and waits again. Either way the entries already submitted stay in
+/// flight and their buffers borrowed: only an error that ends the ring returns `Err`.
 fn wait_uninterrupted(ring: &mut io_uring::IoUring, want: usize) -> io::Result<()> {
     loop {
         match ring.submit_and_wait(want) {
@@ -291,6 +293,7 @@ fn wait_uninterrupted(ring: &mut io_uring::IoUring, want: usize) -> io::Result<(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
                 std::thread::sleep(std::time::Duration::from_micros(50));
+                return Ok(());
             }
             Err(e) => return Err(e),
         }
