@@ -37,7 +37,7 @@ pub struct RunArgs {
     pub threshold: String,
     /// Size of the per-process array made in --dir (sparse files); paged allocations may take
     /// half of it (the log needs room to clean), and one beyond that fails (NULL / ENOMEM).
-    /// Default: half the free space of DIR, at most 1T.
+    /// Default: half the free space of DIR in whole GiB, at least 1G, at most 1T.
     #[arg(long)]
     pub store: Option<String>,
     /// Print one summary line at exit (peak RSS, faults, prefetch, evictions, bytes moved).
