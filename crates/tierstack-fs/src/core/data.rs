@@ -400,6 +400,8 @@ impl Core {
         }
         f.unsynced_bytes += len;
         if f.unsynced_bytes > crate::intent::MAX_RECORD {
+            self.unloggable
+                .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
             return;
         }
         if let Some(last) = f.unsynced.last_mut() {

@@ -144,6 +144,10 @@ pub struct Core {
     pub intent: Option<crate::intent::IntentLog>,
     /// Bumped when a full flush starts: writes noted under an older value are covered by it.
     pub flush_gen: AtomicU64,
+    /// Bytes written since the last full flush by files whose changes outgrew an intent
+    /// record: their `fsync` flushes everything, so background write-back starts early for
+    /// them (large streams) instead of waiting for half the DRAM tier.
+    pub unloggable: AtomicU64,
     /// Log commits hold it shared, a full flush (which voids the log) exclusively.
     flush_rw: parking_lot::RwLock<()>,
     /// Namespace commits so far, and how many of them the last durable point covered.
@@ -223,6 +227,7 @@ impl Core {
             sync_lock: Mutex::new(()),
             intent: None,
             flush_gen: AtomicU64::new(1),
+            unloggable: AtomicU64::new(0),
             flush_rw: parking_lot::RwLock::new(()),
             db_commits: AtomicU64::new(0),
             db_durable: AtomicU64::new(0),

@@ -239,6 +239,7 @@ impl Core {
         // the log's next generation.
         let _exclusive = self.flush_rw.write();
         self.flush_gen.fetch_add(1, SeqCst);
+        self.unloggable.store(0, SeqCst);
         let commits = self.db_commits.load(SeqCst);
         self.store.flush()?;
         self.db.lock().make_durable()?;
@@ -257,7 +258,8 @@ impl Core {
     /// to the array once [`WRITE_BACK_START`] bytes are dirty (not yet durable: `fsync`
     /// makes them so, with less left to write). With the intent log, small `fsync`s do not
     /// need the pages in the array, and a 4 KiB write dirties a whole 1 MiB page: write-back
-    /// then waits until half the DRAM tier is dirty, and the log is folded (a full flush)
+    /// then waits until half the DRAM tier is dirty (unless [`Core::unloggable`] bytes of
+    /// large streams are waiting for a full flush anyway), and the log is folded (a full flush)
     /// once it is half full, so that an `fsync` seldom finds it full.
     pub fn background_loop(&self) {
         let dram = self.store.status().first().map_or(0, |t| t.capacity_bytes);
@@ -277,7 +279,14 @@ impl Core {
                     false
                 }
             };
-            if self.sync_mode && self.store.dirty_bytes() >= write_back_start {
+            // Streams too large for the log start write-back at once: their `fsync` writes
+            // everything to the array, and what was written before has less to wait for.
+            let start = if self.unloggable.load(Relaxed) >= WRITE_BACK_START {
+                WRITE_BACK_START
+            } else {
+                write_back_start
+            };
+            if self.sync_mode && self.store.dirty_bytes() >= start {
                 match self.store.write_back(8 * PAGE) {
                     Ok(_) => busy = true,
                     Err(e) => tracing::warn!("background write to the fast tier: {e}"),
