@@ -39,6 +39,23 @@ fn pager(st: Arc<TieredStore>, budget: u64, commit_limit: Option<u64>) -> tierst
     .expect("pager")
 }
 
+/// The region's memory as words, for the calling test alone.
+#[allow(clippy::mut_from_ref)]
+fn words_of(r: &Region) -> &mut [u64] {
+    // SAFETY: a valid mapping of r.len() bytes for the life of `r`; only the calling test
+    // touches it.
+    unsafe { std::slice::from_raw_parts_mut(r.as_ptr() as *mut u64, r.len() / 8) }
+}
+
+/// A region of 32 MiB under [`opts`] whose word `i` holds `i ^ xor`.
+fn filled_region(st: Arc<TieredStore>, xor: u64) -> Region {
+    let r = Region::new(st, 32 << 20, &opts()).expect("region");
+    for (i, w) in words_of(&r).iter_mut().enumerate() {
+        *w = i as u64 ^ xor;
+    }
+    r
+}
+
 /// The tests run one at a time: the leak check counts this process's mappings.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -264,13 +281,8 @@ fn sequential_scans_prefetch_and_stay_exact() {
     let Some((_serial, _dir, st)) = setup() else {
         return;
     };
-    let r = Region::new(st, 32 << 20, &opts()).expect("region");
-    let words = r.len() / 8;
-    // SAFETY: valid mapping of r.len() bytes for the life of `r`; only this test uses it.
-    let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr() as *mut u64, words) };
-    for (i, w) in mem.iter_mut().enumerate() {
-        *w = i as u64 ^ 0xABCD;
-    }
+    let r = filled_region(st, 0xABCD);
+    let mem = words_of(&r);
     // A sequential read scan over data that is mostly on the array.
     let mut out = Vec::new();
     for _ in 0..3 {
@@ -712,6 +724,38 @@ fn interleaved_nearby_streams_are_both_prefetched() {
     assert!(
         reads * 2 < touched,
         "{reads} store reads on faults for {touched} pages touched: {after:?}"
+    );
+    assert!(r.error().is_none(), "{:?}", r.error());
+}
+
+/// A loop over more memory than the budget (a solver sweeping its arrays every iteration)
+/// keeps part of the loop resident across passes: the pages loaded behind the sweep are
+/// evicted first, so a later pass reads only what did not stay, where FIFO eviction would
+/// read every page on every pass.
+#[test]
+fn a_loop_larger_than_the_budget_keeps_part_of_it_resident() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let r = filled_region(st, 0);
+    let words = r.len() / 8;
+    let mem = words_of(&r);
+    let wpp = (64 << 10) / 8;
+    let mut last_pass = 0;
+    for pass in 0..4u64 {
+        let before = r.counters().snapshot().bytes_in;
+        for i in (0..words).step_by(wpp / 4) {
+            assert_eq!(mem[i] & 0xFFFF_FFFF, i as u64, "word {i}, pass {pass}");
+            if i % (2 * wpp) == 0 {
+                mem[i] = (pass + 1) << 32 | i as u64;
+            }
+        }
+        last_pass = r.counters().snapshot().bytes_in - before;
+    }
+    // 32 MiB looped with an 8 MiB budget: a FIFO reads all 32 MiB each pass.
+    assert!(
+        last_pass < (32 << 20) * 9 / 10,
+        "the last pass read {last_pass} bytes of 32 MiB: nothing of the loop stayed resident"
     );
     assert!(r.error().is_none(), "{:?}", r.error());
 }

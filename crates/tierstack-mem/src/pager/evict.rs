@@ -47,6 +47,13 @@ impl Inner {
         }
     }
 
+    /// Pages left behind a sweep before eviction takes them: what a loop may still touch just
+    /// after its streams passed (a stencil's neighbours): a sixteenth of the budget, 1 to
+    /// 64 MiB.
+    fn sweep_lag(&self) -> usize {
+        ((self.budget / 16).clamp(1 << 20, 64 << 20) / self.page as u64) as usize
+    }
+
     /// Evicts in clock order until resident bytes are at most `target` (or nothing is left to
     /// evict).
     fn evict_to(&self, target: u64) {
@@ -54,10 +61,23 @@ impl Inner {
         while self.resident.load(Relaxed) > target {
             let mut batch: Vec<(Arc<RegionCore>, u32)> = Vec::new();
             {
-                let mut clock = self.clock.lock();
                 let need = (self.resident.load(Relaxed) - target).div_ceil(page as u64) as usize;
+                let lag = self.sweep_lag();
+                // Pages behind a sweep first (see `RState::sweeping`), then clock order.
+                let mut behind = self.behind.lock();
+                while batch.len() < need.min(EVICT_BATCH) && behind.len() > lag {
+                    let Some((w, i)) = behind.pop_front() else {
+                        break;
+                    };
+                    if let Some(c) = w.upgrade() {
+                        batch.push((c, i));
+                    }
+                }
+                drop(behind);
+                let mut clock = self.clock.lock();
                 while batch.len() < need.min(EVICT_BATCH) {
-                    let Some((w, i)) = clock.pop_front() else {
+                    let Some((w, i)) = clock.pop_front().or_else(|| self.behind.lock().pop_front())
+                    else {
                         break;
                     };
                     if let Some(c) = w.upgrade() {

@@ -447,9 +447,12 @@ impl Inner {
         st.resident += self.page as u64;
         if !st.queued[idx] {
             st.queued[idx] = true;
-            self.clock
-                .lock()
-                .push_back((Arc::downgrade(core), idx as u32));
+            let queue = if st.sweeping(self.budget / self.page as u64) {
+                &self.behind
+            } else {
+                &self.clock
+            };
+            queue.lock().push_back((Arc::downgrade(core), idx as u32));
         }
     }
 

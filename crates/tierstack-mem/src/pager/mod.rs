@@ -68,6 +68,9 @@ struct Inner {
     store: Arc<TieredStore>,
     regions: RwLock<BTreeMap<usize, Arc<RegionCore>>>,
     clock: Mutex<VecDeque<(Weak<RegionCore>, u32)>>,
+    /// Pages of regions being swept in a loop larger than memory (`RState::sweeping`),
+    /// in load order: eviction takes them first, once more than [`Inner::sweep_lag`] wait.
+    behind: Mutex<VecDeque<(Weak<RegionCore>, u32)>>,
     resident: AtomicU64,
     committed: Mutex<u64>,
     commit_limit: Option<u64>,
@@ -187,6 +190,7 @@ impl Pager {
             store,
             regions: RwLock::new(BTreeMap::new()),
             clock: Mutex::new(VecDeque::new()),
+            behind: Mutex::new(VecDeque::new()),
             resident: AtomicU64::new(0),
             committed: Mutex::new(0),
             commit_limit: o.commit_limit,

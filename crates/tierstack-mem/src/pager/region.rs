@@ -52,8 +52,26 @@ pub(super) struct RState {
     pub(super) tick: u64,
     /// The last fault continued a forward sequential stream (set by `stream`).
     pub(super) sequential: bool,
+    /// Pages loaded along fault streams, less [`SWEEP_DECAY`] for each fault that followed
+    /// none (capped at twice the budget): past the budget in pages, the region is being
+    /// swept in a loop larger than memory (see [`RState::sweeping`]).
+    pub(super) swept: u64,
     /// The region was unmapped; late fault and eviction work undoes itself.
     pub(super) dead: bool,
+}
+
+/// Pages a fault that follows no stream takes off [`RState::swept`].
+pub(super) const SWEEP_DECAY: u64 = 64;
+
+impl RState {
+    /// Whether the region is swept by streams that load more than the whole budget: a loop
+    /// over more memory than there is. Its pages then queue for eviction behind the streams
+    /// (most recently loaded first out, after a lag), so the part of the loop that stays
+    /// resident is read from DRAM on every pass instead of each pass evicting the pages the
+    /// next one needs first (as a FIFO or LRU does for a loop larger than memory).
+    pub(super) fn sweeping(&self, budget_pages: u64) -> bool {
+        self.swept >= budget_pages
+    }
 }
 
 pub(super) struct RegionCore {
@@ -168,6 +186,7 @@ pub(super) fn map_region(
             streams: [Stream::default(); STREAMS],
             tick: 0,
             sequential: false,
+            swept: 0,
             dead: false,
         }),
     });
@@ -214,6 +233,7 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
             streams: [Stream::default(); STREAMS],
             tick: 0,
             sequential: false,
+            swept: 0,
             dead: false,
         }
     };
