@@ -1565,3 +1565,63 @@ fn small_fsyncs_survive_kill_nine_through_the_intent_log() {
         assert!(fs::read(fx.b(n)).expect("drained") == *d, "{n} in BACKING");
     }
 }
+
+/// The daemon's count of one FUSE operation (`status --json` "ops").
+fn op_count(fx: &Fixture, op: &str) -> u64 {
+    fx.status()["ops"]
+        .as_array()
+        .expect("ops")
+        .iter()
+        .find(|o| o["op"] == op)
+        .map_or(0, |o| o["count"].as_u64().expect("count"))
+}
+
+/// A missing name is answered once by the daemon and then by the kernel's negative dentry;
+/// creating, renaming, linking, symlinking or making a directory at that name shows it at once.
+#[test]
+fn missing_names_are_cached_and_replaced_by_what_is_made_there() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fs::create_dir(fx.b("d")).expect("mkdir");
+    fx.mount(&[]);
+    let probe = |name: &str| fs::symlink_metadata(fx.m(&format!("d/{name}")));
+    for i in 0..50 {
+        assert!(probe(&format!("missing{i}")).is_err());
+    }
+    let before = op_count(&fx, "lookup");
+    for _ in 0..3 {
+        for i in 0..50 {
+            let e = probe(&format!("missing{i}")).expect_err("still missing");
+            assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        }
+    }
+    assert_eq!(
+        op_count(&fx, "lookup"),
+        before,
+        "repeated lookups of missing names reached the daemon"
+    );
+    fs::write(fx.m("d/missing0"), b"made").expect("create");
+    assert_eq!(fs::read(fx.m("d/missing0")).expect("read"), b"made");
+    fs::rename(fx.m("d/missing0"), fx.m("d/missing1")).expect("rename");
+    assert!(probe("missing0").is_err());
+    assert_eq!(fs::read(fx.m("d/missing1")).expect("read"), b"made");
+    fs::hard_link(fx.m("d/missing1"), fx.m("d/missing2")).expect("link");
+    assert_eq!(fs::read(fx.m("d/missing2")).expect("read"), b"made");
+    std::os::unix::fs::symlink("missing1", fx.m("d/missing3")).expect("symlink");
+    assert_eq!(fs::read(fx.m("d/missing3")).expect("read"), b"made");
+    fs::create_dir(fx.m("d/missing4")).expect("mkdir");
+    assert!(fx.m("d/missing4").is_dir());
+    fs::remove_file(fx.m("d/missing2")).expect("unlink");
+    assert!(probe("missing2").is_err());
+    fx.umount();
+    fx.mount(&[]);
+    let mut names: Vec<String> = fs::read_dir(fx.m("d"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["missing1", "missing3", "missing4"]);
+    fx.umount();
+}

@@ -66,6 +66,27 @@ fn fattr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The entry of a name that does not exist: node 0 (the kernel caches it as negative).
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: PAGE as u32,
+        flags: 0,
+    }
+}
+
 /// How a file handle uses the kernel's page cache. A handle that may write does direct I/O:
 /// its writes go from the writer's buffer straight into the request (no copy into the page
 /// cache, no page-cache pages to allocate for data the store already holds), and the kernel
@@ -145,6 +166,15 @@ impl fuser::Filesystem for TierFs {
         let _t = self.core.ops.time("lookup");
         match self.core.lookup(parent.0, name.as_bytes()) {
             Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            // A name that is not there, in a directory that exists and is loaded: a negative
+            // entry (node 0) the kernel keeps for TTL, so a program that probes the same
+            // missing paths again (an interpreter's module search, a build's header search)
+            // is answered from the dentry cache. Safe because every change to the namespace
+            // after a directory is loaded goes through this kernel mount (creates, renames
+            // and links replace the negative entry there).
+            Err(libc::ENOENT) if self.core.is_dir(parent.0) => {
+                reply.entry(&TTL, &negative_entry(), Generation(0))
+            }
             Err(e) => reply.error(err(e)),
         }
     }

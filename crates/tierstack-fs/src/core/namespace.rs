@@ -154,6 +154,15 @@ impl Core {
         Ok(Self::attr_of(ino, n))
     }
 
+    /// Whether `ino` is a directory of the namespace.
+    pub fn is_dir(&self, ino: u64) -> bool {
+        self.ns
+            .lock()
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| n.kind == Kind::Dir)
+    }
+
     /// The attributes of `name` in directory `parent`, listing the directory from BACKING
     /// first if it was not yet.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
