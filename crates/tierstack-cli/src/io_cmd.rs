@@ -61,6 +61,10 @@ pub struct BenchIoArgs {
     /// rank shift alone does not keep the reads off the page cache).
     #[arg(long)]
     pub drop_cache: bool,
+    /// How the ranks start: mpirun, or srun (a job step of the SLURM allocation the benchmark
+    /// runs in, `salloc` or `sbatch`; PMIx).
+    #[arg(long, default_value = "mpirun")]
+    pub launcher: String,
     /// Limit in seconds for one point (all its repetitions) before its ranks are stopped.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -113,6 +117,7 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
         verify: a.verify,
         drop_cache: a.drop_cache,
         timeout: Duration::from_secs(a.timeout),
+        launcher: a.launcher.parse().map_err(anyhow::Error::new)?,
     };
     let cancel = crate::stage_cmd::cancel_flag()?;
     let bar = indicatif::ProgressBar::new(0);

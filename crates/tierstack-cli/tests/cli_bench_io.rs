@@ -330,4 +330,34 @@ fn errors_are_one_line_naming_the_fix() {
     let o = ts(&["bench", "io", "--target", s(&t.path().join("nope"))]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("is not a directory"));
+    // An unknown launcher, and srun outside a SLURM allocation (or without SLURM).
+    let o = ts(&[
+        "bench",
+        "io",
+        "--target",
+        s(t.path()),
+        "--launcher",
+        "aprun",
+    ]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(e.contains("use mpirun or srun"), "{e}");
+    let o = Command::new(BIN)
+        .args(["bench", "io", "--target", s(t.path()), "--launcher", "srun"])
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .expect("run tierstack");
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(
+        e.contains("needs a SLURM allocation") || e.contains("install the SLURM client"),
+        "{e}"
+    );
+    assert!(
+        left_behind(t.path()).is_empty(),
+        "{:?}",
+        left_behind(t.path())
+    );
 }

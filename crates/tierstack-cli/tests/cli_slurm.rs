@@ -1407,3 +1407,50 @@ fn install_and_uninstall() {
         "StageInTimeout=5\n"
     );
 }
+
+/// `bench io --launcher srun` in an sbatch job: the ranks run as a job step of the job's
+/// allocation (srun, PMIx) and the rows come back as with mpirun; the report says how the
+/// ranks were started.
+#[test]
+fn bench_io_ranks_as_a_job_step() {
+    if let Err(why) = ensure_slurm() {
+        skip(&why);
+        return;
+    }
+    if !sh("command -v mpicc && command -v mpirun").status.success() {
+        skip("no MPI (apt-get install openmpi-bin libopenmpi-dev)");
+        return;
+    }
+    let s = Slurm::start();
+    let home = s.root.join("home");
+    let out = home.join("io.json");
+    let script = s.script(
+        "io.sh",
+        &format!(
+            "#!/bin/sh\nset -e\nmkdir -p {}\n{BIN} bench io --launcher srun --ranks 2 --block 1M --size-per-rank 4M --reps 2 --target {} --timeout 120 --json > {}\n",
+            home.join("io").display(),
+            home.join("io").display(),
+            out.display()
+        ),
+    );
+    let (o, outs) = s.submit_wait("io", "-n 2", &script);
+    let text = fs::read_to_string(&out).unwrap_or_default();
+    assert!(
+        o.status.success() && !text.is_empty(),
+        "job failed: {}\n{}{}",
+        String::from_utf8_lossy(&o.stderr),
+        outs.join("\n"),
+        s.logs()
+    );
+    let j: serde_json::Value = serde_json::from_str(&text).expect("bench io JSON");
+    assert_eq!(j["host"]["launcher"], "srun", "{text}");
+    let rows = j["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{text}");
+    assert_eq!(rows[0]["ranks"], 2);
+    assert_eq!(rows[0]["reps"], 2);
+    assert!(
+        rows[0]["write_mibps"].as_f64().expect("write") > 0.0,
+        "{text}"
+    );
+    assert_eq!(rows[0]["read_errors"], 0, "{text}");
+}

@@ -22,6 +22,7 @@
 //! - here: configuration, the sweep, the arithmetic.
 
 mod mpi;
+pub use mpi::Launcher;
 mod plot;
 mod report;
 
@@ -117,6 +118,8 @@ pub struct Config {
     pub drop_cache: bool,
     /// Limit for one `mpirun` (all repetitions of one point).
     pub timeout: Duration,
+    /// How the ranks are started.
+    pub launcher: mpi::Launcher,
 }
 
 /// One rank's timestamps for one phase (seconds on rank 0's monotonic clock).
@@ -421,6 +424,9 @@ pub struct Host {
     pub cpus: usize,
     /// First line of `mpirun --version`.
     pub mpi: String,
+    /// How the ranks were started (`mpirun` or `srun`).
+    #[serde(default)]
+    pub launcher: mpi::Launcher,
     /// Kernel release (`uname -r`).
     pub kernel: String,
 }
@@ -511,6 +517,7 @@ fn host(mpi: &Mpi) -> Host {
             .map(|n| n.get())
             .unwrap_or(1),
         mpi: mpi.version.clone(),
+        launcher: mpi.launcher,
         kernel: read("/proc/sys/kernel/osrelease"),
     }
 }
@@ -566,7 +573,7 @@ fn mkdir(p: &Path) -> Result<()> {
 /// Runs the sweep. `cancel` (Ctrl-C) stops it; everything set up is torn down whatever happens.
 pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Report> {
     check(cfg)?;
-    let mpi = mpi::find()?;
+    let mpi = mpi::find(cfg.launcher)?;
     fs::create_dir_all(&cfg.dir).map_err(io_err("create", &cfg.dir))?;
     let dir = fs::canonicalize(&cfg.dir).map_err(io_err("resolve", &cfg.dir))?;
     let target = fs::canonicalize(&cfg.target).map_err(io_err("resolve", &cfg.target))?;
@@ -643,7 +650,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
                 .into_iter()
                 .flat_map(|(k, v)| [k.to_string(), v])
                 .collect();
-                let what = format!("mpirun -np {ranks} (bench io, {name})");
+                let what = format!("{} of {ranks} ranks (bench io, {name})", mpi.launcher);
                 let out = mpi::run_bounded(
                     &mut mpi.command(ranks, &rank_exe, &args),
                     &what,
@@ -870,6 +877,7 @@ mod tests {
             verify: false,
             drop_cache: false,
             timeout: Duration::from_secs(60),
+            launcher: mpi::Launcher::Mpirun,
         };
         let e = check(&cfg).unwrap_err().to_string();
         assert!(

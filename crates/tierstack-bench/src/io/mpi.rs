@@ -1,6 +1,7 @@
 //! MPI for `bench io`, found and used at run time only: `mpicc` builds the rank program
-//! (`ior_rank.c`, embedded in the binary) into the work folder, `mpirun` launches it. Nothing
-//! in the tierstack build links or generates bindings for MPI.
+//! (`ior_rank.c`, embedded in the binary) into the work folder, `mpirun` launches it, or
+//! `srun` as a job step inside a SLURM allocation (PMIx). Nothing in the tierstack build links
+//! or generates bindings for MPI.
 //!
 //! Every wait is bounded: the compiler and each `mpirun` run under a timeout, after which
 //! their process group gets SIGTERM and, 5 s later, SIGKILL; the ranks also carry their own
@@ -13,7 +14,44 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use super::{IoBenchError, Result};
+
+/// How the ranks are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Launcher {
+    /// `mpirun -np N` (Open MPI's launcher; inside a SLURM allocation it starts its daemons
+    /// through SLURM itself).
+    #[default]
+    Mpirun,
+    /// `srun --mpi=pmix --ntasks N`: the ranks are a job step of the SLURM allocation the
+    /// benchmark runs in (`salloc`, `sbatch`), wired up by SLURM's PMIx server.
+    Srun,
+}
+
+impl std::str::FromStr for Launcher {
+    type Err = IoBenchError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "mpirun" => Ok(Launcher::Mpirun),
+            "srun" => Ok(Launcher::Srun),
+            _ => Err(IoBenchError::Setup(format!(
+                "--launcher {s}: use mpirun or srun"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Launcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Launcher::Mpirun => "mpirun",
+            Launcher::Srun => "srun",
+        })
+    }
+}
 
 /// The rank program's source.
 pub const RANK_SOURCE: &str = include_str!("ior_rank.c");
@@ -29,6 +67,10 @@ pub struct Mpi {
     pub version: String,
     /// Open MPI (its launcher takes `--oversubscribe`, `--bind-to none`).
     pub open_mpi: bool,
+    /// How ranks are started.
+    pub launcher: Launcher,
+    /// Path of `srun` (with [`Launcher::Srun`]).
+    pub srun: Option<PathBuf>,
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -38,8 +80,25 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Finds `mpirun` and `mpicc`; when either is missing, one line naming the packages.
-pub fn find() -> Result<Mpi> {
+/// Finds `mpirun` and `mpicc` (and `srun` with [`Launcher::Srun`], which also needs a SLURM
+/// allocation); when one is missing, one line naming the packages or the fix.
+pub fn find(launcher: Launcher) -> Result<Mpi> {
+    let srun = match launcher {
+        Launcher::Mpirun => None,
+        Launcher::Srun => {
+            let srun = which("srun").ok_or_else(|| {
+                IoBenchError::Setup(
+                    "--launcher srun: srun is not on PATH: install the SLURM client (apt-get install slurm-client) or use --launcher mpirun".into(),
+                )
+            })?;
+            if std::env::var_os("SLURM_JOB_ID").is_none() {
+                return Err(IoBenchError::Setup(
+                    "--launcher srun starts the ranks as a job step and needs a SLURM allocation: run the benchmark inside salloc or an sbatch script, or use --launcher mpirun".into(),
+                ));
+            }
+            Some(srun)
+        }
+    };
     let mpirun = which("mpirun").ok_or_else(|| {
         IoBenchError::Setup(
             "bench io needs MPI and mpirun is not on PATH: install OpenMPI (apt-get install openmpi-bin libopenmpi-dev)".into(),
@@ -75,6 +134,8 @@ pub fn find() -> Result<Mpi> {
         mpicc,
         version,
         open_mpi,
+        launcher,
+        srun,
     })
 }
 
@@ -107,8 +168,26 @@ impl Mpi {
         Ok(exe)
     }
 
-    /// The `mpirun` command for `ranks` copies of `exe` with `args`.
+    /// The command that starts `ranks` copies of `exe` with `args` (`mpirun`, or `srun`).
     pub fn command(&self, ranks: usize, exe: &Path, args: &[String]) -> Command {
+        if let (Launcher::Srun, Some(srun)) = (self.launcher, &self.srun) {
+            let mut c = Command::new(srun);
+            // One job step of the allocation: as many tasks as ranks, more than its CPUs
+            // allowed (as mpirun's --oversubscribe), the whole step ended if one rank fails.
+            c.args([
+                "--mpi=pmix",
+                "--overcommit",
+                "--kill-on-bad-exit=1",
+                "--quiet",
+            ])
+            .arg(format!("--ntasks={ranks}"));
+            let k = "OMPI_MCA_btl_vader_single_copy_mechanism";
+            if std::env::var_os(k).is_none() {
+                c.env(k, "none");
+            }
+            c.arg(exe).args(args);
+            return c;
+        }
         let mut c = Command::new(&self.mpirun);
         c.arg("-np").arg(ranks.to_string());
         if self.open_mpi {

@@ -182,6 +182,7 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), BenchError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::mpi::Launcher;
     use super::super::{Host, PhaseLine, Report, Row, RowBase};
     use super::*;
 
@@ -219,6 +220,7 @@ mod tests {
                 hostname: "h".into(),
                 cpus: 2,
                 mpi: "mpirun (Open MPI) 4.1.4".into(),
+                launcher: Launcher::Mpirun,
                 kernel: "6".into(),
             },
             drain_seconds: Some(0.5),

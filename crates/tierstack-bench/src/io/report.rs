@@ -203,7 +203,7 @@ fn grid(title: &str, rows: &[&Row], value: impl Fn(&Row) -> Option<f64>, prec: u
 /// Everything `bench io` prints without --json.
 pub fn render(r: &Report) -> String {
     let mut s = format!(
-        "bench io: IOR method, POSIX, {}, {} per rank, {}, {} offsets, {} repetition{}{}{}\n{} on {} ({} CPUs), target {}\n",
+        "bench io: IOR method, POSIX, {}, {} per rank, {}, {} offsets, {} repetition{}{}{}\n{}, ranks by {}, on {} ({} CPUs), target {}\n",
         if r.file_per_process {
             "file per process"
         } else {
@@ -221,6 +221,7 @@ pub fn render(r: &Report) -> String {
         },
         if r.verify { ", reads verified" } else { "" },
         r.host.mpi,
+        r.host.launcher,
         r.host.hostname,
         r.host.cpus,
         r.target
