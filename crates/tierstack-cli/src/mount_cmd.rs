@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use tierstack_bench::{fmt_size, parse_size};
 use tierstack_fs::mount::{self as fsmount, MountSpec, MountStatus};
 
@@ -205,7 +205,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
         );
     }
     fsmount::clear_stale(&mp).map_err(|e| anyhow!("{e}"))?;
-    if let Some(t) = fsmount::mounted_type(&mp) {
+    if let Some(t) = tierstack_common::mounts::mounted_type(&mp) {
         bail!(
             "{} is already a mount point ({t}): unmount it first or pick another directory",
             mp.display()
@@ -461,13 +461,10 @@ fn request_drain_with(mp: &Path, retry: bool) -> Result<()> {
 /// or `timeout` passed.
 fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
     let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "draining [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
+    bar.set_style(crate::bar_style(
+        "draining [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+        crate::BAR_CHARS,
+    ));
     let mut most = 0u64;
     let r = fsmount::wait_drained(mp, timeout, &mut |s| {
         most = most.max(s.dirty_bytes);
