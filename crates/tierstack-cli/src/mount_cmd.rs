@@ -526,13 +526,6 @@ pub fn drain(a: DrainArgs) -> Result<()> {
     Ok(())
 }
 
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| !s.contains(") Z "))
-            .unwrap_or(false)
-}
-
 /// The last non-empty line of a tierstack process's output, without its `tierstack: error: `
 /// prefix (what to show of a child that failed).
 pub(crate) fn last_error_line(text: &str) -> String {
@@ -589,7 +582,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     let t0 = Instant::now();
     let limit = timeout.unwrap_or(Duration::from_secs(3600));
     let mut said = Instant::now();
-    while alive(st.pid) {
+    while tierstack_common::process::alive(st.pid) {
         if t0.elapsed() > limit {
             bail!(
                 "unmounted {}, but the mount daemon (pid {}) did not finish its last drain within {:.0} s; nothing is lost: its journal in the fast tier resumes at the next mount (stop it with `kill {}` if needed)",

@@ -1,7 +1,7 @@
 //! What several tierstack crates share and no single layer owns: parsing and printing sizes
 //! (every command line), the latency buckets that the pager's fault histogram, the mount's
 //! per-operation histograms and the Prometheus exporter agree on, the error of an I/O call on
-//! a path, and small probes of the machine (mount points, cgroup controllers).
+//! a path, and small probes of the machine (mount points, cgroup controllers, whether a process is alive).
 
 #![warn(missing_docs)]
 
@@ -10,6 +10,7 @@ pub mod error;
 pub mod file;
 pub mod latency;
 pub mod mounts;
+pub mod process;
 pub mod size;
 
 pub use error::{io_err, PathIoError};
