@@ -137,13 +137,18 @@ pub enum EngineKind {
     Psync,
 }
 
+/// A name that is not an [`EngineKind`]; the message names it and the accepted ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown io engine '{0}': use uring or psync")]
+pub struct UnknownEngine(pub String);
+
 impl std::str::FromStr for EngineKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownEngine;
+    fn from_str(s: &str) -> Result<Self, UnknownEngine> {
         match s {
             "uring" | "io_uring" => Ok(EngineKind::Uring),
             "psync" => Ok(EngineKind::Psync),
-            other => Err(format!("unknown io engine '{other}': use uring or psync")),
+            other => Err(UnknownEngine(other.to_string())),
         }
     }
 }

@@ -24,5 +24,5 @@ pub mod parity;
 pub use array::{Array, ArrayOptions, ArrayStatus, CreateParams, DriveStatus, Key, ScrubReport};
 pub use error::{ArrayError, Result};
 pub use format::DriveState;
-pub use io::EngineKind;
+pub use io::{EngineKind, UnknownEngine};
 pub use layout::{Geometry, Level, MAX_VALUE};

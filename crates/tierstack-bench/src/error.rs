@@ -10,6 +10,8 @@ use std::io;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
+use tierstack_common::PathIoError;
+
 /// What can go wrong in `bench mem`, the plots and the parsers of benchmark output.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -25,17 +27,9 @@ pub enum BenchError {
     /// The RAID level number of the tierstack engine is not a level.
     #[error("unknown RAID level {0}")]
     UnknownLevel(u32),
-    /// An I/O call failed on a path.
-    #[error("cannot {what} {}: {source}", path.display())]
-    Io {
-        /// What was being done (e.g. `create`, `join cgroup`, `write the plot to`).
-        what: &'static str,
-        /// The path it was done on.
-        path: PathBuf,
-        /// The error of the call.
-        #[source]
-        source: io::Error,
-    },
+    /// An I/O call failed on a path: `cannot {what} {path}: {error}`.
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     /// Creating, writing or syncing the kernel-swap engine's swap file failed.
     #[error("cannot {what} swap file: {source}")]
     SwapFile {
@@ -217,11 +211,7 @@ mod tests {
                 "unknown pattern 'zz': use uniform, linear, zipf or butterfly".into(),
             ),
             (
-                BenchError::Io {
-                    what: "join cgroup",
-                    path: p.into(),
-                    source: e(),
-                },
+                BenchError::Io(tierstack_common::io_err("join cgroup", p)(e())),
                 format!("cannot join cgroup {}: {io_text}", p.display()),
             ),
             (

@@ -12,4 +12,4 @@ pub mod plot;
 pub mod table;
 
 pub use error::BenchError;
-pub use tierstack_common::{fmt_size, parse_size};
+pub use tierstack_common::{fmt_size, parse_size, SizeError};

@@ -18,6 +18,8 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use tierstack_common::{cgroup, io_err};
+
 use crate::BenchError;
 
 /// Size of the pages the workload touches, in bytes (4 KiB, as pmbench).
@@ -529,17 +531,6 @@ impl Drop for SwapSetup {
     }
 }
 
-fn io_err<'a>(
-    what: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> BenchError + 'a {
-    move |source| BenchError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 fn sh(cmd: &mut Command, what: &str) -> Result<(), BenchError> {
     let o = cmd.output().map_err(|source| BenchError::CommandStart {
         what: what.to_string(),
@@ -598,12 +589,11 @@ fn kernel_swap_setup(
     sh(Command::new("swapon").arg(&swapfile), "swapon")?;
     setup.swapped_on = true;
     let name = format!("tierstack-bench-{}", std::process::id());
-    let v1 = Path::new("/sys/fs/cgroup/memory");
-    let v2 = Path::new("/sys/fs/cgroup");
+    let v1 = cgroup::v1_dir("memory");
     let (cg, limit_file) = if v1.join("memory.limit_in_bytes").exists() {
         (v1.join(&name), "memory.limit_in_bytes")
-    } else if v2.join("cgroup.controllers").exists() {
-        (v2.join(&name), "memory.max")
+    } else if cgroup::v2_controllers().is_some() {
+        (Path::new(cgroup::ROOT).join(&name), "memory.max")
     } else {
         return Err(BenchError::NoMemoryCgroup);
     };

@@ -362,11 +362,8 @@ pub fn plot_mem(path: &Path, reports: &[MemReport], note: Option<&str>) -> Resul
         let mut w = enc.write_header().map_err(BenchError::Encode)?;
         w.write_image_data(&buf).map_err(BenchError::Encode)?;
     }
-    std::fs::write(path, &png).map_err(|source| BenchError::Io {
-        what: "write the plot to",
-        path: path.to_path_buf(),
-        source,
-    })
+    std::fs::write(path, &png)
+        .map_err(|e| tierstack_common::io_err("write the plot to", path)(e).into())
 }
 
 /// A plotters error as a [`BenchError::Draw`].

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use tierstack_array::descriptor::{self, Descriptor};
 use tierstack_array::objects::ObjectStore;
 use tierstack_array::{
@@ -29,7 +29,7 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     fn options(&self) -> Result<ArrayOptions> {
-        let engine: EngineKind = self.engine.parse().map_err(anyhow::Error::msg)?;
+        let engine: EngineKind = self.engine.parse()?;
         if self.queue_depth == 0 || self.queue_depth > 4096 {
             bail!(
                 "--queue-depth {} is out of range: use 1 to 4096",
@@ -215,11 +215,10 @@ fn open(path: &Path, eng: &EngineArgs) -> Result<Array> {
 
 fn bar(len: u64, msg: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
-    pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    pb.set_style(crate::bar_style(
+        "{msg} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}",
+        crate::BAR_CHARS,
+    ));
     pb.set_message(msg.to_string());
     pb
 }

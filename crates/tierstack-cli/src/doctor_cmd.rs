@@ -285,7 +285,7 @@ fn rcu_nocbs() -> Check {
 }
 
 fn memory_cgroup() -> Check {
-    match read_trim("/sys/fs/cgroup/cgroup.controllers") {
+    match tierstack_common::cgroup::v2_controllers() {
         Some(c) if c.split_whitespace().any(|x| x == "memory") => check("memory_cgroup_v2", Status::Ok, format!("cgroup v2, controllers: {c}"), "memory.max/memory.swap.max work: the kernel-swap baseline of `bench mem` and the fallback for static programs can cap memory"),
         Some(c) => check("memory_cgroup_v2", Status::Warn, format!("cgroup v2 without memory: {c}"), "enable the memory controller: `echo +memory > /sys/fs/cgroup/cgroup.subtree_control`"),
         None => check("memory_cgroup_v2", Status::Warn, "no unified cgroup v2 hierarchy", "the kernel-swap baseline of `bench mem` needs cgroup v2: boot with `systemd.unified_cgroup_hierarchy=1`"),

@@ -84,7 +84,7 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
         .block
         .iter()
         .map(|b| parse_size(b))
-        .collect::<std::result::Result<Vec<u64>, String>>()
+        .collect::<std::result::Result<Vec<u64>, tierstack_bench::SizeError>>()
         .map_err(anyhow::Error::msg)?;
     let size_per_rank = parse_size(&a.size_per_rank).map_err(anyhow::Error::msg)?;
     if let Some(d) = &a.dram {
@@ -122,8 +122,8 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
     let cancel = crate::stage_cmd::cancel_flag()?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        // indicatif's own bar characters.
+        crate::bar_style("{bar:30} {pos}/{len} runs  {msg}", "█░"),
     );
     let progress = |done: usize, total: usize, msg: &str| {
         bar.set_length(total as u64);

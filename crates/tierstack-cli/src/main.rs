@@ -106,6 +106,17 @@ enum BenchCmd {
     MemWorker { spec: String },
 }
 
+/// How most progress bars are drawn: `[===>   ]`.
+const BAR_CHARS: &str = "=> ";
+
+/// The style of every progress bar: `template` in indicatif's syntax, the bar drawn with
+/// `chars` (indicatif's default style should the template not parse).
+fn bar_style(template: &str, chars: &str) -> indicatif::ProgressStyle {
+    indicatif::ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars(chars)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -566,7 +566,7 @@ pub fn serve_run(listener: TcpListener, rec: top_cmd::RunRecord) -> Result<()> {
         let lv = [pid.as_str()];
         budget.with_label_values(&lv).set(rec.dram_bytes as i64);
         page.with_label_values(&lv).set(rec.page_bytes as i64);
-        let alive = top_cmd::alive(rec.pid);
+        let alive = tierstack_common::process::alive(rec.pid);
         up.with_label_values(&lv).set(i64::from(alive));
         if let Some(r) = top_cmd::rss_bytes(rec.pid) {
             rss.with_label_values(&lv).set(r as i64);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use tierstack_bench::{fmt_size, parse_size};
 use tierstack_fs::mount::{self as fsmount, MountSpec, MountStatus};
 
@@ -205,7 +205,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
         );
     }
     fsmount::clear_stale(&mp).map_err(|e| anyhow!("{e}"))?;
-    if let Some(t) = fsmount::mounted_type(&mp) {
+    if let Some(t) = tierstack_common::mounts::mounted_type(&mp) {
         bail!(
             "{} is already a mount point ({t}): unmount it first or pick another directory",
             mp.display()
@@ -461,13 +461,10 @@ fn request_drain_with(mp: &Path, retry: bool) -> Result<()> {
 /// or `timeout` passed.
 fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
     let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "draining [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
+    bar.set_style(crate::bar_style(
+        "draining [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+        crate::BAR_CHARS,
+    ));
     let mut most = 0u64;
     let r = fsmount::wait_drained(mp, timeout, &mut |s| {
         most = most.max(s.dirty_bytes);
@@ -529,13 +526,6 @@ pub fn drain(a: DrainArgs) -> Result<()> {
     Ok(())
 }
 
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| !s.contains(") Z "))
-            .unwrap_or(false)
-}
-
 /// The last non-empty line of a tierstack process's output, without its `tierstack: error: `
 /// prefix (what to show of a child that failed).
 pub(crate) fn last_error_line(text: &str) -> String {
@@ -592,7 +582,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     let t0 = Instant::now();
     let limit = timeout.unwrap_or(Duration::from_secs(3600));
     let mut said = Instant::now();
-    while alive(st.pid) {
+    while tierstack_common::process::alive(st.pid) {
         if t0.elapsed() > limit {
             bail!(
                 "unmounted {}, but the mount daemon (pid {}) did not finish its last drain within {:.0} s; nothing is lost: its journal in the fast tier resumes at the next mount (stop it with `kill {}` if needed)",

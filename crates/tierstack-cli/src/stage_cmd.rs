@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use tierstack_bench::checkpoint;
 use tierstack_bench::parse_size;
 use tierstack_fs::stage;
@@ -161,13 +161,10 @@ pub fn stage(a: StageArgs) -> Result<()> {
     };
     let passes = if opts.verify || opts.read_back { 2 } else { 1 };
     let bar = ProgressBar::new(plan.bytes() * passes);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    bar.set_style(crate::bar_style(
+        "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        crate::BAR_CHARS,
+    ));
     bar.set_message(format!(
         "stage {} {} files{}",
         a.direction,

@@ -1,11 +1,18 @@
 //! What several tierstack crates share and no single layer owns: parsing and printing sizes
-//! (every command line), and the latency buckets that the pager's fault histogram, the
-//! mount's per-operation histograms and the Prometheus exporter agree on.
+//! (every command line), the latency buckets that the pager's fault histogram, the mount's
+//! per-operation histograms and the Prometheus exporter agree on, the error of an I/O call on
+//! a path, and small probes of the machine (mount points, cgroup controllers, whether a process is alive).
 
 #![warn(missing_docs)]
 
+pub mod cgroup;
+pub mod error;
+pub mod file;
 pub mod latency;
+pub mod mounts;
+pub mod process;
 pub mod size;
 
+pub use error::{io_err, PathIoError};
 pub use latency::{AtomicHistogram, LATENCY_BOUNDS_US};
-pub use size::{fmt_size, parse_size};
+pub use size::{fmt_size, parse_size, SizeError};

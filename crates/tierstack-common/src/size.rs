@@ -1,13 +1,14 @@
 //! Sizes on command lines, in configs and in reports: `64K`, `1.5G`, `8GiB`, `4096`.
 
+/// A size that does not parse; the message names the value and the accepted forms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid size '{0}': use a number with an optional K, M, G or T suffix, e.g. 64K or 8G")]
+pub struct SizeError(pub String);
+
 /// Parses sizes like `64K`, `1.5G`, `512` (bytes). Suffixes K, M, G, T are powers of 1024;
 /// `B`, `iB` after them are accepted. The error names the value and the accepted forms.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let bad = || {
-        format!(
-            "invalid size '{s}': use a number with an optional K, M, G or T suffix, e.g. 64K or 8G"
-        )
-    };
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
+    let bad = || SizeError(s.to_string());
     let mut t = s.trim().to_ascii_uppercase();
     // Accept 8G, 8GB, 8GIB and a plain byte count (optionally with B).
     if let Some(x) = t.strip_suffix("IB") {
@@ -65,6 +66,10 @@ mod tests {
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("-1G").is_err());
+        assert_eq!(
+            parse_size("12Q").map_err(|e| e.to_string()),
+            Err("invalid size '12Q': use a number with an optional K, M, G or T suffix, e.g. 64K or 8G".into())
+        );
         assert_eq!(fmt_size(512), "512 B");
         assert_eq!(fmt_size(3 << 19), "1.5 MiB");
     }

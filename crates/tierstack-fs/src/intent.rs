@@ -199,13 +199,8 @@ impl IntentLog {
     /// records of its current generation, to be replayed by the caller and then voided with
     /// [`IntentLog::reset`].
     pub fn open(path: &Path) -> io::Result<(IntentLog, Vec<Record>)> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| io_ctx(path, "open", e))?;
+        let file =
+            tierstack_common::file::open_or_create(path).map_err(|e| io_ctx(path, "open", e))?;
         let len = file.metadata().map_err(|e| io_ctx(path, "stat", e))?.len();
         let mut records = Vec::new();
         let mut gen = 0;

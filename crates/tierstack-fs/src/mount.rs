@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tierstack_array::{descriptor, Array, ArrayOptions, CreateParams, Level};
+use tierstack_common::mounts::mounted_type;
 use tierstack_store::TieredStore;
 
 use crate::core::Core;
@@ -279,41 +280,6 @@ pub fn wait_drained(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// Whether `mountpoint` is listed in /proc/self/mountinfo, and its file-system type.
-pub fn mounted_type(mountpoint: &Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = mountpoint.as_os_str().as_bytes();
-    for line in info.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        if f.len() < 5 {
-            continue;
-        }
-        if unescape(f[4]) == want {
-            let sep = f.iter().position(|x| *x == "-")?;
-            return f.get(sep + 1).map(|s| s.to_string());
-        }
-    }
-    None
-}
-
-fn unescape(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    out
 }
 
 /// Detaches a dead tierstack FUSE mount (daemon gone) from `mountpoint`.

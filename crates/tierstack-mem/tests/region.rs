@@ -64,11 +64,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn uffd_available() -> bool {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .is_ok()
+    tierstack_mem::uffd::available().is_ok()
 }
 
 /// Serialises the test, checks userfaultfd is usable (None: skip) and builds a store over a

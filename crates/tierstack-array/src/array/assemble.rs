@@ -59,13 +59,7 @@ pub fn prepare_drive(path: &Path, size: Option<u64>) -> Result<(bool, u64)> {
         }
         _ => {}
     }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| io_err(path, e))?;
+    let file = tierstack_common::file::open_or_create(path).map_err(|e| io_err(path, e))?;
     let is_file = file.metadata().map(|m| m.is_file()).unwrap_or(false);
     let mut cur = io::device_size(&file).map_err(|e| io_err(path, e))?;
     if let Some(sz) = size {

@@ -3,10 +3,12 @@
 
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use tierstack_common::mounts::mount_points;
 
 use super::{CheckpointError, Result};
 use crate::BenchError;
@@ -106,7 +108,6 @@ pub(super) fn tool(name: &str, args: &[&str], what: &str) -> Result<String> {
     )
 }
 
-/// Mount points (decoded) listed in /proc/self/mounts.
 /// Removes a benchmark's work folder, never through a mount still under it; the error
 /// names the problem and the fix.
 pub(crate) fn remove_work_folder(w: &Path) -> std::result::Result<(), BenchError> {
@@ -118,24 +119,4 @@ pub(crate) fn remove_work_folder(w: &Path) -> std::result::Result<(), BenchError
         path: w.to_path_buf(),
         source,
     })
-}
-
-pub(crate) fn mount_points() -> Vec<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .map(|m| {
-            PathBuf::from(
-                m.replace("\\040", " ")
-                    .replace("\\011", "\t")
-                    .replace("\\012", "\n")
-                    .replace("\\134", "\\"),
-            )
-        })
-        .collect()
-}
-
-pub(super) fn is_mounted(p: &Path) -> bool {
-    let c = fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    mount_points().contains(&c)
 }

@@ -26,13 +26,14 @@ mod throttle;
 mod writer;
 
 use std::fs;
-use std::io::{self, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
+use tierstack_common::{io_err, PathIoError};
 
 /// Size of one write of a writer.
 pub const BLOCK: usize = 1 << 20;
@@ -43,17 +44,9 @@ pub enum CheckpointError {
     /// Bad input or an environment that cannot run the benchmark; names the problem and fix.
     #[error("{0}")]
     Setup(String),
-    /// An I/O call failed on a path.
-    #[error("cannot {what} {}: {source}", path.display())]
-    Io {
-        /// What was being done (e.g. `create`, `fsync`).
-        what: &'static str,
-        /// The path it was done on.
-        path: PathBuf,
-        /// The error of the call.
-        #[source]
-        source: io::Error,
-    },
+    /// An I/O call failed on a path: `cannot {what} {path}: {error}`.
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     /// A command that the benchmark runs failed.
     #[error("{what} failed: {msg}")]
     Command {
@@ -76,17 +69,6 @@ pub enum CheckpointError {
 }
 
 type Result<T> = std::result::Result<T, CheckpointError>;
-
-fn io_err<'a>(
-    what: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(io::Error) -> CheckpointError + 'a {
-    move |source| CheckpointError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
-}
 
 /// Nanoseconds on CLOCK_MONOTONIC (the same clock in every process of the machine).
 pub fn monotonic_ns() -> u64 {
@@ -250,7 +232,7 @@ fn check_cancel(cancel: &AtomicBool) -> Result<()> {
 }
 
 fn mkdir(p: &Path) -> Result<()> {
-    fs::create_dir(p).map_err(io_err("create", p))
+    Ok(fs::create_dir(p).map_err(io_err("create", p))?)
 }
 
 /// Every drained file holds exactly what its writer wrote.
@@ -682,7 +664,7 @@ mod tests {
             seed: 7,
         };
         let mut out = Vec::new();
-        run_writer(&spec, io::empty(), &mut out).unwrap();
+        run_writer(&spec, std::io::empty(), &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         let mut lines = text.lines();
         assert_eq!(lines.next(), Some("ready"));

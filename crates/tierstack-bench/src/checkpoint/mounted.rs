@@ -7,7 +7,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::cmd::{is_mounted, run_cmd, tool};
+use tierstack_common::mounts::is_mounted;
+
+use super::cmd::{run_cmd, tool};
 use super::{monotonic_ns, CheckpointError, Result};
 
 pub(crate) struct Mounted {

@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::cmd::{is_mounted, tool};
+use tierstack_common::cgroup;
+use tierstack_common::mounts::is_mounted;
+
+use super::cmd::tool;
 use super::{io_err, CheckpointError, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,8 +24,15 @@ pub(super) enum CgKind {
     V2Io,
 }
 
-pub(super) const V1_BLKIO: &str = "/sys/fs/cgroup/blkio";
-pub(super) const V2_ROOT: &str = "/sys/fs/cgroup";
+impl CgKind {
+    /// The root group of the hierarchy that throttles (v1 blkio, or the unified one).
+    fn root(self) -> PathBuf {
+        match self {
+            CgKind::V1Blkio => cgroup::v1_dir("blkio"),
+            CgKind::V2Io => PathBuf::from(cgroup::ROOT),
+        }
+    }
+}
 
 pub(super) struct Throttle {
     image: PathBuf,
@@ -37,14 +47,13 @@ pub(super) struct Throttle {
 
 /// Which cgroup interface throttles writes here.
 pub(super) fn cgroup_kind() -> Result<CgKind> {
-    if Path::new(V1_BLKIO)
+    if cgroup::v1_dir("blkio")
         .join("blkio.throttle.write_bps_device")
         .exists()
     {
         return Ok(CgKind::V1Blkio);
     }
-    let ctl = fs::read_to_string(Path::new(V2_ROOT).join("cgroup.controllers")).unwrap_or_default();
-    if ctl.split_whitespace().any(|c| c == "io") {
+    if cgroup::v2_has("io") {
         return Ok(CgKind::V2Io);
     }
     Err(CheckpointError::Setup(
@@ -116,11 +125,8 @@ impl Throttle {
             ));
         }
         t.loopdev = Some(dev.clone());
-        let st = rustix::fs::stat(dev.as_str()).map_err(|e| CheckpointError::Io {
-            what: "stat",
-            path: PathBuf::from(&dev),
-            source: e.into(),
-        })?;
+        let st = rustix::fs::stat(dev.as_str())
+            .map_err(|e| io_err("stat", Path::new(&dev))(e.into()))?;
         t.devnum = format!(
             "{}:{}",
             rustix::fs::major(st.st_rdev),
@@ -150,14 +156,11 @@ impl Throttle {
         )?;
         t.mounted = true;
         let name = format!("tierstack-ckpt-{}", std::process::id());
-        let cg = match kind {
-            CgKind::V1Blkio => Path::new(V1_BLKIO).join(&name),
-            CgKind::V2Io => {
-                // The io controller must be enabled for the children of the root.
-                let _ = fs::write(Path::new(V2_ROOT).join("cgroup.subtree_control"), "+io");
-                Path::new(V2_ROOT).join(&name)
-            }
-        };
+        if kind == CgKind::V2Io {
+            // The io controller must be enabled for the children of the root.
+            let _ = fs::write(kind.root().join("cgroup.subtree_control"), "+io");
+        }
+        let cg = kind.root().join(&name);
         fs::create_dir(&cg).map_err(io_err("create the cgroup", &cg))?;
         t.cgroup = Some(cg.clone());
         let (file, rule) = match kind {
@@ -210,10 +213,7 @@ impl Throttle {
         if let Some(cg) = self.cgroup.take() {
             // Whatever is left in it (only processes this benchmark put there) goes back to
             // the root group, then the group is removed.
-            let root = match self.kind {
-                CgKind::V1Blkio => Path::new(V1_BLKIO).join("cgroup.procs"),
-                CgKind::V2Io => Path::new(V2_ROOT).join("cgroup.procs"),
-            };
+            let root = self.kind.root().join("cgroup.procs");
             let mut removed = false;
             for _ in 0..50 {
                 if let Ok(pids) = fs::read_to_string(cg.join("cgroup.procs")) {
@@ -261,7 +261,7 @@ impl Throttle {
             keep(r);
         }
         if self.image.exists() {
-            keep(fs::remove_file(&self.image).map_err(io_err("remove", &self.image)));
+            keep(fs::remove_file(&self.image).map_err(|e| io_err("remove", &self.image)(e).into()));
         }
         if self.mp_created {
             let _ = fs::remove_dir(&self.mp);

@@ -68,7 +68,7 @@ pub fn run_writer(spec: &WriterSpec, mut go: impl Read, mut out: impl Write) -> 
             Ok(0) => break,
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_err("wait on", Path::new("stdin"))(e)),
+            Err(e) => return Err(io_err("wait on", Path::new("stdin"))(e).into()),
         }
     }
     let start_ns = monotonic_ns();
@@ -109,9 +109,9 @@ pub fn run_writer(spec: &WriterSpec, mut go: impl Read, mut out: impl Write) -> 
         xxh3: h.digest(),
     };
     let line = serde_json::to_string(&r).map_err(|e| CheckpointError::Setup(e.to_string()))?;
-    writeln!(out, "{line}")
+    Ok(writeln!(out, "{line}")
         .and_then(|_| out.flush())
-        .map_err(io_err("write to", stdout))
+        .map_err(io_err("write to", stdout))?)
 }
 
 // ---------------------------------------------------------------------------------------------

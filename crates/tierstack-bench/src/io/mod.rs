@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tierstack_common::{io_err, PathIoError};
 
 use crate::checkpoint::mounted::Mounted;
 use crate::checkpoint::CheckpointError;
@@ -51,17 +52,9 @@ pub enum IoBenchError {
     /// MPI is missing, did not build the rank program, or a run failed.
     #[error("{0}")]
     Mpi(String),
-    /// An I/O call failed on a path.
-    #[error("cannot {what} {}: {source}", path.display())]
-    Io {
-        /// What was being done (e.g. `create`, `remove`).
-        what: &'static str,
-        /// The path it was done on.
-        path: PathBuf,
-        /// The error of the call.
-        #[source]
-        source: io::Error,
-    },
+    /// An I/O call failed on a path: `cannot {what} {path}: {error}`.
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     /// The tierstack mount (mount, drain, umount) failed.
     #[error("{0}")]
     Mount(#[from] CheckpointError),
@@ -71,14 +64,6 @@ pub enum IoBenchError {
 }
 
 type Result<T> = std::result::Result<T, IoBenchError>;
-
-fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> IoBenchError + 'a {
-    move |source| IoBenchError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
-}
 
 /// How to run the sweep.
 #[derive(Debug, Clone)]
@@ -483,7 +468,7 @@ impl Env {
         for d in self.made.drain(..) {
             if let Err(e) = fs::remove_dir_all(&d) {
                 if e.kind() != io::ErrorKind::NotFound {
-                    first.get_or_insert(io_err("remove", &d)(e));
+                    first.get_or_insert(io_err("remove", &d)(e).into());
                 }
             }
         }
@@ -567,7 +552,7 @@ fn check(cfg: &Config) -> Result<()> {
 }
 
 fn mkdir(p: &Path) -> Result<()> {
-    fs::create_dir(p).map_err(io_err("create", p))
+    Ok(fs::create_dir(p).map_err(io_err("create", p))?)
 }
 
 /// Runs the sweep. `cancel` (Ctrl-C) stops it; everything set up is torn down whatever happens.

@@ -144,11 +144,7 @@ impl Mpi {
     pub fn build_rank(&self, dir: &Path) -> Result<PathBuf> {
         let src = dir.join("ior_rank.c");
         let exe = dir.join("tierstack-ior-rank");
-        std::fs::write(&src, RANK_SOURCE).map_err(|e| IoBenchError::Io {
-            what: "write",
-            path: src.clone(),
-            source: e,
-        })?;
+        std::fs::write(&src, RANK_SOURCE).map_err(tierstack_common::io_err("write", &src))?;
         let out = run_bounded(
             Command::new(&self.mpicc)
                 .arg("-O2")

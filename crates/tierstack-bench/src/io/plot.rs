@@ -173,11 +173,8 @@ pub fn plot_io(path: &Path, r: &Report) -> Result<(), BenchError> {
         let mut wr = enc.write_header().map_err(BenchError::Encode)?;
         wr.write_image_data(&buf).map_err(BenchError::Encode)?;
     }
-    std::fs::write(path, &png).map_err(|source| BenchError::Io {
-        what: "write the plot to",
-        path: path.to_path_buf(),
-        source,
-    })
+    std::fs::write(path, &png)
+        .map_err(|e| tierstack_common::io_err("write the plot to", path)(e).into())
 }
 
 #[cfg(test)]

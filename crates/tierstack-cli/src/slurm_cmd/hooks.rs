@@ -265,7 +265,7 @@ fn mount_job(dir: &Path, s: &JobState, c: &Common) -> Result<()> {
 }
 
 pub(super) fn mounted(mnt: &Path) -> bool {
-    tierstack_fs::mount::mounted_type(mnt).is_some()
+    tierstack_common::mounts::mounted_type(mnt).is_some()
 }
 
 pub(super) fn data_in(id: &str, c: &Common) -> Result<()> {

@@ -129,12 +129,6 @@ pub fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.contains(") Z ") && !s.contains(") X "))
-        .unwrap_or(false)
-}
-
 /// The counters of /proc/PID/io (bytes that reached the block layer, and all bytes).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProcIo {
@@ -323,7 +317,7 @@ fn read_runs() -> Vec<RunRecord> {
         else {
             continue;
         };
-        if !alive(rec.tierstack_pid) {
+        if !tierstack_common::process::alive(rec.tierstack_pid) {
             // Left behind by a `tierstack run` that was killed: not a live run.
             continue;
         }
@@ -446,7 +440,7 @@ fn sample() -> Sample {
             .map(|(_, d)| d)
             .collect();
         rs.push(RunSample {
-            alive: alive(rec.pid),
+            alive: tierstack_common::process::alive(rec.pid),
             rss: rss_bytes(rec.pid),
             io: proc_io(rec.pid),
             devices,

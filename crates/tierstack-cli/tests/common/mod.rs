@@ -76,12 +76,9 @@ pub fn f(j: &serde_json::Value, k: &str) -> f64 {
         .unwrap_or_else(|| panic!("{k} missing or not a number: {j}"))
 }
 
-/// Whether `p` is a mount point of this process's mount namespace.
+/// Whether `p` (as given) is a mount point of this process's mount namespace.
 pub fn is_mounted(p: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let s = p.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4).is_some_and(|m| m == s))
+    tierstack_common::mounts::mounted_type(p).is_some()
 }
 
 /// Whether the tests run as root.
@@ -103,17 +100,16 @@ pub fn root_with_fuse() -> bool {
     true
 }
 
-/// Whether /dev/userfaultfd can be used here (says SKIP when not).
+/// Whether userfaultfd can be used here, by the probe `tierstack run` makes (says SKIP when
+/// not).
 pub fn uffd_usable() -> bool {
-    let ok = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .is_ok();
-    if !ok {
-        eprintln!("SKIP: /dev/userfaultfd not usable here");
+    match tierstack_mem::uffd::available() {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("SKIP: userfaultfd not usable here ({e})");
+            false
+        }
     }
-    ok
 }
 
 /// Takes this test file's lock: the tests that hold it run one at a time.

@@ -183,7 +183,7 @@ pub(super) fn copy_file(
         .map_err(io_err("create", &tmp))?;
     let mut guard = TmpGuard(Some(tmp.clone()));
     let copied = scan(&src, &job.src, "read", hash, progress, cancel, |off, b| {
-        out.write_all_at(b, off).map_err(io_err("write", &tmp))
+        Ok(out.write_all_at(b, off).map_err(io_err("write", &tmp))?)
     })?;
     // The size, so that trailing holes (and a source that shrank) read as zeros.
     out.set_len(copied.size)

@@ -33,10 +33,11 @@
 //! files.
 
 use std::fs;
-use std::io;
 use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::SystemTime;
+
+use tierstack_common::{io_err, PathIoError};
 
 mod copy;
 mod manifest;
@@ -53,17 +54,9 @@ pub const CHUNK: usize = 1 << 20;
 /// What can go wrong while planning or carrying out a stage.
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
-    /// An I/O call failed on a path.
-    #[error("cannot {what} {}: {source}", path.display())]
-    Io {
-        /// What was being done (`create the directory`, `read` ...), for the message.
-        what: &'static str,
-        /// The path it was done on.
-        path: PathBuf,
-        /// The error the operating system returned.
-        #[source]
-        source: io::Error,
-    },
+    /// An I/O call failed on a path: `cannot {what} {path}: {error}`.
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     /// Input that the stager refuses; the message names the problem and the fix.
     #[error("{0}")]
     Refused(String),
@@ -92,14 +85,6 @@ pub enum StageError {
         "interrupted: files already renamed into place are complete, nothing half-written was left"
     )]
     Cancelled,
-}
-
-fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StageError + 'a {
-    move |source| StageError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// One regular file to copy.

@@ -45,7 +45,7 @@ pub(super) fn add_entry(
                 src.display()
             )))
         }
-        Err(e) => return Err(io_err("read", src)(e)),
+        Err(e) => return Err(io_err("read", src)(e).into()),
     };
     if meta.is_dir() {
         check_dst_dir(dst)?;

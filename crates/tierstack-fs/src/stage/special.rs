@@ -40,7 +40,7 @@ pub(super) fn make_hard_link(
                 target.display()
             )));
         }
-        return Err(io_err("create the hard link", &tmp)(e));
+        return Err(io_err("create the hard link", &tmp)(e).into());
     }
     let mut guard = TmpGuard(Some(tmp.clone()));
     fs::rename(&tmp, dst).map_err(io_err("rename into place", dst))?;
