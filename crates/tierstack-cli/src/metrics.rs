@@ -431,20 +431,20 @@ impl MountMetrics {
         }
         self.backlog_bytes
             .with_label_values(&l)
-            .set(s.dirty_bytes as i64);
+            .set(s.drain.dirty_bytes as i64);
         self.backlog_files
             .with_label_values(&l)
-            .set(s.dirty_files as i64);
+            .set(s.drain.dirty_files as i64);
         self.pending_ops
             .with_label_values(&l)
-            .set(s.pending_ops as i64);
+            .set(s.drain.pending_ops as i64);
         self.drains_in_flight
             .with_label_values(&l)
-            .set(s.drains_in_flight as i64);
-        set_counter(&self.drained, &l, s.drained_bytes);
+            .set(s.drain.drains_in_flight as i64);
+        set_counter(&self.drained, &l, s.drain.drained_bytes);
         self.drain_rate
             .with_label_values(&l)
-            .set(s.drain_bytes_per_s);
+            .set(s.drain.drain_bytes_per_s);
         set_counter(&self.drain_retries, &l, s.drain_retries);
         self.stuck.with_label_values(&l).set(s.stuck.len() as i64);
         self.backpressure

@@ -378,15 +378,15 @@ fn print_status(s: &MountStatus) {
     println!("daemon pid  {}  mode {}", s.pid, s.mode);
     println!(
         "waiting     {} in {} files, {} journal ops ({} drains in flight)",
-        fmt_size(s.dirty_bytes),
-        s.dirty_files,
-        s.pending_ops,
-        s.drains_in_flight
+        fmt_size(s.drain.dirty_bytes),
+        s.drain.dirty_files,
+        s.drain.pending_ops,
+        s.drain.drains_in_flight
     );
     println!(
         "drain       {}/s, {} drained{}",
-        fmt_size(s.drain_bytes_per_s as u64),
-        fmt_size(s.drained_bytes),
+        fmt_size(s.drain.drain_bytes_per_s as u64),
+        fmt_size(s.drain.drained_bytes),
         if s.backpressure {
             ", writers waiting (backpressure)"
         } else {
@@ -467,10 +467,13 @@ fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
     ));
     let mut most = 0u64;
     let r = fsmount::wait_drained(mp, timeout, &mut |s| {
-        most = most.max(s.dirty_bytes);
+        most = most.max(s.drain.dirty_bytes);
         bar.set_length(most);
-        bar.set_position(most - s.dirty_bytes);
-        let mut msg = format!("{} files, {} ops waiting", s.dirty_files, s.pending_ops);
+        bar.set_position(most - s.drain.dirty_bytes);
+        let mut msg = format!(
+            "{} files, {} ops waiting",
+            s.drain.dirty_files, s.drain.pending_ops
+        );
         if let Some(e) = &s.last_error {
             if s.drain_retries > 0 {
                 msg.push_str(&format!("; retrying: {e}"));
@@ -494,9 +497,9 @@ fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
             bail!(
                 "timed out after {:.0} s with {} in {} files and {} journal ops still to drain{}; the mount stays and nothing is lost: wait longer (`tierstack drain {} --wait`) or `tierstack umount {} --force` to keep the rest in the fast tier for the next mount",
                 t.as_secs_f64(),
-                fmt_size(s.dirty_bytes),
-                s.dirty_files,
-                s.pending_ops,
+                fmt_size(s.drain.dirty_bytes),
+                s.drain.dirty_files,
+                s.drain.pending_ops,
                 s.last_error
                     .as_ref()
                     .map(|e| format!(" (last error: {e})"))

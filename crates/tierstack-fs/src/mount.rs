@@ -52,17 +52,10 @@ pub struct MountSpec {
     pub fuse_threads: usize,
 }
 
-/// What `tierstack status` reports.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MountStatus {
-    /// Where the file system is mounted (canonical).
-    pub mountpoint: PathBuf,
-    /// The backing directory (canonical).
-    pub backing: PathBuf,
-    /// Process id of the mount daemon.
-    pub pid: u32,
-    /// `sync` or `async`: what a returned `fsync` guarantees.
-    pub mode: String,
+/// Where a mount's drain stands: what the fast tier holds that BACKING does not yet, and how
+/// fast it goes there (part of [`MountStatus`], and of `tierstack top`'s view of a mount).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DrainFigures {
     /// Bytes of file pages in the fast tier that BACKING does not have yet.
     pub dirty_bytes: u64,
     /// Files whose contents differ from BACKING.
@@ -75,6 +68,22 @@ pub struct MountStatus {
     pub drain_bytes_per_s: f64,
     /// Bytes of file contents written to BACKING since the mount started.
     pub drained_bytes: u64,
+}
+
+/// What `tierstack status` reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MountStatus {
+    /// Where the file system is mounted (canonical).
+    pub mountpoint: PathBuf,
+    /// The backing directory (canonical).
+    pub backing: PathBuf,
+    /// Process id of the mount daemon.
+    pub pid: u32,
+    /// `sync` or `async`: what a returned `fsync` guarantees.
+    pub mode: String,
+    /// Where the drain stands (flattened: its fields are keys of this object).
+    #[serde(flatten)]
+    pub drain: DrainFigures,
     /// Bytes of file pages held in the fast tier, dirty and clean.
     pub held_bytes: u64,
     /// Above this many held bytes writers wait for the drain (the DRAM tier plus half the
@@ -624,12 +633,14 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         backing: core.backing.clone(),
         pid: std::process::id(),
         mode: if spec.sync { "sync" } else { "async" }.into(),
-        dirty_bytes: core.dirty_bytes.load(Relaxed),
-        dirty_files,
-        pending_ops,
-        drains_in_flight: inflight,
-        drain_bytes_per_s: drainer.rate(),
-        drained_bytes: core.drained_bytes.load(Relaxed),
+        drain: DrainFigures {
+            dirty_bytes: core.dirty_bytes.load(Relaxed),
+            dirty_files,
+            pending_ops,
+            drains_in_flight: inflight,
+            drain_bytes_per_s: drainer.rate(),
+            drained_bytes: core.drained_bytes.load(Relaxed),
+        },
         held_bytes: core.held.load(Relaxed),
         limit_bytes: core.limit,
         backpressure: core.pressure.load(Relaxed),

@@ -35,8 +35,8 @@ pub(crate) extern "C" fn fork_prepare() {
         .pager
         .store()
         .write_back(u64::MAX)
-        .map_err(|e| e.to_string())
-        .and_then(|_| e.array.settle().map_err(|e| e.to_string()));
+        .map_err(PreloadError::from)
+        .and_then(|_| e.array.settle().map_err(PreloadError::from));
     if let Err(err) = settled {
         eprintln!("tierstack: fork: cannot write the paging store out ({err}); the child will not be able to read paged memory");
         return;
@@ -54,25 +54,34 @@ pub(crate) extern "C" fn fork_prepare() {
 }
 
 /// A memfd with a shared lock on its first open file description, and a second one.
-pub(crate) fn make_hold() -> Result<(c_int, c_int), String> {
+pub(crate) fn make_hold() -> Result<(c_int, c_int), PreloadError> {
     // SAFETY: memfd_create takes a NUL-terminated name and flags; flock and open take the
     // descriptors and the path made here.
     unsafe {
         let a = libc::memfd_create(c"tierstack-fork-hold".as_ptr(), libc::MFD_CLOEXEC);
         if a < 0 {
-            return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+            return Err(PreloadError::Os {
+                what: "memfd_create",
+                source: std::io::Error::last_os_error(),
+            });
         }
         if libc::flock(a, libc::LOCK_SH) != 0 {
             let e = std::io::Error::last_os_error();
             libc::close(a);
-            return Err(format!("flock: {e}"));
+            return Err(PreloadError::Os {
+                what: "flock",
+                source: e,
+            });
         }
         let path = format!("/proc/self/fd/{a}\0");
         let b = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
         if b < 0 {
             let e = std::io::Error::last_os_error();
             libc::close(a);
-            return Err(format!("cannot reopen the hold through /proc ({e})"));
+            return Err(PreloadError::Os {
+                what: "cannot reopen the hold through /proc",
+                source: e,
+            });
         }
         Ok((a, b))
     }
@@ -126,7 +135,7 @@ pub(crate) extern "C" fn fork_in_child() {
     let result = if FORK_READY.load(SeqCst) {
         take_over(&old)
     } else {
-        Err("the parent could not prepare its store for the fork".to_string())
+        Err(PreloadError::NotPrepared)
     };
     match result {
         Ok(engine) => {
@@ -144,11 +153,11 @@ pub(crate) extern "C" fn fork_in_child() {
     std::mem::forget(old);
 }
 
-pub(crate) fn take_over(old: &Arc<Engine>) -> Result<Engine, String> {
+pub(crate) fn take_over(old: &Arc<Engine>) -> Result<Engine, PreloadError> {
     let view = old
         .array
         .read_only_view()
-        .map_err(|e| format!("cannot open the parent's array: {e}"))?;
+        .map_err(PreloadError::ParentArray)?;
     let mut snapshots = vec![Arc::new(view)];
     snapshots.extend(old.snapshots.iter().cloned());
     let array = own_array(&old.dir, old.page)?;
@@ -163,7 +172,7 @@ pub(crate) fn take_over(old: &Arc<Engine>) -> Result<Engine, String> {
         let olds = old.regions.lock();
         let mut news = engine.regions.lock();
         for (&base, r) in olds.iter() {
-            let n = engine.pager.adopt(r).map_err(|e| e.to_string())?;
+            let n = engine.pager.adopt(r)?;
             news.insert(base, n);
         }
     }

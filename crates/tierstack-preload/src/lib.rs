@@ -40,6 +40,9 @@ use parking_lot::Mutex;
 use tierstack_mem::gate::{Gate, Inside};
 use tierstack_mem::{MemError, Pager, Region};
 
+use error::PreloadError;
+
+mod error;
 mod fork;
 mod heap;
 mod mapping;
@@ -220,9 +223,12 @@ fn paging_dir() -> Option<std::path::PathBuf> {
 
 /// Makes this process's own paging array: RAID 5 of four sparse file drives in
 /// `dir/<pid>/`, whose names go at once (nothing is left behind at exit, even by `kill -9`).
-fn own_array(dir: &std::path::Path, page: usize) -> Result<tierstack_array::Array, String> {
+fn own_array(dir: &std::path::Path, page: usize) -> Result<tierstack_array::Array, PreloadError> {
     let dir = dir.join(std::process::id().to_string());
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|source| PreloadError::CreateDir {
+        path: dir.clone(),
+        source,
+    })?;
     let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(tierstack_mem::setup::DEFAULT_STORE);
     let made =
         tierstack_mem::setup::create_array(&dir, "", store, tierstack_mem::setup::LEVEL, page);
@@ -230,18 +236,21 @@ fn own_array(dir: &std::path::Path, page: usize) -> Result<tierstack_array::Arra
         let _ = std::fs::remove_file(dir.join(format!("d{i}")));
     }
     let _ = std::fs::remove_dir(&dir);
-    Ok(made.map_err(|e| e.to_string())?.0)
+    Ok(made?.0)
 }
 
-fn start() -> Result<Engine, String> {
+fn start() -> Result<Engine, PreloadError> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let dram = env_size(b"TIERSTACK_DRAM\0").ok_or("TIERSTACK_DRAM is not set")?;
+    let dram = env_size(b"TIERSTACK_DRAM\0").ok_or(PreloadError::NotSet("TIERSTACK_DRAM"))?;
     let page =
         env_size(b"TIERSTACK_PAGE\0").unwrap_or(tierstack_mem::setup::DEFAULT_PAGE as u64) as usize;
     let opts = tierstack_array::ArrayOptions::default();
     let (array, dir) = if let Some(desc) = env("TIERSTACK_ARRAY") {
         let a = tierstack_array::descriptor::open_array(std::path::Path::new(&desc), &opts)
-            .map_err(|e| format!("cannot open array {desc}: {e}"))?;
+            .map_err(|source| PreloadError::OpenArray {
+                desc: desc.clone(),
+                source,
+            })?;
         // Paging data of an earlier run is garbage now.
         for k in a.keys_in(0, tierstack_store::MAX_OBJECT_ID - 1) {
             let _ = a.delete(k);
@@ -256,7 +265,9 @@ fn start() -> Result<Engine, String> {
             .unwrap_or_else(std::env::temp_dir);
         (a, dir)
     } else {
-        let dir = paging_dir().ok_or("neither TIERSTACK_DIR nor TIERSTACK_ARRAY is set")?;
+        let dir = paging_dir().ok_or(PreloadError::NotSet(
+            "neither TIERSTACK_DIR nor TIERSTACK_ARRAY",
+        ))?;
         (own_array(&dir, page)?, dir)
     };
     let engine = build_engine(Arc::new(array), Vec::new(), dram, page, dir)?;
@@ -282,10 +293,9 @@ fn build_engine(
     dram: u64,
     page: usize,
     dir: std::path::PathBuf,
-) -> Result<Engine, String> {
-    let (store, options) = tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page)
-        .map_err(|e| e.to_string())?;
-    let pager = Pager::new(store, &options).map_err(|e| e.to_string())?;
+) -> Result<Engine, PreloadError> {
+    let (store, options) = tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page)?;
+    let pager = Pager::new(store, &options)?;
     let config = tierstack_mem::setup::engine_config(&array, dram, page);
     let stats_dir = std::env::var_os("TIERSTACK_STATS_DIR")
         .filter(|v| !v.is_empty())

@@ -494,12 +494,8 @@ pub struct MountView {
     pub pid: u32,
     pub mode: String,
     pub tiers: Vec<TierUse>,
-    pub dirty_bytes: u64,
-    pub dirty_files: u64,
-    pub pending_ops: u64,
-    pub drains_in_flight: usize,
-    pub drain_bytes_per_s: f64,
-    pub drained_bytes: u64,
+    #[serde(flatten)]
+    pub drain: tierstack_fs::mount::DrainFigures,
     /// dirty_bytes / drain rate, when the drain moves.
     pub drain_eta_s: Option<f64>,
     pub backpressure: bool,
@@ -609,14 +605,9 @@ fn frame(prev: &Sample, cur: &Sample) -> Frame {
             pid: s.pid,
             mode: s.mode.clone(),
             tiers: s.tiers.clone(),
-            dirty_bytes: s.dirty_bytes,
-            dirty_files: s.dirty_files,
-            pending_ops: s.pending_ops,
-            drains_in_flight: s.drains_in_flight,
-            drain_bytes_per_s: s.drain_bytes_per_s,
-            drained_bytes: s.drained_bytes,
-            drain_eta_s: (s.drain_bytes_per_s > 0.0 && s.dirty_bytes > 0)
-                .then(|| s.dirty_bytes as f64 / s.drain_bytes_per_s),
+            drain: s.drain.clone(),
+            drain_eta_s: (s.drain.drain_bytes_per_s > 0.0 && s.drain.dirty_bytes > 0)
+                .then(|| s.drain.dirty_bytes as f64 / s.drain.drain_bytes_per_s),
             backpressure: s.backpressure,
             stuck: s.stuck.len(),
             stuck_first: s
@@ -767,11 +758,11 @@ pub fn render(f: &Frame) -> String {
         }
         s.push_str(&format!(
             "  drain  waiting {} in {} files, {} journal ops; {}/s, {} drained, ETA {}; stuck {}\n",
-            fmt_size(m.dirty_bytes),
-            m.dirty_files,
-            m.pending_ops,
-            fmt_size(m.drain_bytes_per_s as u64),
-            fmt_size(m.drained_bytes),
+            fmt_size(m.drain.dirty_bytes),
+            m.drain.dirty_files,
+            m.drain.pending_ops,
+            fmt_size(m.drain.drain_bytes_per_s as u64),
+            fmt_size(m.drain.drained_bytes),
             eta(m.drain_eta_s),
             m.stuck
         ));

@@ -70,7 +70,7 @@ pub fn run(interval: Duration) -> Result<()> {
             SortKey::Backlog => {
                 shown
                     .mounts
-                    .sort_by_key(|m| std::cmp::Reverse(m.dirty_bytes));
+                    .sort_by_key(|m| std::cmp::Reverse(m.drain.dirty_bytes));
                 shown.runs.sort_by_key(|r| std::cmp::Reverse(r.rss_bytes));
             }
             SortKey::Io => {
@@ -153,8 +153,12 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
                     m.mountpoint.display().to_string(),
                     m.mode.clone(),
                     tiers_line(&m.tiers),
-                    format!("{} / {} files", fmt_size(m.dirty_bytes), m.dirty_files),
-                    format!("{}/s", fmt_size(m.drain_bytes_per_s as u64)),
+                    format!(
+                        "{} / {} files",
+                        fmt_size(m.drain.dirty_bytes),
+                        m.drain.dirty_files
+                    ),
+                    format!("{}/s", fmt_size(m.drain.drain_bytes_per_s as u64)),
                     eta(m.drain_eta_s),
                     m.stuck.to_string(),
                     format!("{} / {}", mbs(m.read_bytes_per_s), mbs(m.write_bytes_per_s)),
