@@ -439,9 +439,7 @@ impl Core {
             *self.group_open.lock() = true;
             self.group_cv.notify_one();
         }
-        let sp = db.conn.savepoint()?;
-        let v = f(&sp)?;
-        sp.commit()?;
+        let v = db.in_savepoint(f)?;
         if db.group_age().is_some_and(|a| a >= GROUP_COMMIT) {
             // Under steady load the committer thread may wait for the lock: commit here.
             // The operation itself is done; a failed commit is retried by the next one.
