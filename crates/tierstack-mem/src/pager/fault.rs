@@ -447,7 +447,7 @@ impl Inner {
         st.resident += self.page as u64;
         if !st.queued[idx] {
             st.queued[idx] = true;
-            let queue = if st.sweeping(self.budget / self.page as u64) {
+            let queue = if st.sweeping() {
                 &self.behind
             } else {
                 &self.clock

@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::fault::{page_hash, Placed};
-use super::region::{PageState, RState, RegionCore, SWEEP_DECAY, WRITE_HEAT_ON};
+use super::region::{PageState, RState, RegionCore, WRITE_HEAT_ON};
 use super::Inner;
 
 /// Largest prefetch window, in bytes (at least 16 pages).
@@ -83,10 +83,10 @@ impl Inner {
             let passed = ((i - s.last) / s.stride - 1).max(0) as u64;
             self.counters.prefetch_hits.fetch_add(passed, Relaxed);
             s.last = i;
-            let sweep_cap = 2 * (self.budget / self.page as u64).max(1);
+            let budget_pages = (self.budget / self.page as u64).max(1);
             if s.stride != 1 && s.hits < 2 {
                 s.ahead = i;
-                st.swept = (st.swept + 1).min(sweep_cap);
+                st.note_sweep(Some(1), budget_pages);
                 return Vec::new();
             }
             s.window = (s.window * 2).clamp(1, max_window);
@@ -100,10 +100,10 @@ impl Inner {
                 p += s.stride;
             }
             st.sequential = forward && window > 1;
-            st.swept = (st.swept + 1 + out.len() as u64).min(sweep_cap);
+            st.note_sweep(Some(1 + out.len() as u64), budget_pages);
             return out;
         }
-        st.swept = st.swept.saturating_sub(SWEEP_DECAY);
+        st.note_sweep(None, (self.budget / self.page as u64).max(1));
         // Near the last fault of a stream (the nearest): a candidate stream with that stride,
         // in a slot of its own. The stream it starts from keeps its stride: two streams that
         // interleave close to each other (the pairs i, i + 2^k of a butterfly, a stencil's

@@ -56,12 +56,15 @@ pub(super) struct RState {
     /// none (capped at twice the budget): past the budget in pages, the region is being
     /// swept in a loop larger than memory (see [`RState::sweeping`]).
     pub(super) swept: u64,
+    /// Set once `swept` reaches the budget in pages, cleared once it falls under half of it
+    /// (so that the few faults that restart a stream at each pass do not end a sweep).
+    pub(super) sweep_on: bool,
     /// The region was unmapped; late fault and eviction work undoes itself.
     pub(super) dead: bool,
 }
 
 /// Pages a fault that follows no stream takes off [`RState::swept`].
-pub(super) const SWEEP_DECAY: u64 = 64;
+pub(super) const SWEEP_DECAY: u64 = 8;
 
 impl RState {
     /// Whether the region is swept by streams that load more than the whole budget: a loop
@@ -69,8 +72,22 @@ impl RState {
     /// (most recently loaded first out, after a lag), so the part of the loop that stays
     /// resident is read from DRAM on every pass instead of each pass evicting the pages the
     /// next one needs first (as a FIFO or LRU does for a loop larger than memory).
-    pub(super) fn sweeping(&self, budget_pages: u64) -> bool {
-        self.swept >= budget_pages
+    pub(super) fn sweeping(&self) -> bool {
+        self.sweep_on
+    }
+
+    /// Counts `loaded` pages brought in along a stream, or (None) a fault that followed no
+    /// stream, and sets or clears [`RState::sweeping`] against the budget in pages.
+    pub(super) fn note_sweep(&mut self, loaded: Option<u64>, budget_pages: u64) {
+        self.swept = match loaded {
+            Some(n) => (self.swept + n).min(2 * budget_pages),
+            None => self.swept.saturating_sub(SWEEP_DECAY),
+        };
+        if self.swept >= budget_pages {
+            self.sweep_on = true;
+        } else if self.swept < budget_pages / 2 {
+            self.sweep_on = false;
+        }
     }
 }
 
@@ -187,6 +204,7 @@ pub(super) fn map_region(
             tick: 0,
             sequential: false,
             swept: 0,
+            sweep_on: false,
             dead: false,
         }),
     });
@@ -234,6 +252,7 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
             tick: 0,
             sequential: false,
             swept: 0,
+            sweep_on: false,
             dead: false,
         }
     };
