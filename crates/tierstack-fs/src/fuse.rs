@@ -87,11 +87,9 @@ fn negative_entry() -> FileAttr {
     }
 }
 
-/// How a file handle uses the kernel's page cache. A handle that may write does direct I/O:
-/// its writes go from the writer's buffer straight into the request (no copy into the page
-/// cache, no page-cache pages to allocate for data the store already holds), and the kernel
-/// invalidates cached pages of the range it writes, so read-only handles, which keep the page
-/// cache (contents change only through this mount), stay coherent.
+/// How a file handle uses the kernel's page cache: every handle keeps it (contents change only
+/// through this mount, and writes go through the writeback cache), so a file opened again is
+/// read from the page cache rather than through the daemon.
 fn open_flags(_flags: i32) -> FopenFlags {
     FopenFlags::FOPEN_KEEP_CACHE
 }

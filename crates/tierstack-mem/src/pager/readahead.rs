@@ -59,6 +59,7 @@ impl Inner {
         st.tick += 1;
         let tick = st.tick;
         let npages = st.pages.len() as i64;
+        let budget_pages = (self.budget / self.page as u64).max(1);
         let max_window = ((PREFETCH_BYTES / self.page) as u64)
             .max(16)
             .min((self.budget / self.page as u64 / 8).max(1));
@@ -83,7 +84,6 @@ impl Inner {
             let passed = ((i - s.last) / s.stride - 1).max(0) as u64;
             self.counters.prefetch_hits.fetch_add(passed, Relaxed);
             s.last = i;
-            let budget_pages = (self.budget / self.page as u64).max(1);
             if s.stride != 1 && s.hits < 2 {
                 s.ahead = i;
                 st.note_sweep(Some(1), budget_pages);
@@ -103,7 +103,7 @@ impl Inner {
             st.note_sweep(Some(1 + out.len() as u64), budget_pages);
             return out;
         }
-        st.note_sweep(None, (self.budget / self.page as u64).max(1));
+        st.note_sweep(None, budget_pages);
         // Near the last fault of a stream (the nearest): a candidate stream with that stride,
         // in a slot of its own. The stream it starts from keeps its stride: two streams that
         // interleave close to each other (the pairs i, i + 2^k of a butterfly, a stencil's
