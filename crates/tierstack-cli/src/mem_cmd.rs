@@ -56,9 +56,9 @@ pub struct BenchMemArgs {
     /// object) instead of running a benchmark; `-` reads standard input.
     #[arg(long, requires = "plot")]
     from_json: Option<PathBuf>,
-    /// tierstack page size (unit of faulting and eviction): a multiple of 4K up to 1M; 8K, as
+    /// tierstack page size (unit of faulting and eviction): a multiple of 4K up to 1M; 4K, as
     /// `tierstack run`, by default.
-    #[arg(long, default_value = "8K")]
+    #[arg(long, default_value = tierstack_mem::setup::DEFAULT_PAGE_ARG)]
     page: String,
     /// RAID level of the tierstack engine's four file drives. 5 by default: what `tierstack
     /// run --dir` makes (the engine uses run's own constructor and budget rule); 0 is like a

@@ -19,7 +19,10 @@ use tierstack_bench::{fmt_size, parse_size};
 #[derive(Args)]
 pub struct RunArgs {
     /// DRAM tierstack may use per process: resident pages of the large allocations, the store's
-    /// DRAM tier and the array's I/O buffers, together.
+    /// DRAM tier, the array's I/O buffers and its index (about 12 MiB per GiB paged out with
+    /// 4K pages; it takes at most three quarters of the pages' share), together. Peak RSS
+    /// stays within this plus a fixed 192 MiB allowance for the program's smaller allocations
+    /// and code and tierstack's threads; `run` warns when it does not.
     #[arg(long)]
     pub dram: String,
     /// Page to this existing array (its descriptor) instead of file drives in --dir.
@@ -30,7 +33,7 @@ pub struct RunArgs {
     pub dir: Option<PathBuf>,
     /// tierstack page (unit of faulting and eviction): a multiple of 4K up to 1M. Along a
     /// sequential stream pages are read in runs of up to 256K, whatever the page.
-    #[arg(long, default_value = "8K")]
+    #[arg(long, default_value = tierstack_mem::setup::DEFAULT_PAGE_ARG)]
     pub page: String,
     /// Allocations of at least this size are paged; smaller ones use the ordinary allocator.
     #[arg(long, default_value = "64M")]
@@ -348,6 +351,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "over_budget_bytes": over,
                 "paged_processes": st.processes(),
                 "peak_resident_bytes": g("peak_resident"),
+                "index_bytes": g("index_bytes"),
                 "faults": g("faults"),
                 "bytes_paged_in": g("bytes_in"),
                 "bytes_paged_out": g("bytes_out"),
@@ -432,10 +436,11 @@ fn stats_line(st: &RunCounters, peak_rss: u64, code: i32) -> String {
             .map_or("-".into(), |v| v.to_string())
     };
     format!(
-        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={}",
+        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={}",
         fmt_size(peak_rss),
         fmt_size(st.budget),
         fmt_size(g("peak_resident")),
+        fmt_size(g("index_bytes")),
         g("regions"),
         g("faults"),
         g("zero_fills"),

@@ -703,5 +703,5 @@ fn bench_mem_measures_the_engine_run_builds() {
         "run built {from_run}, bench mem measured {from_bench}"
     );
     assert_eq!(from_run["level"], 5, "{from_run}");
-    assert_eq!(from_run["page"], 8192, "{from_run}");
+    assert_eq!(from_run["page"], 4096, "{from_run}");
 }

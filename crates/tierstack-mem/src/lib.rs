@@ -3,7 +3,7 @@
 //! A [`Pager`] is the process's paging engine: one userfaultfd, several fault threads, an
 //! evictor thread, and **one DRAM budget over all its regions**. A [`Region`] is an anonymous
 //! mapping registered with that userfaultfd (missing and write-protect faults) whose pages
-//! (the tierstack page size, default 8 KiB) live in the tiered store when not resident.
+//! (the tierstack page size, default 4 KiB) live in the tiered store when not resident.
 //!
 //! - A missing fault is served from the store (`UFFDIO_COPY`) or with the zero page when the
 //!   page was never written (or was evicted all-zero). The store read happens outside the
@@ -119,6 +119,9 @@ pub struct MemCounters {
     pub peak_resident: AtomicU64,
     /// Regions mapped so far.
     pub regions: AtomicU64,
+    /// DRAM the store's index holds (last reading), charged to the budget: resident pages
+    /// get the budget less this.
+    pub index_bytes: AtomicU64,
 }
 
 /// A plain copy of [`MemCounters`] (for printing and JSON); each field as there.
@@ -153,6 +156,8 @@ pub struct MemStats {
     pub stolen: u64,
     pub peak_resident: u64,
     pub regions: u64,
+    #[serde(default)]
+    pub index_bytes: u64,
 }
 
 impl MemCounters {
@@ -179,6 +184,7 @@ impl MemCounters {
             stolen: self.stolen.load(Relaxed),
             peak_resident: self.peak_resident.load(Relaxed),
             regions: self.regions.load(Relaxed),
+            index_bytes: self.index_bytes.load(Relaxed),
         }
     }
 }

@@ -27,10 +27,19 @@ fn opts() -> RegionOptions {
 }
 
 fn pager(st: Arc<TieredStore>, budget: u64, commit_limit: Option<u64>) -> tierstack_mem::Pager {
+    pager_of(st, 64 << 10, budget, commit_limit)
+}
+
+fn pager_of(
+    st: Arc<TieredStore>,
+    page: usize,
+    budget: u64,
+    commit_limit: Option<u64>,
+) -> tierstack_mem::Pager {
     tierstack_mem::Pager::new(
         st,
         &tierstack_mem::PagerOptions {
-            page: 64 << 10,
+            page,
             budget,
             fault_threads: 2,
             commit_limit,
@@ -752,6 +761,89 @@ fn a_loop_larger_than_the_budget_keeps_part_of_it_resident() {
     assert!(
         last_pass < (32 << 20) * 9 / 10,
         "the last pass read {last_pass} bytes of 32 MiB: nothing of the loop stayed resident"
+    );
+    assert!(r.error().is_none(), "{:?}", r.error());
+}
+
+/// The store's index lives in the process too: it is charged to the budget, so once a
+/// region many times the budget has been paged out, resident pages keep under the budget
+/// less the index (`run`'s peak RSS stays within `--dram` plus the fixed allowance however
+/// much is paged out).
+#[test]
+fn the_store_index_is_charged_to_the_budget() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let budget: u64 = 8 << 20;
+    let p = pager_of(st, 4096, budget, None);
+    let r = p.map(96 << 20, 4096).expect("region");
+    let mem = words_of(&r);
+    let wpp = 4096 / 8;
+    for pass in 0..2u64 {
+        for i in (0..mem.len()).step_by(wpp) {
+            mem[i] = pass << 40 | i as u64;
+        }
+    }
+    // Random reads for a while: the evictor keeps looking at the index as it goes.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let pages = mem.len() / wpp;
+    let mut worst = 0u64;
+    for n in 0..20_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = (x as usize % pages) * wpp;
+        assert_eq!(mem[i], 1 << 40 | i as u64, "word {i}");
+        if n % 1000 == 999 {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            let index = p
+                .counters()
+                .index_bytes
+                .load(std::sync::atomic::Ordering::Relaxed);
+            worst = worst.max((p.resident() + index).saturating_sub(budget));
+        }
+    }
+    let index = p
+        .counters()
+        .index_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(index > 0, "the index was never measured");
+    // One eviction batch of leeway: a fault may map before the evictor catches up.
+    assert!(
+        worst <= 64 * 4096,
+        "resident pages and the index passed the budget by {worst} bytes (index {index})"
+    );
+    assert!(r.error().is_none(), "{:?}", r.error());
+}
+
+/// A program that goes through memory in small local permutations (an FFT's butterflies
+/// with pairs i, i + 2: pages 0, 2, 1, 3, 4, 6, 5, 7, ...) is a sequential stream: read ahead,
+/// not faulted page by page.
+#[test]
+fn pairs_two_pages_apart_are_read_ahead_as_a_stream() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let p = pager_of(st, 4096, 8 << 20, None);
+    let r = p.map(48 << 20, 4096).expect("region");
+    let mem = words_of(&r);
+    let wpp = 4096 / 8;
+    let pages = mem.len() / wpp;
+    for pg in 0..pages {
+        mem[pg * wpp] = pg as u64 + 1;
+    }
+    // Back to the start: the first pages are long evicted.
+    let before = p.counters().snapshot();
+    for base in (0..pages).step_by(4) {
+        for pg in [base, base + 2, base + 1, base + 3] {
+            assert_eq!(mem[pg * wpp], pg as u64 + 1, "page {pg}");
+        }
+    }
+    let after = p.counters().snapshot();
+    let faults = after.faults - before.faults;
+    assert!(
+        faults < pages as u64 / 8,
+        "{faults} faults for {pages} pages visited two by two: not followed as a stream"
     );
     assert!(r.error().is_none(), "{:?}", r.error());
 }

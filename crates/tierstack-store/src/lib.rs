@@ -388,6 +388,11 @@ impl TieredStore {
         Ok(any)
     }
 
+    /// DRAM the lower tiers hold for their bookkeeping (the arrays' indexes), bytes.
+    pub fn index_bytes(&self) -> u64 {
+        self.lower.iter().map(|t| t.index_bytes()).sum()
+    }
+
     /// Status of every tier, fastest first.
     pub fn status(&self) -> Vec<TierStatus> {
         let mut v = vec![self.dram.status()];

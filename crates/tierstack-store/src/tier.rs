@@ -85,6 +85,10 @@ pub trait Tier: Send + Sync {
     fn flush(&self) -> Result<()>;
     /// Sizes and counters.
     fn status(&self) -> TierStatus;
+    /// DRAM the tier holds for its own bookkeeping (an array's index), bytes.
+    fn index_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// The array as a tier: each page is one value of the array under the same key.
@@ -166,6 +170,10 @@ impl Tier for ArrayTier {
 
     fn flush(&self) -> Result<()> {
         Ok(self.array.flush()?)
+    }
+
+    fn index_bytes(&self) -> u64 {
+        self.array.index_bytes()
     }
 
     fn status(&self) -> TierStatus {

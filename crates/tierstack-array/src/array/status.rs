@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use crate::format::DriveState;
 use crate::layout::BLOCK;
 
-use super::{check_tolerance, hex, Array, SegState, MAX_INFLIGHT};
+use super::{check_tolerance, hex, Array, Key, Loc, SegInfo, SegState, Tomb, MAX_INFLIGHT};
 
 /// Per-drive line of [`ArrayStatus`].
 #[derive(Debug, Clone, serde::Serialize)]
@@ -78,6 +78,17 @@ impl Array {
     pub fn buffer_bytes(&self) -> u64 {
         let geo = &self.inner.geo;
         ((MAX_INFLIGHT + 1) * geo.ndrives * geo.stripe_drive_bytes()) as u64
+    }
+
+    /// DRAM the array's index holds: its tables' allocated entries (a hash table keeps its
+    /// capacity when entries go), about 50 to 100 bytes per stored value. A paging process
+    /// charges this to its budget.
+    pub fn index_bytes(&self) -> u64 {
+        let idx = self.inner.index.read();
+        let entry = |kv: usize| (kv + 1) as u64;
+        idx.map.capacity() as u64 * entry(std::mem::size_of::<(Key, Loc)>())
+            + idx.tombs.capacity() as u64 * entry(std::mem::size_of::<(Key, Tomb)>())
+            + (idx.segs.capacity() * std::mem::size_of::<SegInfo>()) as u64
     }
 
     /// A snapshot of the array's configuration, state, space and counters.

@@ -11,22 +11,72 @@ use super::region::{PageState, RegionCore, WRITE_HEAT_MAX};
 use super::Inner;
 
 /// Victims taken from the clock at a time.
-const EVICT_BATCH: usize = 64;
+pub(super) const EVICT_BATCH: usize = 64;
+
+/// How long after the last read-ahead the wide gap under the budget is kept.
+const WIDE_FOR: Duration = Duration::from_secs(1);
 
 impl Inner {
     /// Makes room for `pages` more resident pages: wakes the evictor past the high watermark,
     /// and evicts here when the budget itself would be passed.
     pub(super) fn make_room(&self, pages: u64) {
         let want = self.resident.load(Relaxed) + pages * self.page as u64;
-        if want > self.high {
+        if want > self.high() {
             *self.kick.lock() = true;
             self.kick_cv.notify_one();
         }
-        if want > self.budget {
+        let cap = self.charged(self.budget);
+        if want > cap {
             self.counters.sync_evictions.fetch_add(1, Relaxed);
-            let target = self.budget.saturating_sub(pages * self.page as u64);
-            self.evict_to(target.min(self.low));
+            let target = cap.saturating_sub(pages * self.page as u64);
+            self.evict_to(target.min(self.low()));
         }
+    }
+
+    /// `limit` (the budget or a watermark) less the DRAM the store's index holds: the index
+    /// grows with what is paged out (about 12 MiB per GiB of 4 KiB pages) and lives in the
+    /// process too, so it comes out of the resident pages' share. Never below a quarter of
+    /// `limit`: an index that large (a store 50 times the budget) would otherwise leave no
+    /// room to page; `run --help` says so.
+    pub(super) fn charged(&self, limit: u64) -> u64 {
+        limit
+            .saturating_sub(self.counters.index_bytes.load(Relaxed))
+            .max(limit / 4)
+            .max(self.page as u64)
+    }
+
+    /// The gap kept free under the budget now: wide while streams read ahead.
+    fn slack(&self) -> u64 {
+        if self.wide.load(Relaxed) {
+            self.slack_wide
+        } else {
+            self.slack_narrow
+        }
+    }
+
+    /// The high watermark, charged: past it the evictor runs.
+    pub(super) fn high(&self) -> u64 {
+        let page = self.page as u64;
+        self.charged(self.budget.saturating_sub(self.slack()).max(2 * page))
+    }
+
+    /// The low watermark, charged: where the evictor stops.
+    fn low(&self) -> u64 {
+        let page = self.page as u64;
+        self.charged(self.budget.saturating_sub(2 * self.slack()).max(page))
+    }
+
+    /// The evictor's look at each round: reads the store's index size into the counters, and
+    /// keeps the wide gap for a second after the last read-ahead.
+    fn observe(&self) {
+        let bytes = self.store.index_bytes();
+        self.counters.index_bytes.store(bytes, Relaxed);
+        let now = self.counters.prefetched.load(Relaxed);
+        let mut seen = self.prefetch_seen.lock();
+        if now != seen.0 {
+            *seen = (now, std::time::Instant::now());
+        }
+        self.wide.store(seen.1.elapsed() < WIDE_FOR, Relaxed);
     }
 
     pub(super) fn evictor(&self) {
@@ -41,8 +91,9 @@ impl Inner {
                 }
                 *k = false;
             }
-            if self.resident.load(Relaxed) > self.high {
-                self.evict_to(self.low);
+            self.observe();
+            if self.resident.load(Relaxed) > self.high() {
+                self.evict_to(self.low());
             }
         }
     }

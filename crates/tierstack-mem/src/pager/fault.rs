@@ -297,7 +297,7 @@ impl Inner {
         // the stream wants next are read with it (one request per drive) and mapped in one
         // call, as far as there is room under the high watermark.
         let mut ahead = self.stream(&mut st, idx);
-        let room = (self.high.saturating_sub(self.resident.load(Relaxed)) / page as u64) as usize;
+        let room = (self.high().saturating_sub(self.resident.load(Relaxed)) / page as u64) as usize;
         let run_max = (super::readahead::RUN_BYTES / page).max(1).min(room + 1);
         let mut run = vec![idx];
         if st.sequential {

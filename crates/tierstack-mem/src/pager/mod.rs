@@ -24,7 +24,7 @@ use tierstack_store::{TieredStore, MAX_PAGE};
 
 use crate::{MemCounters, MemError, Result};
 
-use evict::Zapper;
+use evict::{Zapper, EVICT_BATCH};
 use fault::Mailbox;
 use readahead::{PrefetchJob, PREFETCH_BYTES, PREFETCH_THREADS};
 use region::{map_region, RegionCore};
@@ -63,8 +63,14 @@ struct Inner {
     /// One page of zeros (the source of zero fills).
     zeros: Vec<u8>,
     budget: u64,
-    high: u64,
-    low: u64,
+    /// Room kept free under the budget while streams read ahead (see [`Pager::new`]).
+    slack_wide: u64,
+    /// Room kept free while none does: enough for the evictor to work in batches.
+    slack_narrow: u64,
+    /// Whether streams read ahead lately (the evictor decides, each round).
+    wide: AtomicBool,
+    /// `counters.prefetched` at the evictor's last look, and when it last grew.
+    prefetch_seen: Mutex<(u64, std::time::Instant)>,
     store: Arc<TieredStore>,
     regions: RwLock<BTreeMap<usize, Arc<RegionCore>>>,
     clock: Mutex<VecDeque<(Weak<RegionCore>, u32)>>,
@@ -152,14 +158,16 @@ impl Pager {
         })?;
         let page = o.page as u64;
         // Watermarks close to the budget: under uniform access the hit rate is the share of
-        // the map that is resident, so every idle byte of budget costs faults. The gap
-        // (1 % of the budget, at least four prefetch windows, at most a tenth) leaves
-        // sequential streams room to read ahead (two windows gave a linear scan 20-30 % less)
-        // and lets the evictor work in batches.
-        let slack = (o.budget / 100)
-            .max(4 * PREFETCH_BYTES as u64)
+        // the map that is resident, so every idle byte of budget costs faults. While streams
+        // read ahead, the gap (1 % of the budget, at least four prefetch windows, at most a
+        // tenth) leaves them room (two windows gave a linear scan 20-30 % less); while none
+        // does, 1 % of the budget (at least two eviction batches) lets the evictor work in
+        // batches and leaves the rest to resident pages.
+        let slack_narrow = (o.budget / 100)
+            .max(2 * EVICT_BATCH as u64 * page)
             .min(o.budget / 10)
             .max(page);
+        let slack_wide = slack_narrow.max((4 * PREFETCH_BYTES as u64).min(o.budget / 10));
         // One fault thread per CPU where there are enough CPUs, each kept on its CPU: a
         // program thread waiting in a fault then finds a fault thread on its own CPU, which
         // keeps that CPU out of the idle state (on a virtual machine, waking a halted CPU
@@ -185,8 +193,10 @@ impl Pager {
             page: o.page,
             zeros: vec![0u8; o.page],
             budget: o.budget,
-            high: o.budget.saturating_sub(slack).max(2 * page),
-            low: o.budget.saturating_sub(2 * slack).max(page),
+            slack_wide,
+            slack_narrow,
+            wide: AtomicBool::new(true),
+            prefetch_seen: Mutex::new((0, std::time::Instant::now())),
             store,
             regions: RwLock::new(BTreeMap::new()),
             clock: Mutex::new(VecDeque::new()),

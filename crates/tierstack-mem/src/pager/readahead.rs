@@ -19,6 +19,21 @@ pub(super) const STREAMS: usize = 4;
 /// Largest stride (in pages) taken for a stream.
 const MAX_STRIDE: i64 = 64;
 
+/// Pages a sequential stream may jump ahead of its frontier, or a fault may lie behind its
+/// last fault, and still belong to it: programs that go through memory in small local
+/// permutations (the pairs i, i + 2 and i, i + 4 of an FFT's first butterflies, 4 KiB pages
+/// visited two by two) are sequential streams too.
+const LOCAL: i64 = 8;
+
+/// How far past a stream's frontier a fault may land and continue it.
+fn reach(stride: i64) -> i64 {
+    if stride.abs() == 1 {
+        LOCAL
+    } else {
+        stride.abs()
+    }
+}
+
 #[derive(Clone, Copy, Default)]
 pub(super) struct Stream {
     /// Page of the last fault of the stream.
@@ -72,9 +87,21 @@ impl Inner {
             d != 0
                 && d.signum() == sign
                 && d % s.stride == 0
-                && (i - s.ahead) * sign <= s.stride.abs()
+                && (i - s.ahead) * sign <= reach(s.stride)
+        };
+        // A fault a few pages behind the last fault of a followed sequential stream is the
+        // program going back over a page the stream skipped: part of the stream, not the
+        // start of another (which would take a slot from a stream being followed).
+        let behind = |s: &Stream| {
+            let d = (i - s.last) * s.stride.signum();
+            s.used > 0 && s.hits > 0 && s.stride.abs() == 1 && (-LOCAL..0).contains(&d)
         };
         st.sequential = false;
+        if let Some(s) = st.streams.iter_mut().find(|s| behind(s)) {
+            s.used = tick;
+            st.note_sweep(Some(1), budget_pages);
+            return Vec::new();
+        }
         if let Some(s) = st.streams.iter_mut().find(|s| continues(s)) {
             s.hits += 1;
             let forward = s.stride == 1;
@@ -92,10 +119,18 @@ impl Inner {
             s.window = (s.window * 2).clamp(1, max_window);
             let window = s.window;
             let target = i + s.stride * s.window as i64;
-            let mut p = if (s.ahead - i) * sign > 0 { s.ahead } else { i } + s.stride;
+            // A sequential stream fills from its frontier, the pages it jumped over included;
+            // a strided one from past this fault.
+            let mut p = if (s.ahead - i) * sign > 0 || s.stride.abs() == 1 {
+                s.ahead
+            } else {
+                i
+            } + s.stride;
             let mut out = Vec::new();
             while (target - p) * sign >= 0 && p >= 0 && p < npages {
-                out.push(p as usize);
+                if p != i {
+                    out.push(p as usize);
+                }
                 s.ahead = p;
                 p += s.stride;
             }
@@ -113,7 +148,7 @@ impl Inner {
             .streams
             .iter()
             .filter(|s| s.used > 0 && s.last != i && (i - s.last).abs() <= MAX_STRIDE)
-            .min_by_key(|s| (i - s.last).abs())
+            .min_by_key(|s| ((i - s.last).abs(), i < s.last))
             .map_or(0, |s| i - s.last);
         // In the least recently used slot.
         if let Some(s) = st.streams.iter_mut().min_by_key(|s| s.used) {
@@ -136,7 +171,7 @@ impl Inner {
             return;
         }
         // Only while there is room under the high watermark; prefetch never forces eviction.
-        let room = self.high.saturating_sub(self.resident.load(Relaxed)) / self.page as u64;
+        let room = self.high().saturating_sub(self.resident.load(Relaxed)) / self.page as u64;
         let mut zeros = Vec::new();
         let mut stored = Vec::new();
         {
