@@ -91,9 +91,14 @@ impl Inner {
                 }
                 *k = false;
             }
+            // Until under the high watermark as charged after each pass: the write-back of
+            // a pass may have grown the index.
             self.observe();
-            if self.resident.load(Relaxed) > self.high() {
+            let mut passes = 0;
+            while self.resident.load(Relaxed) > self.high() && passes < 8 {
                 self.evict_to(self.low());
+                self.observe();
+                passes += 1;
             }
         }
     }
