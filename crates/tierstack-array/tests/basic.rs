@@ -349,3 +349,35 @@ fn scrub_reads_a_summary_of_thousands_of_tombstones() {
     assert!(rep.clean(), "{rep:?}");
     assert_eq!(rep.unrepairable, 0, "{rep:?}");
 }
+
+/// An array opened with fewer stripes in flight holds fewer stripe images, writes many
+/// stripes' worth through its shorter queue, and loses nothing across a reopen with the
+/// default depth.
+#[test]
+fn fewer_stripes_in_flight_hold_less_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = drives(dir.path(), 4);
+    let one = ArrayOptions {
+        stripes_in_flight: 1,
+        ..ArrayOptions::default()
+    };
+    let a = Array::create(&paths, &params(Level::Raid5), &one).unwrap();
+    let deep = Array::buffer_bytes(&a);
+    let v = 256 << 10;
+    // About twenty stripes of data.
+    let n = 20 * (4 << 20) / v as u64;
+    for k in 0..n {
+        a.put((9, k), &val(k, v)).unwrap();
+    }
+    a.flush().unwrap();
+    drop(a);
+    let a = Array::open(&paths, &ArrayOptions::default()).unwrap();
+    assert_eq!(
+        Array::buffer_bytes(&a),
+        deep * 5 / 2,
+        "four in flight and the open stripe against one and the open stripe"
+    );
+    for k in 0..n {
+        assert_eq!(a.get((9, k)).unwrap().unwrap(), val(k, v), "key {k}");
+    }
+}

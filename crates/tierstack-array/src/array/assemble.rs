@@ -17,7 +17,7 @@ use crate::layout::{Geometry, Level};
 
 use super::{
     check_tolerance, hex, io_err, now_secs, Array, ArrayOptions, Counters, CreateParams, Drive,
-    Drives, Index, Inner, SegInfo, SegState, Writer,
+    Drives, Index, Inner, SegInfo, SegState, Writer, MAX_INFLIGHT,
 };
 
 /// Takes the exclusive lock that makes this process the owner of a drive, waiting up to
@@ -217,6 +217,7 @@ impl Array {
                 }),
                 seq: AtomicU64::new(seq),
                 counters: Counters::default(),
+                inflight: opts.stripes_in_flight.clamp(1, MAX_INFLIGHT),
                 reserve,
                 rebuilding: AtomicBool::new(false),
                 read_only: false,

@@ -50,7 +50,9 @@ use crate::image::StripeImage;
 use crate::io::{DriveFile, EngineKind, IoEngine};
 use crate::layout::{Geometry, Level, BLOCK, MAX_VALUE};
 
-/// Stripes written concurrently by background writers (the log's queue depth).
+/// Most stripes written concurrently by background writers (the log's queue depth; an
+/// array may be opened with fewer, [`ArrayOptions::stripes_in_flight`]). Recovery checks
+/// this many of the newest stripes.
 const MAX_INFLIGHT: usize = 4;
 
 /// A key: object id and page number.
@@ -65,6 +67,10 @@ pub struct ArrayOptions {
     pub queue_depth: u32,
     /// Try O_DIRECT on every drive (falls back to buffered where the file system refuses).
     pub direct: bool,
+    /// Stripes written concurrently, 1 to 4 (4 by default): each holds a stripe image in
+    /// DRAM (about 5 MiB on four drives), so a store that must keep its DRAM small (a paging
+    /// process) trades write queue depth for memory.
+    pub stripes_in_flight: usize,
     /// How long to wait for another owner to release the array's drives. A process killed
     /// with I/O in flight keeps its drives locked until the kernel has completed that I/O.
     pub lock_wait: Duration,
@@ -76,6 +82,7 @@ impl Default for ArrayOptions {
             engine: EngineKind::Uring,
             queue_depth: 64,
             direct: true,
+            stripes_in_flight: MAX_INFLIGHT,
             lock_wait: Duration::from_secs(10),
         }
     }
@@ -281,6 +288,8 @@ struct Inner {
     index: RwLock<Index>,
     seq: AtomicU64,
     counters: Counters,
+    /// Stripes written concurrently (1 to [`MAX_INFLIGHT`]).
+    inflight: usize,
     reserve: u64,
     rebuilding: AtomicBool,
     /// A read-only view (a forked child's snapshot of its parent's array): never written,

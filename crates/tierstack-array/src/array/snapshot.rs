@@ -67,6 +67,7 @@ impl Array {
                 }),
                 seq: AtomicU64::new(inner.seq.load(Relaxed)),
                 counters: Counters::default(),
+                inflight: 1,
                 reserve: inner.reserve,
                 rebuilding: AtomicBool::new(false),
                 read_only: true,

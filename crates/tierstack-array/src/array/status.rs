@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use crate::format::DriveState;
 use crate::layout::BLOCK;
 
-use super::{check_tolerance, hex, Array, Key, Loc, SegInfo, SegState, Tomb, MAX_INFLIGHT};
+use super::{check_tolerance, hex, Array, Key, Loc, SegInfo, SegState, Tomb};
 
 /// Per-drive line of [`ArrayStatus`].
 #[derive(Debug, Clone, serde::Serialize)]
@@ -77,7 +77,7 @@ impl Array {
     /// written, every drive's share with its redundancy.
     pub fn buffer_bytes(&self) -> u64 {
         let geo = &self.inner.geo;
-        ((MAX_INFLIGHT + 1) * geo.ndrives * geo.stripe_drive_bytes()) as u64
+        ((self.inner.inflight + 1) * geo.ndrives * geo.stripe_drive_bytes()) as u64
     }
 
     /// DRAM the array's index holds: its tables' allocated entries (a hash table keeps its

@@ -9,9 +9,7 @@ use crate::format::{self, Entry, Footer, FOOTER_FREE};
 use crate::image::StripeImage;
 use crate::layout::{BLOCK, MAX_VALUE};
 
-use super::{
-    blocks_of, Array, Class, InFlight, Key, Loc, SegInfo, SegState, Tomb, Writer, MAX_INFLIGHT,
-};
+use super::{blocks_of, Array, Class, InFlight, Key, Loc, SegInfo, SegState, Tomb, Writer};
 
 impl Array {
     /// Stores `value` (at most [`MAX_VALUE`] bytes) under `key`. Durable after [`Array::flush`].
@@ -193,7 +191,7 @@ impl Array {
         let sd = geo.stripe_data();
         w.image.place(geo, gs, sd - summary.len(), &summary);
         // Keep a few stripes in flight, like a queue depth: wait for the oldest when full.
-        while w.inflight.len() >= MAX_INFLIGHT {
+        while w.inflight.len() >= self.inner.inflight {
             self.finish_oldest(w)?;
         }
         let fresh = w.spare.pop().unwrap_or_else(|| StripeImage::new(geo));
