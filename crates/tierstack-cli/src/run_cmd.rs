@@ -19,10 +19,10 @@ use tierstack_bench::{fmt_size, parse_size};
 #[derive(Args)]
 pub struct RunArgs {
     /// DRAM tierstack may use per process: resident pages of the large allocations, the store's
-    /// DRAM tier, the array's I/O buffers and its index (about 15 to 25 MiB per GiB paged out with
-    /// 4K pages; it takes at most three quarters of the pages' share), together. Peak RSS
-    /// stays within this plus a fixed 192 MiB allowance for the program's smaller allocations
-    /// and code and tierstack's threads; `run` warns when it does not.
+    /// DRAM tier, the array's I/O buffers and its index (about 15 to 25 MiB per GiB paged out
+    /// with 4K pages; it takes at most three quarters of the pages' share), together. Peak
+    /// RSS stays within this plus a fixed 192 MiB allowance for the program's smaller
+    /// allocations and code and tierstack's threads; `run` warns when it does not.
     #[arg(long)]
     pub dram: String,
     /// Page to this existing array (its descriptor) instead of file drives in --dir.

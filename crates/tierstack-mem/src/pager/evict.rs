@@ -34,10 +34,10 @@ impl Inner {
     }
 
     /// `limit` (the budget or a watermark) less the DRAM the store's index holds: the index
-    /// grows with what is paged out (about 15 to 25 MiB per GiB of 4 KiB pages, deleted pages included) and lives in the
-    /// process too, so it comes out of the resident pages' share. Never below a quarter of
-    /// `limit`: an index that large (a store 50 times the budget) would otherwise leave no
-    /// room to page; `run --help` says so.
+    /// grows with what is paged out (about 15 to 25 MiB per GiB of 4 KiB pages, deleted
+    /// pages included) and lives in the process too, so it comes out of the resident pages'
+    /// share. Never below a quarter of `limit`: an index that large (a store 50 times the
+    /// budget) would otherwise leave no room to page; `run --help` says so.
     pub(super) fn charged(&self, limit: u64) -> u64 {
         limit
             .saturating_sub(self.counters.index_bytes.load(Relaxed))
