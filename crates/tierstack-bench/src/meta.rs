@@ -339,6 +339,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
                 &fast,
                 None,
                 cfg.mode.as_deref(),
+                None,
             )?;
             let mut r = run_target(cfg, &mnt.join("bench"), "tierstack mount", cancel)?;
             let t0 = monotonic_ns();

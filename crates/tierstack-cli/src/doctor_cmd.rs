@@ -104,6 +104,20 @@ fn fuse_device() -> Check {
     }
 }
 
+fn gpus() -> Check {
+    match tierstack_store::Gpu::list() {
+        Ok(l) if !l.is_empty() => {
+            let shown: Vec<String> = l
+                .iter()
+                .map(|g| format!("GPU {}: {}, {} free of {}", g.ordinal, g.name, fmt_size(g.free_bytes), fmt_size(g.total_bytes)))
+                .collect();
+            check("gpu", Status::Ok, shown.join("; "), "a VRAM tier can sit between DRAM and the array: `tierstack mount --vram SIZE [--gpu N]`")
+        }
+        Ok(_) => check("gpu", Status::Ok, "the NVIDIA driver reports no device", "no VRAM tier here; nothing else needs a GPU"),
+        Err(e) => check("gpu", Status::Ok, format!("none usable: {e}"), "no VRAM tier here (`mount --vram` needs an NVIDIA GPU and driver); nothing else needs one"),
+    }
+}
+
 fn fusermount() -> Check {
     let root = rustix::process::geteuid().is_root();
     match on_path("fusermount3") {
@@ -540,6 +554,7 @@ pub fn checks(a: &DoctorArgs) -> Vec<Check> {
         open_files(),
         io_uring(),
         runtime_dir(),
+        gpus(),
     ];
     let dirs = if a.dir.is_empty() {
         vec![PathBuf::from("/var/tmp/tierstack"), std::env::temp_dir()]

@@ -44,6 +44,14 @@ pub struct MountArgs {
     /// The store's DRAM tier.
     #[arg(long, default_value = "1G")]
     pub dram: String,
+    /// A VRAM tier of this size on the GPU (--gpu) between the DRAM tier and the array: pages
+    /// DRAM evicts land there at PCIe speed and are written to the array when it fills or at
+    /// fsync in sync mode (VRAM is as volatile as DRAM). Needs an NVIDIA driver. Default: none.
+    #[arg(long)]
+    pub vram: Option<String>,
+    /// The GPU of --vram (0 is the first; `tierstack doctor` lists them).
+    #[arg(long, default_value_t = 0, requires = "vram")]
+    pub gpu: u32,
     /// When fsync returns: sync (data durable on the array) or async (data in DRAM).
     #[arg(long, value_enum, default_value_t = Mode::Sync)]
     pub mode: Mode,
@@ -166,6 +174,14 @@ fn connect_status(mp: &Path) -> Result<MountStatus> {
 
 pub fn mount(a: MountArgs) -> Result<()> {
     let dram = size_arg("dram", &a.dram, 4 << 20)?;
+    let vram = match &a.vram {
+        Some(v) => {
+            let bytes = size_arg("vram", v, 1 << 20)?;
+            check_gpu(a.gpu, bytes)?;
+            bytes
+        }
+        None => 0,
+    };
     let drive_size = size_arg("drive-size", &a.drive_size, 16 << 20)?;
     let drain_rate = match a.drain_rate {
         Some(r) if !(r.is_finite() && r > 0.0) => {
@@ -283,6 +299,8 @@ pub fn mount(a: MountArgs) -> Result<()> {
             .map(|n| n.get())
             .unwrap_or(4)
             .clamp(4, 16),
+        vram,
+        gpu: a.gpu,
     };
     if let Some(m) = &a.metrics {
         crate::metrics::check_addr(m)?;
@@ -302,6 +320,21 @@ pub fn mount(a: MountArgs) -> Result<()> {
         .map_err(|e| anyhow!("{e}"));
     }
     spawn_daemon(&spec, a.metrics.as_deref())
+}
+
+/// Refuses --vram before anything is made when GPU `gpu` is missing or has less free memory.
+fn check_gpu(gpu: u32, bytes: u64) -> Result<()> {
+    let g = tierstack_store::Gpu::open(gpu).map_err(|e| anyhow!("--vram: {e}"))?;
+    let info = g.info().map_err(|e| anyhow!("--vram: {e}"))?;
+    if bytes > info.free_bytes {
+        bail!(
+            "--vram {} is more than GPU {gpu} ({}) has free ({}): give a smaller size",
+            fmt_size(bytes),
+            info.name,
+            fmt_size(info.free_bytes)
+        );
+    }
+    Ok(())
 }
 
 fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {

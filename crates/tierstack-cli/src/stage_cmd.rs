@@ -113,6 +113,10 @@ pub struct BenchCheckpointArgs {
     /// The mount's DRAM budget (passed to `tierstack mount --dram`).
     #[arg(long)]
     pub dram: Option<String>,
+    /// A VRAM tier of this size for the mount (passed to `tierstack mount --vram`; needs an
+    /// NVIDIA GPU). Printed with the figures.
+    #[arg(long)]
+    pub vram: Option<String>,
     /// Only the run straight into BACKING (no mount).
     #[arg(long)]
     pub direct_only: bool,
@@ -293,6 +297,9 @@ pub fn bench_checkpoint(a: BenchCheckpointArgs) -> Result<()> {
     if let Some(d) = &a.dram {
         parse_size(d).map_err(anyhow::Error::msg)?;
     }
+    if let Some(v) = &a.vram {
+        parse_size(v).map_err(|e| anyhow::anyhow!("--vram: {e}"))?;
+    }
     let cfg = checkpoint::Config {
         exe: std::env::current_exe().context("cannot find the tierstack binary")?,
         procs: a.procs,
@@ -302,6 +309,7 @@ pub fn bench_checkpoint(a: BenchCheckpointArgs) -> Result<()> {
         throttle_mb_s: a.throttle,
         mode: Some(a.mode),
         dram: a.dram,
+        vram: a.vram,
         direct_only: a.direct_only,
         repeat: a.repeat,
         narrate: None,

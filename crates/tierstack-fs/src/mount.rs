@@ -50,6 +50,12 @@ pub struct MountSpec {
     pub drain_jobs: usize,
     /// Threads serving FUSE requests (at least one).
     pub fuse_threads: usize,
+    /// Bytes of GPU memory between the DRAM tier and the array (0: no VRAM tier).
+    #[serde(default)]
+    pub vram: u64,
+    /// The GPU of the VRAM tier (0 is the first).
+    #[serde(default)]
+    pub gpu: u32,
 }
 
 /// Where a mount's drain stands: what the fast tier holds that BACKING does not yet, and how
@@ -440,9 +446,20 @@ impl Daemon {
         let array = Arc::new(array);
         let capacity = array.status().capacity_bytes;
         let tier = tierstack_store::ArrayTier::shared(array.clone());
-        let store = TieredStore::new(spec.dram, vec![Box::new(tier)])?;
+        let first: Box<dyn tierstack_store::Tier> = if spec.vram > 0 {
+            let gpu =
+                tierstack_store::Gpu::open(spec.gpu).map_err(|e| FsError::Config(e.to_string()))?;
+            Box::new(tierstack_store::VramTier::new(
+                gpu,
+                spec.vram,
+                Box::new(tier),
+            )?)
+        } else {
+            Box::new(tier)
+        };
+        let store = TieredStore::new(spec.dram, vec![first])?;
         // The array is a log: keep half of it free for the cleaner.
-        let limit = spec.dram + capacity / 2;
+        let limit = spec.dram + spec.vram + capacity / 2;
         // The intent log of sync mode's small fsyncs, beside the journal; its records are
         // replayed whatever the mode now (they were acknowledged as durable).
         let log_path = dbp.with_extension("intent");

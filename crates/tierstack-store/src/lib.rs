@@ -1,7 +1,7 @@
 //! tierstack-store: the tiered write-back store.
 //!
 //! Pages are keyed by `(object, page number)` and live in an ordered list of tiers, fastest
-//! first: DRAM, then the array (later: VRAM in front, a backing directory behind). Writes land
+//! first: DRAM, then optionally GPU memory ([`vram`]), then the array. Writes land
 //! in the first tier and are acknowledged there; when a tier passes its high watermark the
 //! store evicts pages (clock order) down to its low watermark, writing dirty pages to the next
 //! tier and dropping clean ones that the next tier already holds. Reads are served by the
@@ -12,9 +12,12 @@
 
 mod dram;
 mod tier;
+pub mod vram;
 
 pub use dram::{DramTier, PageData};
 pub use tier::{ArrayTier, Tier, TierCounters, TierStatus};
+pub use vram::cuda::{Gpu, GpuError, GpuInfo};
+pub use vram::VramTier;
 
 use std::sync::Arc;
 
@@ -41,6 +44,9 @@ pub enum StoreError {
     /// The array below failed.
     #[error("array tier: {0}")]
     Array(#[from] tierstack_array::ArrayError),
+    /// The GPU of a VRAM tier failed (or there is none).
+    #[error("VRAM tier: {0}")]
+    Gpu(#[from] GpuError),
     /// A bad size or tier list at construction.
     #[error("invalid store configuration: {0}")]
     Config(String),
@@ -396,7 +402,7 @@ impl TieredStore {
     /// Status of every tier, fastest first.
     pub fn status(&self) -> Vec<TierStatus> {
         let mut v = vec![self.dram.status()];
-        v.extend(self.lower.iter().map(|t| t.status()));
+        v.extend(self.lower.iter().flat_map(|t| t.statuses()));
         v
     }
 }

@@ -67,7 +67,7 @@ impl TierCounters {
     }
 }
 
-/// A tier below DRAM: the array, later a VRAM tier or the backing directory.
+/// A tier below DRAM: the array, or a VRAM tier in front of it.
 pub trait Tier: Send + Sync {
     /// The tier's name in status output.
     fn name(&self) -> &str;
@@ -85,6 +85,10 @@ pub trait Tier: Send + Sync {
     fn flush(&self) -> Result<()>;
     /// Sizes and counters.
     fn status(&self) -> TierStatus;
+    /// This tier's status and those of the tiers it writes to itself (a VRAM tier's array).
+    fn statuses(&self) -> Vec<TierStatus> {
+        vec![self.status()]
+    }
     /// DRAM the tier holds for its own bookkeeping (an array's index), bytes.
     fn index_bytes(&self) -> u64 {
         0

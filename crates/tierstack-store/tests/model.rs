@@ -1,74 +1,32 @@
 //! The tiered store against a model: random puts, gets, removes and flushes with a DRAM tier
 //! far smaller than the data, over a real array; then durability across a reopen.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use common::page;
 use proptest::prelude::*;
-use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
+use tierstack_array::{Array, ArrayOptions};
 use tierstack_store::{ArrayTier, TieredStore};
 
-#[derive(Debug, Clone)]
-enum Op {
-    Put(u64, usize, u8),
-    Get(u64),
-    Remove(u64),
-    Flush,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        6 => (0u64..64, prop_oneof![Just(4096usize), Just(65536usize), 1usize..20000], any::<u8>()).prop_map(|(k, l, s)| Op::Put(k, l, s)),
-        4 => (0u64..64).prop_map(Op::Get),
-        1 => (0u64..64).prop_map(Op::Remove),
-        1 => Just(Op::Flush),
-    ]
-}
-
-fn page(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8) ^ seed.wrapping_mul(13) ^ (i >> 8) as u8)
-        .collect()
-}
-
 fn array(dir: &std::path::Path) -> (Vec<PathBuf>, Array) {
-    let paths: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("d{i}"))).collect();
-    let p = CreateParams {
-        level: Level::Raid5,
-        chunk: 64 << 10,
-        groups: None,
-        size: Some(64 << 20),
-    };
-    let a = Array::create(&paths, &p, &ArrayOptions::default()).expect("create");
-    (paths, a)
+    common::array(dir, 64 << 20)
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, max_shrink_iters: 50, ..ProptestConfig::default() })]
 
     #[test]
-    fn store_matches_model(ops in proptest::collection::vec(op(), 1..300)) {
+    fn store_matches_model(ops in proptest::collection::vec(common::op(64, vec![4096, 65536]), 1..300)) {
         let dir = tempfile::tempdir().expect("tmp");
         let (paths, a) = array(dir.path());
         // 256 KiB of DRAM: most pages live on the array.
         let store = TieredStore::new(256 << 10, vec![Box::new(ArrayTier::new(a))]).expect("store");
         let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
         for op in &ops {
-            match *op {
-                Op::Put(k, l, s) => {
-                    store.put((3, k), &page(l, s)).expect("put");
-                    model.insert(k, page(l, s));
-                }
-                Op::Get(k) => {
-                    let got = store.get((3, k)).expect("get");
-                    prop_assert_eq!(got.as_ref(), model.get(&k), "get {}", k);
-                }
-                Op::Remove(k) => {
-                    let had = store.remove((3, k)).expect("remove");
-                    prop_assert_eq!(had, model.remove(&k).is_some());
-                }
-                Op::Flush => store.flush().expect("flush"),
-            }
+            common::apply(&store, &mut model, 3, op)?;
             let st = store.status();
             prop_assert!(st[0].used_bytes <= (256 << 10) + 65536, "DRAM over budget: {:?}", st[0]);
         }
@@ -93,26 +51,7 @@ fn many_threads_share_the_store() {
     let dir = tempfile::tempdir().expect("tmp");
     let (_paths, a) = array(dir.path());
     let store = TieredStore::new(1 << 20, vec![Box::new(ArrayTier::new(a))]).expect("store");
-    std::thread::scope(|s| {
-        for t in 0..4u64 {
-            let store = &store;
-            s.spawn(move || {
-                for round in 0..3u8 {
-                    for k in 0..64u64 {
-                        store
-                            .put((t, k), &page(16384, round ^ k as u8))
-                            .expect("put");
-                    }
-                    for k in 0..64u64 {
-                        assert_eq!(
-                            store.get((t, k)).expect("get").expect("present"),
-                            page(16384, round ^ k as u8)
-                        );
-                    }
-                }
-            });
-        }
-    });
+    common::four_threads(&store, 16384);
     let st = store.status();
     assert!(
         st[0].evictions > 0,

@@ -104,6 +104,8 @@ pub struct Config {
     pub mode: Option<String>,
     /// `tierstack mount --dram` for the mount, as the CLI takes it (None: the mount's default).
     pub dram: Option<String>,
+    /// `tierstack mount --vram` for the mount (None: no VRAM tier, the mount's default).
+    pub vram: Option<String>,
     /// Only the run straight into BACKING, no mount.
     pub direct_only: bool,
     /// Repetitions of the experiment (1 to 100).
@@ -150,6 +152,9 @@ pub struct Report {
     pub backing_fs: String,
     /// The mount's mode: as asked for, else as the mount reported it, else `default`.
     pub mode: String,
+    /// The mount's VRAM tier (`--vram`), if any.
+    #[serde(default)]
+    pub vram: Option<String>,
     /// Whether only the direct run was made.
     pub direct_only: bool,
     /// Number of repetitions.
@@ -427,6 +432,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                 &fast,
                 cfg.dram.as_deref(),
                 cfg.mode.as_deref(),
+                cfg.vram.as_deref(),
             )?;
             let daemon = m.daemon_pid;
             if mount_mode.is_none() {
@@ -574,6 +580,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
             .clone()
             .or(mount_mode)
             .unwrap_or_else(|| "default".into()),
+        vram: cfg.vram.clone(),
         direct_only: cfg.direct_only,
         repeat: cfg.repeat,
         direct_output_s,
@@ -592,7 +599,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
 /// The table of seed 004 (Table 2): output each way and the drain, per run and the mean.
 pub fn render(r: &Report) -> String {
     let mut out = format!(
-        "bench checkpoint: {} processes x {} = {} file-per-process, 1 MiB writes + fsync\nbacking {}: {}{}, mount mode {}\n\n",
+        "bench checkpoint: {} processes x {} = {} file-per-process, 1 MiB writes + fsync\nbacking {}: {}{}, mount mode {}{}\n\n",
         r.procs,
         crate::fmt_size(r.file_size),
         crate::fmt_size(r.bytes_total),
@@ -601,7 +608,11 @@ pub fn render(r: &Report) -> String {
         r.throttle_mb_s
             .map(|t| format!(", writes throttled to {t} MB/s"))
             .unwrap_or_default(),
-        r.mode
+        r.mode,
+        r.vram
+            .as_ref()
+            .map(|v| format!(", VRAM tier {v} (--vram)"))
+            .unwrap_or_default()
     );
     let f = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
     let header = [
@@ -685,6 +696,7 @@ mod tests {
             backing: "/b".into(),
             backing_fs: "directory as given".into(),
             mode: "default".into(),
+            vram: None,
             direct_only: true,
             repeat: 1,
             direct_output_s: 0.5,

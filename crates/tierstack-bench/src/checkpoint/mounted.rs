@@ -29,6 +29,7 @@ impl Mounted {
         fast: &Path,
         dram: Option<&str>,
         mode: Option<&str>,
+        vram: Option<&str>,
     ) -> Result<Mounted> {
         let mut cmd = Command::new(exe);
         cmd.arg("mount")
@@ -41,6 +42,9 @@ impl Mounted {
         }
         if let Some(m) = mode {
             cmd.args(["--mode", m]);
+        }
+        if let Some(v) = vram {
+            cmd.args(["--vram", v]);
         }
         let mut me = Mounted {
             exe: exe.to_path_buf(),

@@ -594,6 +594,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
             &fast,
             cfg.dram.as_deref(),
             cfg.mode.as_deref(),
+            None,
         )?;
         mount_mode = m.mode.clone().or_else(|| cfg.mode.clone());
         env.mount = Some(m);

@@ -79,6 +79,7 @@ pub fn part(dir: &Path, cancel: &AtomicBool) -> Result<Outcome> {
         throttle_mb_s: throttle,
         mode: None,
         dram: None,
+        vram: None,
         direct_only: false,
         repeat: 1,
         narrate: Some(say),

@@ -1,0 +1,335 @@
+//! The CUDA driver API, loaded at run time: nothing at build time needs CUDA, and a machine
+//! without an NVIDIA driver gets a [`GpuError`] naming what is missing instead of a program
+//! that does not start. Only the calls the VRAM tier needs: one context per device (the
+//! device's primary context), device memory, and synchronous copies to and from it.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::Arc;
+
+/// What opening or using a GPU can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No NVIDIA driver library on this machine.
+    #[error("no NVIDIA driver: cannot load libcuda.so.1 ({0}); install the NVIDIA driver or leave out --vram")]
+    NoDriver(String),
+    /// The driver has fewer devices than asked for.
+    #[error("no GPU {asked}: the driver reports {count} device(s); pick one below {count} with --gpu or leave out --vram")]
+    NoDevice {
+        /// The device ordinal asked for.
+        asked: u32,
+        /// Devices the driver sees.
+        count: u32,
+    },
+    /// A driver call failed.
+    #[error("CUDA {call} failed: {name} ({code})")]
+    Call {
+        /// The driver function.
+        call: &'static str,
+        /// The driver's error code.
+        code: i32,
+        /// The driver's name for it.
+        name: String,
+    },
+    /// More device memory asked for than the device has free.
+    #[error("GPU {device} has {free} bytes of memory free, {asked} asked for: give --vram a smaller size")]
+    TooLarge {
+        /// The device ordinal.
+        device: u32,
+        /// Bytes free on it.
+        free: u64,
+        /// Bytes asked for.
+        asked: u64,
+    },
+}
+
+type CuResult = c_int;
+type CuDevice = c_int;
+type CuContext = *mut c_void;
+type CuDevPtr = u64;
+
+/// The driver functions, resolved once.
+struct Api {
+    init: unsafe extern "C" fn(c_uint) -> CuResult,
+    device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
+    device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
+    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult,
+    device_total_mem: unsafe extern "C" fn(*mut usize, CuDevice) -> CuResult,
+    primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
+    primary_ctx_release: unsafe extern "C" fn(CuDevice) -> CuResult,
+    ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
+    mem_alloc: unsafe extern "C" fn(*mut CuDevPtr, usize) -> CuResult,
+    mem_free: unsafe extern "C" fn(CuDevPtr) -> CuResult,
+    memcpy_htod: unsafe extern "C" fn(CuDevPtr, *const c_void, usize) -> CuResult,
+    memcpy_dtoh: unsafe extern "C" fn(*mut c_void, CuDevPtr, usize) -> CuResult,
+    get_error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    /// Keeps the library loaded as long as the pointers above are used.
+    _lib: libloading::Library,
+}
+
+impl Api {
+    fn load() -> Result<Api, GpuError> {
+        // SAFETY: loading the NVIDIA driver library runs its initialisers, which have no
+        // preconditions on the loading program.
+        let lib = unsafe { libloading::Library::new("libcuda.so.1") }
+            .map_err(|e| GpuError::NoDriver(e.to_string()))?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol is a function of the CUDA driver API with the signature
+                // of the field it is stored in (cuda.h, versioned `_v2` entry points where
+                // the driver has them).
+                *unsafe { lib.get($name) }
+                    .map_err(|e: libloading::Error| GpuError::NoDriver(e.to_string()))?
+            };
+        }
+        Ok(Api {
+            init: sym!(b"cuInit\0"),
+            device_get_count: sym!(b"cuDeviceGetCount\0"),
+            device_get: sym!(b"cuDeviceGet\0"),
+            device_get_name: sym!(b"cuDeviceGetName\0"),
+            device_total_mem: sym!(b"cuDeviceTotalMem_v2\0"),
+            primary_ctx_retain: sym!(b"cuDevicePrimaryCtxRetain\0"),
+            primary_ctx_release: sym!(b"cuDevicePrimaryCtxRelease_v2\0"),
+            ctx_set_current: sym!(b"cuCtxSetCurrent\0"),
+            mem_get_info: sym!(b"cuMemGetInfo_v2\0"),
+            mem_alloc: sym!(b"cuMemAlloc_v2\0"),
+            mem_free: sym!(b"cuMemFree_v2\0"),
+            memcpy_htod: sym!(b"cuMemcpyHtoD_v2\0"),
+            memcpy_dtoh: sym!(b"cuMemcpyDtoH_v2\0"),
+            get_error_name: sym!(b"cuGetErrorName\0"),
+            _lib: lib,
+        })
+    }
+
+    /// Initialises the driver; the number of devices it sees.
+    fn devices(&self) -> Result<c_int, GpuError> {
+        // SAFETY: cuInit takes flags (0) and may be called more than once.
+        self.check("cuInit", unsafe { (self.init)(0) })?;
+        let mut count: c_int = 0;
+        // SAFETY: writes the device count into `count`.
+        self.check("cuDeviceGetCount", unsafe {
+            (self.device_get_count)(&mut count)
+        })?;
+        Ok(count)
+    }
+
+    fn check(&self, call: &'static str, code: CuResult) -> Result<(), GpuError> {
+        if code == 0 {
+            return Ok(());
+        }
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static string (or leaves it null).
+        let named = unsafe { (self.get_error_name)(code, &mut p) };
+        let name = if named == 0 && !p.is_null() {
+            // SAFETY: the driver returned a NUL-terminated static string.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        } else {
+            "unknown error".to_string()
+        };
+        Err(GpuError::Call { call, code, name })
+    }
+}
+
+/// One GPU, through its primary context.
+pub struct Gpu {
+    api: Api,
+    device: CuDevice,
+    ordinal: u32,
+    ctx: CuContext,
+    name: String,
+    total: u64,
+}
+
+// SAFETY: a CUDA context may be made current on any thread (every call below first makes it
+// current on the calling thread), and the driver API is thread-safe.
+unsafe impl Send for Gpu {}
+// SAFETY: as for Send: no call relies on thread-local state set by another call.
+unsafe impl Sync for Gpu {}
+
+/// What the driver reports of one device, for `doctor`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GpuInfo {
+    /// The device ordinal.
+    pub ordinal: u32,
+    /// The device's name.
+    pub name: String,
+    /// Its memory, bytes.
+    pub total_bytes: u64,
+    /// Its free memory now, bytes.
+    pub free_bytes: u64,
+}
+
+impl Gpu {
+    /// Opens device `ordinal` (0 is the first GPU).
+    pub fn open(ordinal: u32) -> Result<Arc<Gpu>, GpuError> {
+        let api = Api::load()?;
+        let count = api.devices()?;
+        if ordinal as c_int >= count {
+            return Err(GpuError::NoDevice {
+                asked: ordinal,
+                count: count.max(0) as u32,
+            });
+        }
+        let mut device: CuDevice = 0;
+        // SAFETY: the ordinal is below the device count; writes the handle into `device`.
+        api.check("cuDeviceGet", unsafe {
+            (api.device_get)(&mut device, ordinal as c_int)
+        })?;
+        let mut name = [0 as c_char; 256];
+        // SAFETY: the driver writes at most `name.len()` bytes, NUL-terminated.
+        api.check("cuDeviceGetName", unsafe {
+            (api.device_get_name)(name.as_mut_ptr(), name.len() as c_int, device)
+        })?;
+        // SAFETY: `name` is NUL-terminated (written by the driver, zero-filled before).
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let mut total: usize = 0;
+        // SAFETY: writes the device's memory size into `total`.
+        api.check("cuDeviceTotalMem", unsafe {
+            (api.device_total_mem)(&mut total, device)
+        })?;
+        let mut ctx: CuContext = std::ptr::null_mut();
+        // SAFETY: retains the device's primary context, released in Drop.
+        api.check("cuDevicePrimaryCtxRetain", unsafe {
+            (api.primary_ctx_retain)(&mut ctx, device)
+        })?;
+        Ok(Arc::new(Gpu {
+            api,
+            device,
+            ordinal,
+            ctx,
+            name,
+            total: total as u64,
+        }))
+    }
+
+    /// Every device the driver sees, or why none can be listed.
+    pub fn list() -> Result<Vec<GpuInfo>, GpuError> {
+        let count = Api::load()?.devices()?;
+        (0..count.max(0) as u32)
+            .map(|i| Gpu::open(i).and_then(|g| g.info()))
+            .collect()
+    }
+
+    fn current(&self) -> Result<(), GpuError> {
+        // SAFETY: the context was retained in `open` and lives until Drop.
+        self.api.check("cuCtxSetCurrent", unsafe {
+            (self.api.ctx_set_current)(self.ctx)
+        })
+    }
+
+    /// The device's name, memory and free memory.
+    pub fn info(&self) -> Result<GpuInfo, GpuError> {
+        self.current()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes the free and total bytes of the current context's device.
+        self.api.check("cuMemGetInfo", unsafe {
+            (self.api.mem_get_info)(&mut free, &mut total)
+        })?;
+        Ok(GpuInfo {
+            ordinal: self.ordinal,
+            name: self.name.clone(),
+            total_bytes: self.total,
+            free_bytes: free as u64,
+        })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `bytes` of device memory, freed when the buffer is dropped.
+    pub fn alloc(self: &Arc<Self>, bytes: u64) -> Result<DeviceBuf, GpuError> {
+        let info = self.info()?;
+        if bytes > info.free_bytes {
+            return Err(GpuError::TooLarge {
+                device: self.ordinal,
+                free: info.free_bytes,
+                asked: bytes,
+            });
+        }
+        let mut ptr: CuDevPtr = 0;
+        // SAFETY: allocates `bytes` of device memory in the current context.
+        self.api.check("cuMemAlloc", unsafe {
+            (self.api.mem_alloc)(&mut ptr, bytes as usize)
+        })?;
+        Ok(DeviceBuf {
+            gpu: self.clone(),
+            ptr,
+            len: bytes,
+        })
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: releases the primary context retained in `open`, once.
+        let _ = unsafe { (self.api.primary_ctx_release)(self.device) };
+    }
+}
+
+/// A block of device memory.
+pub struct DeviceBuf {
+    gpu: Arc<Gpu>,
+    ptr: CuDevPtr,
+    len: u64,
+}
+
+impl DeviceBuf {
+    /// Its size, bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn range(&self, offset: u64, n: usize) -> Result<CuDevPtr, GpuError> {
+        match offset.checked_add(n as u64) {
+            Some(end) if end <= self.len => Ok(self.ptr + offset),
+            _ => Err(GpuError::Call {
+                call: "copy",
+                code: 1,
+                name: format!(
+                    "{n} bytes at offset {offset} pass the end of a {}-byte buffer",
+                    self.len
+                ),
+            }),
+        }
+    }
+
+    /// Copies `data` to `offset` (returns when the device has it).
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), GpuError> {
+        let dst = self.range(offset, data.len())?;
+        self.gpu.current()?;
+        // SAFETY: `dst..dst+len` lies inside this allocation (checked by `range`) and `data`
+        // is a readable host buffer of that length; the copy is synchronous.
+        self.gpu.api.check("cuMemcpyHtoD", unsafe {
+            (self.gpu.api.memcpy_htod)(dst, data.as_ptr().cast(), data.len())
+        })
+    }
+
+    /// Copies `out.len()` bytes from `offset` into `out`.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), GpuError> {
+        let src = self.range(offset, out.len())?;
+        self.gpu.current()?;
+        // SAFETY: `src..src+len` lies inside this allocation (checked by `range`) and `out`
+        // is a writable host buffer of that length; the copy is synchronous.
+        self.gpu.api.check("cuMemcpyDtoH", unsafe {
+            (self.gpu.api.memcpy_dtoh)(out.as_mut_ptr().cast(), src, out.len())
+        })
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        if self.gpu.current().is_ok() {
+            // SAFETY: frees the allocation made in `Gpu::alloc`, once.
+            let _ = unsafe { (self.gpu.api.mem_free)(self.ptr) };
+        }
+    }
+}
