@@ -10,6 +10,7 @@ pub mod mem;
 pub mod meta;
 pub mod plot;
 pub mod table;
+pub mod vram;
 
 pub use error::BenchError;
 pub use tierstack_common::{fmt_size, parse_size, SizeError};

@@ -99,6 +99,9 @@ pub struct WorkerSpec {
     /// What the warm-up writes into each page.
     #[serde(default)]
     pub fill: Fill,
+    /// The tierstack engine's VRAM tier (`bench mem --vram`), if any.
+    #[serde(default)]
+    pub vram: Option<tierstack_mem::setup::Vram>,
 }
 
 /// The tierstack engine: an array of four file drives in `dir` (RAID `level`), the tiered
@@ -119,6 +122,9 @@ pub struct TierstackSpec {
     /// budget.
     #[serde(default)]
     pub in_memory: bool,
+    /// A VRAM tier between the store's DRAM tier and the array (`--vram`), if any.
+    #[serde(default)]
+    pub vram: Option<tierstack_mem::setup::Vram>,
 }
 
 /// Drive files of the tierstack engine, removed on drop.
@@ -193,8 +199,8 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, BenchError>
         t.page,
     )?;
     let drives = TempDrives(paths);
-    let config = tierstack_mem::setup::engine_config(&array, t.dram, t.page);
-    let (store, p) = tierstack_mem::setup::store_and_options(array, t.dram, t.page)?;
+    let config = tierstack_mem::setup::engine_config(&array, t.dram, t.page, t.vram);
+    let (store, p) = tierstack_mem::setup::store_and_options(array, t.dram, t.page, t.vram)?;
     let opts = tierstack_mem::RegionOptions {
         page: p.page,
         budget: p.budget,
@@ -642,6 +648,7 @@ pub fn run_engine(
                 page,
                 level: level.number(),
                 in_memory: engine == "tierstack-dram",
+                vram: spec.vram,
             });
             None
         }
@@ -703,6 +710,39 @@ pub fn render(r: &MemReport) -> String {
         r.read_mean_us,
         r.write_mean_us
     );
+    if let Some(c) = &r.engine_config {
+        let mut departs = Vec::new();
+        if c.page != tierstack_mem::setup::DEFAULT_PAGE {
+            departs.push(format!("--page {}", crate::fmt_size(c.page as u64)));
+        }
+        if c.level != tierstack_mem::setup::LEVEL.number() {
+            departs.push(format!("--level {}", c.level));
+        }
+        if c.vram_bytes > 0 {
+            departs.push(format!("--vram {}", crate::fmt_size(c.vram_bytes)));
+        }
+        out += &format!(
+            "  store: RAID {} of {} drives, page {}, DRAM tier {}, resident budget {}{}; {}\n",
+            c.level,
+            c.drives,
+            crate::fmt_size(c.page as u64),
+            crate::fmt_size(c.store_dram_bytes),
+            crate::fmt_size(c.budget_bytes),
+            if c.vram_bytes > 0 {
+                format!(", VRAM tier {}", crate::fmt_size(c.vram_bytes))
+            } else {
+                String::new()
+            },
+            if departs.is_empty() {
+                "as `tierstack run` makes it".to_string()
+            } else {
+                format!(
+                    "departs from `tierstack run`'s defaults: {}",
+                    departs.join(" ")
+                )
+            }
+        );
+    }
     if let Some(p) = &r.pager {
         out += &format!(
             "  pager: {} faults, {} read from the store (mean read {:.1} us, mean fault {:.1} us, overhead {:.1} us per miss), {} evictions ({} clean), {} handed to the faulting thread's CPU ({} stolen)\n",

@@ -13,6 +13,7 @@ mod run_cmd;
 mod slurm_cmd;
 mod stage_cmd;
 mod top_cmd;
+mod vram_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -95,6 +96,8 @@ enum BenchCmd {
     /// mdtest's method: N processes create, stat, read and unlink their files, in the plain
     /// folder and through a tierstack mount over it; rates per phase and mount / plain.
     Meta(meta_cmd::BenchMetaArgs),
+    /// The VRAM tier per page size (copies to and from the GPU) against the array alone.
+    Vram(vram_cmd::BenchVramArgs),
     /// Internal: one worker process of `bench meta` (takes its spec as JSON).
     #[command(hide = true)]
     MetaWorker { spec: String },
@@ -168,6 +171,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::CheckpointWriter { spec }) => stage_cmd::checkpoint_writer(&spec),
         Cmd::Bench(BenchCmd::Io(a)) => io_cmd::bench(a),
         Cmd::Bench(BenchCmd::Meta(a)) => meta_cmd::bench(a),
+        Cmd::Bench(BenchCmd::Vram(a)) => vram_cmd::bench(a),
         Cmd::Bench(BenchCmd::MetaWorker { spec }) => meta_cmd::worker(&spec),
         Cmd::Run(a) => run_cmd::run(a),
         Cmd::Mount(a) => mount_cmd::mount(a),

@@ -65,6 +65,13 @@ pub struct BenchMemArgs {
     /// swap file without redundancy (seed 000 swaps to an mdadm RAID 0).
     #[arg(long, default_value = "5")]
     level: String,
+    /// A VRAM tier of this size on GPU --gpu between the tierstack engine's DRAM and its
+    /// array, as `tierstack run --vram` makes (outside --dram). Default: none.
+    #[arg(long)]
+    vram: Option<String>,
+    /// The GPU of --vram (0 is the first).
+    #[arg(long, default_value_t = 0, requires = "vram")]
+    gpu: u32,
     /// Print one JSON object on stdout (with --compare: tierstack, kernel_swap, ratio).
     #[arg(long)]
     json: bool,
@@ -131,7 +138,22 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
             a.level
         );
     }
-    let note = format!("tierstack page {}, RAID {}", fmt_size(page as u64), level);
+    let vram = match &a.vram {
+        Some(v) => {
+            let bytes = parse_size(v).map_err(|e| anyhow::anyhow!("--vram: {e}"))?;
+            crate::mount_cmd::check_gpu("--vram", a.gpu, bytes)?;
+            Some(tierstack_mem::setup::Vram { gpu: a.gpu, bytes })
+        }
+        None => None,
+    };
+    let mut note = format!("tierstack page {}, RAID {}", fmt_size(page as u64), level);
+    if let Some(v) = vram {
+        note.push_str(&format!(
+            ", VRAM tier {} on GPU {}",
+            fmt_size(v.bytes),
+            v.gpu
+        ));
+    }
     let draw = |reports: &[mem::MemReport]| -> Result<()> {
         if let Some(p) = &a.plot {
             let ran_tierstack = reports.iter().any(|r| r.engine == "tierstack");
@@ -152,6 +174,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         cgroup_procs: None,
         tierstack: None,
         fill: a.fill.parse().map_err(anyhow::Error::msg)?,
+        vram,
     };
     let exe = std::env::current_exe()?;
     if a.compare {

@@ -177,7 +177,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
     let vram = match &a.vram {
         Some(v) => {
             let bytes = size_arg("vram", v, 1 << 20)?;
-            check_gpu(a.gpu, bytes)?;
+            check_gpu("--vram", a.gpu, bytes)?;
             bytes
         }
         None => 0,
@@ -322,13 +322,14 @@ pub fn mount(a: MountArgs) -> Result<()> {
     spawn_daemon(&spec, a.metrics.as_deref())
 }
 
-/// Refuses --vram before anything is made when GPU `gpu` is missing or has less free memory.
-fn check_gpu(gpu: u32, bytes: u64) -> Result<()> {
-    let g = tierstack_store::Gpu::open(gpu).map_err(|e| anyhow!("--vram: {e}"))?;
-    let info = g.info().map_err(|e| anyhow!("--vram: {e}"))?;
+/// Refuses `what` (`--vram`, `bench vram`) before anything is made when GPU `gpu` is missing
+/// or has less than `bytes` free.
+pub(crate) fn check_gpu(what: &str, gpu: u32, bytes: u64) -> Result<()> {
+    let g = tierstack_store::Gpu::open(gpu).map_err(|e| anyhow!("{what}: {e}"))?;
+    let info = g.info().map_err(|e| anyhow!("{what}: {e}"))?;
     if bytes > info.free_bytes {
         bail!(
-            "--vram {} is more than GPU {gpu} ({}) has free ({}): give a smaller size",
+            "{what}: {} is more than GPU {gpu} ({}) has free ({}): give a smaller size",
             fmt_size(bytes),
             info.name,
             fmt_size(info.free_bytes)

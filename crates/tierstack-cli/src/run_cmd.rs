@@ -53,6 +53,15 @@ pub struct RunArgs {
     /// Serve Prometheus metrics at ADDR:PORT (`GET /metrics`) while the program runs.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// A VRAM tier of this size per paged process on GPU --gpu, between the store's DRAM tier
+    /// and the array (outside --dram): pages evicted from DRAM are kept in GPU memory and read
+    /// back from it at PCIe speed; the array takes what the GPU cannot hold. Needs an NVIDIA
+    /// driver; a forked child pages without it. Default: none.
+    #[arg(long)]
+    pub vram: Option<String>,
+    /// The GPU of --vram (0 is the first; `tierstack doctor` lists them).
+    #[arg(long, default_value_t = 0, requires = "vram")]
+    pub gpu: u32,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -229,6 +238,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let Err(e) = tierstack_mem::uffd::available() {
         bail!("userfaultfd is not usable by this user ({e}): run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1` or access to /dev/userfaultfd");
     }
+    let vram = match &a.vram {
+        Some(v) => {
+            let bytes = parse_size(v).map_err(|e| anyhow::anyhow!("--vram: {e}"))?;
+            crate::mount_cmd::check_gpu("--vram", a.gpu, bytes)?;
+            Some(bytes)
+        }
+        None => None,
+    };
     let lib = preload_lib()?;
     let metrics_listener = a.metrics.as_deref().map(crate::metrics::bind).transpose()?;
     let mut cmd = std::process::Command::new(program);
@@ -244,7 +261,13 @@ pub fn run(a: RunArgs) -> Result<()> {
         .env("TIERSTACK_THRESHOLD", threshold.to_string())
         .env_remove("TIERSTACK_DIR")
         .env_remove("TIERSTACK_ARRAY")
-        .env_remove("TIERSTACK_STORE");
+        .env_remove("TIERSTACK_STORE")
+        .env_remove("TIERSTACK_VRAM")
+        .env_remove("TIERSTACK_GPU");
+    if let Some(bytes) = vram {
+        cmd.env("TIERSTACK_VRAM", bytes.to_string())
+            .env("TIERSTACK_GPU", a.gpu.to_string());
+    }
     if let Some(array) = &a.array {
         if !array.is_file() {
             bail!(

@@ -71,10 +71,25 @@ pub struct EngineConfig {
     pub budget_bytes: u64,
     /// Bytes of regions the store may hold.
     pub commit_limit_bytes: Option<u64>,
+    /// Bytes of GPU memory between the store's DRAM tier and the array (`--vram`; outside
+    /// `dram_bytes`), 0 for none.
+    #[serde(default)]
+    pub vram_bytes: u64,
 }
 
-/// The configuration [`store_over`] gives an engine over `array` with `dram` and `page`.
-pub fn engine_config(array: &Array, dram: u64, page: usize) -> EngineConfig {
+/// A VRAM tier for the paging store: `bytes` of GPU `gpu`'s memory between the store's DRAM
+/// tier and the array (`run --vram`, seed 000's GPU buffer in front of the swap RAID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Vram {
+    /// The GPU (0 is the first).
+    pub gpu: u32,
+    /// Bytes of its memory.
+    pub bytes: u64,
+}
+
+/// The configuration [`store_over`] gives an engine over `array` with `dram`, `page` and
+/// `vram`.
+pub fn engine_config(array: &Array, dram: u64, page: usize, vram: Option<Vram>) -> EngineConfig {
     let st = array.status();
     let (store_dram, budget) = split_budget(dram, array.buffer_bytes(), page);
     EngineConfig {
@@ -87,6 +102,7 @@ pub fn engine_config(array: &Array, dram: u64, page: usize) -> EngineConfig {
         store_dram_bytes: store_dram,
         budget_bytes: budget,
         commit_limit_bytes: Some(st.capacity_bytes / 2),
+        vram_bytes: vram.map_or(0, |v| v.bytes),
     }
 }
 
@@ -159,8 +175,9 @@ pub fn store_and_options(
     array: Array,
     dram: u64,
     page: usize,
+    vram: Option<Vram>,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
-    store_over(Arc::new(array), &[], dram, page)
+    store_over(Arc::new(array), &[], dram, page, vram)
 }
 
 /// [`store_and_options`] for a process that also reads pages from `snapshots` (read-only
@@ -171,9 +188,22 @@ pub fn store_over(
     snapshots: &[Arc<Array>],
     dram: u64,
     page: usize,
+    vram: Option<Vram>,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
-    let cfg = engine_config(&array, dram, page);
-    let mut tiers: Vec<Box<dyn Tier>> = vec![Box::new(ArrayTier::shared(array))];
+    let cfg = engine_config(&array, dram, page, vram);
+    let array_tier: Box<dyn Tier> = Box::new(ArrayTier::shared(array));
+    let first: Box<dyn Tier> = match vram {
+        Some(v) => {
+            let gpu =
+                tierstack_store::Gpu::open(v.gpu).map_err(|e| MemError::Config(e.to_string()))?;
+            Box::new(
+                tierstack_store::VramTier::new(gpu, v.bytes, array_tier)
+                    .map_err(|e| MemError::Config(e.to_string()))?,
+            )
+        }
+        None => array_tier,
+    };
+    let mut tiers: Vec<Box<dyn Tier>> = vec![first];
     for s in snapshots {
         tiers.push(Box::new(ArrayTier::shared(s.clone())));
     }
@@ -220,7 +250,7 @@ mod tests {
         let (a, paths) = create_array(t.path(), "x-", 256 << 20, LEVEL, 64 << 10).expect("array");
         assert_eq!(paths.len(), DRIVES);
         assert_eq!(a.status().level, 5);
-        let (_store, o) = store_and_options(a, 256 << 20, 64 << 10).expect("store");
+        let (_store, o) = store_and_options(a, 256 << 20, 64 << 10, None).expect("store");
         assert!(o.budget > 128 << 20 && o.budget < 256 << 20, "{}", o.budget);
         assert!(o.commit_limit.is_some_and(|c| c >= 128 << 20));
     }

@@ -34,7 +34,7 @@ pub(crate) extern "C" fn fork_prepare() {
     let settled = e
         .pager
         .store()
-        .write_back(u64::MAX)
+        .settle()
         .map_err(PreloadError::from)
         .and_then(|_| e.array.settle().map_err(PreloadError::from));
     if let Err(err) = settled {
@@ -167,6 +167,7 @@ pub(crate) fn take_over(old: &Arc<Engine>) -> Result<Engine, PreloadError> {
         old.dram,
         old.page,
         old.dir.clone(),
+        None,
     )?;
     {
         let olds = old.regions.lock();

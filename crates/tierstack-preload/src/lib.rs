@@ -270,7 +270,11 @@ fn start() -> Result<Engine, PreloadError> {
         ))?;
         (own_array(&dir, page)?, dir)
     };
-    let engine = build_engine(Arc::new(array), Vec::new(), dram, page, dir)?;
+    let vram = env_size(b"TIERSTACK_VRAM\0").map(|bytes| tierstack_mem::setup::Vram {
+        gpu: env_size(b"TIERSTACK_GPU\0").unwrap_or(0) as u32,
+        bytes,
+    });
+    let engine = build_engine(Arc::new(array), Vec::new(), dram, page, dir, vram)?;
     // SAFETY: registering plain extern "C" callbacks with no arguments.
     unsafe {
         libc::pthread_atfork(
@@ -286,17 +290,20 @@ fn start() -> Result<Engine, PreloadError> {
 }
 
 /// An engine over `array` (and the snapshots a forked child reads), with the same store and
-/// budget rule as `bench mem`'s tierstack engine.
+/// budget rule as `bench mem`'s tierstack engine, and a VRAM tier when asked (never in a
+/// forked child: CUDA does not survive fork).
 fn build_engine(
     array: Arc<tierstack_array::Array>,
     snapshots: Vec<Arc<tierstack_array::Array>>,
     dram: u64,
     page: usize,
     dir: std::path::PathBuf,
+    vram: Option<tierstack_mem::setup::Vram>,
 ) -> Result<Engine, PreloadError> {
-    let (store, options) = tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page)?;
+    let (store, options) =
+        tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page, vram)?;
     let pager = Pager::new(store, &options)?;
-    let config = tierstack_mem::setup::engine_config(&array, dram, page);
+    let config = tierstack_mem::setup::engine_config(&array, dram, page, vram);
     let stats_dir = std::env::var_os("TIERSTACK_STATS_DIR")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from);

@@ -309,6 +309,18 @@ impl TieredStore {
         Ok(())
     }
 
+    /// Writes every dirty page down to the last tier without making it durable: the files of
+    /// an array tier then hold everything the store holds (for a forked child that reads
+    /// them). Returns the bytes the DRAM tier wrote.
+    pub fn settle(&self) -> Result<u64> {
+        let _g = self.evicting.lock();
+        let n = self.write_back_locked(u64::MAX)?;
+        for t in &self.lower {
+            t.settle()?;
+        }
+        Ok(n)
+    }
+
     /// Writes dirty pages (about `max_bytes` of them) to the tier below without making them
     /// durable there, and keeps them in DRAM as clean pages: a later [`TieredStore::flush`]
     /// has that much less to write. Returns the bytes written.
@@ -323,9 +335,11 @@ impl TieredStore {
         };
         let dirty = self.dram.dirty_pages(max_bytes);
         let mut bytes = 0;
-        for (k, v, _) in &dirty {
-            first.put(*k, v).map_err(full)?;
-            bytes += v.len() as u64;
+        for batch in dirty.chunks(64) {
+            let pages: Vec<(PageKey, &[u8])> =
+                batch.iter().map(|(k, v, _)| (*k, v.as_slice())).collect();
+            first.put_many(&pages).map_err(full)?;
+            bytes += pages.iter().map(|p| p.1.len() as u64).sum::<u64>();
         }
         for (k, _, gen) in &dirty {
             self.dram.mark_clean(*k, *gen);
@@ -382,11 +396,14 @@ impl TieredStore {
             // where a later read of the run takes one request.
             batch.sort_unstable_by_key(|v| v.0);
             any = true;
-            for (k, v, dirty, gen) in batch {
-                if dirty {
-                    // On failure the page simply stays in DRAM: nothing acknowledged is lost.
-                    first.put(k, &v).map_err(full)?;
-                }
+            let dirty: Vec<(PageKey, &[u8])> = batch
+                .iter()
+                .filter(|p| p.2)
+                .map(|(k, v, _, _)| (*k, v.as_slice()))
+                .collect();
+            // On failure the pages simply stay in DRAM: nothing acknowledged is lost.
+            first.put_many(&dirty).map_err(full)?;
+            for (k, v, _, gen) in batch {
                 self.dram.finish_evict(k, gen);
                 self.recycle(v);
             }

@@ -73,6 +73,11 @@ pub trait Tier: Send + Sync {
     fn name(&self) -> &str;
     /// Stores a page (durable after `flush`).
     fn put(&self, key: PageKey, data: &[u8]) -> Result<()>;
+    /// Stores several pages (a tier that can copies neighbours with fewer requests). On an
+    /// error some may have been stored: the caller keeps every one until it succeeds.
+    fn put_many(&self, pages: &[(PageKey, &[u8])]) -> Result<()> {
+        pages.iter().try_for_each(|(k, d)| self.put(*k, d))
+    }
     /// The page under `key`, if the tier holds it.
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>>;
     /// Several pages at once (a tier that can reads neighbours with fewer requests).
@@ -83,6 +88,12 @@ pub trait Tier: Send + Sync {
     fn remove(&self, key: PageKey) -> Result<bool>;
     /// Makes everything put so far durable.
     fn flush(&self) -> Result<()>;
+    /// Writes what this tier holds that the tiers it writes to do not have yet down to them,
+    /// without making it durable (a forked child reads the array's files: they must be
+    /// complete). Tiers that write through have nothing to do.
+    fn settle(&self) -> Result<()> {
+        Ok(())
+    }
     /// Sizes and counters.
     fn status(&self) -> TierStatus;
     /// This tier's status and those of the tiers it writes to itself (a VRAM tier's array).

@@ -82,6 +82,19 @@ impl Api {
                     .map_err(|e: libloading::Error| GpuError::NoDriver(e.to_string()))?
             };
         }
+        // Copies on the calling thread's own default stream where the driver has it, so that
+        // copies of different threads do not wait for each other (the legacy default stream
+        // serialises every copy of the context).
+        macro_rules! sym_or {
+            ($name:literal, $fallback:literal) => {
+                // SAFETY: as for `sym!`: both names are the same driver function, the first
+                // with per-thread default-stream semantics.
+                match unsafe { lib.get($name) } {
+                    Ok(f) => *f,
+                    Err(_) => sym!($fallback),
+                }
+            };
+        }
         Ok(Api {
             init: sym!(b"cuInit\0"),
             device_get_count: sym!(b"cuDeviceGetCount\0"),
@@ -94,8 +107,8 @@ impl Api {
             mem_get_info: sym!(b"cuMemGetInfo_v2\0"),
             mem_alloc: sym!(b"cuMemAlloc_v2\0"),
             mem_free: sym!(b"cuMemFree_v2\0"),
-            memcpy_htod: sym!(b"cuMemcpyHtoD_v2\0"),
-            memcpy_dtoh: sym!(b"cuMemcpyDtoH_v2\0"),
+            memcpy_htod: sym_or!(b"cuMemcpyHtoD_v2_ptds\0", b"cuMemcpyHtoD_v2\0"),
+            memcpy_dtoh: sym_or!(b"cuMemcpyDtoH_v2_ptds\0", b"cuMemcpyDtoH_v2\0"),
             get_error_name: sym!(b"cuGetErrorName\0"),
             _lib: lib,
         })

@@ -11,30 +11,39 @@
 //!   so the store's durability point is unchanged (VRAM is as volatile as DRAM).
 //! - The driver is loaded at run time ([`cuda`]): without a GPU the tier cannot be made and says
 //!   why; everything else works as before.
-//! - One lock guards the tier's map and is held across its device copies and the write of an
-//!   evicted page below: simple and correct, and the copies (PCIe, GB/s) are short next to
-//!   the drives' writes.
+//! - A read-write lock guards the tier's map. Reads copy from the GPU under the read lock
+//!   (several at once, each thread on its own stream; a block is freed only under the write
+//!   lock, so it cannot go while it is read). A put takes its block under the write lock,
+//!   copies to the GPU with no lock held (the block is its own until it enters the map), and
+//!   enters it under the write lock again. Evicting a full tier's pages (the copy out and the
+//!   write below) happens under the write lock.
+//! - `get_many` copies the pages of a run that lie next to each other on the GPU in one copy
+//!   (pages evicted together were placed together).
 
 pub mod buddy;
 pub mod cuda;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
 use buddy::{order_for, Buddy};
 use cuda::{DeviceBuf, Gpu};
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Slot {
     at: u64,
     order: u32,
     len: u32,
     dirty: bool,
-    referenced: bool,
+    /// The clock's second chance, set by readers under the read lock.
+    referenced: AtomicBool,
+    /// The tier's change count when the put began: a slower put of an older version never
+    /// replaces a newer one.
+    seq: u64,
 }
 
 struct State {
@@ -49,12 +58,15 @@ struct State {
     changes: u64,
 }
 
+/// The largest single copy `get_many` makes of neighbouring pages.
+const MAX_RUN_COPY: u64 = 8 << 20;
+
 /// GPU memory as a tier in front of another tier (see the module's documentation).
 pub struct VramTier {
     gpu: Arc<Gpu>,
     buf: DeviceBuf,
     below: Box<dyn Tier>,
-    state: Mutex<State>,
+    state: RwLock<State>,
     counters: TierCounters,
 }
 
@@ -73,7 +85,7 @@ impl VramTier {
         let buf = gpu.alloc(bytes).map_err(gpu_err)?;
         Ok(VramTier {
             gpu,
-            state: Mutex::new(State {
+            state: RwLock::new(State {
                 map: HashMap::new(),
                 buddy: Buddy::new(bytes),
                 clock: VecDeque::new(),
@@ -117,17 +129,15 @@ impl VramTier {
     /// holds nothing.
     fn evict_one(&self, st: &mut State) -> Result<bool> {
         while let Some(key) = st.clock.pop_front() {
-            let Some(s) = st.map.get_mut(&key) else {
+            let Some(s) = st.map.get(&key) else {
                 continue;
             };
-            if s.referenced {
-                s.referenced = false;
+            if s.referenced.swap(false, Relaxed) {
                 st.clock.push_back(key);
                 continue;
             }
-            let s = *s;
             if s.dirty {
-                let v = self.copy_out(&s)?;
+                let v = self.copy_out(s)?;
                 if let Err(e) = self.below.put(key, &v) {
                     // The page stays here: nothing acknowledged is lost.
                     st.clock.push_front(key);
@@ -154,53 +164,80 @@ impl VramTier {
         }
     }
 
-    fn insert(&self, st: &mut State, key: PageKey, data: &[u8], dirty: bool) -> Result<bool> {
-        let order = order_for(data.len() as u64);
-        let Some(at) = self.take(st, order)? else {
-            return Ok(false);
+    /// Enters a filled block into the map, unless a put that began later is there already
+    /// (or, for a clean copy admitted from below, unless anything changed since `seq`).
+    fn enter(&self, key: PageKey, at: u64, data: &[u8], dirty: bool, seq: u64) {
+        Self::enter_locked(&mut self.state.write(), key, at, data.len(), dirty, seq);
+    }
+
+    fn enter_locked(st: &mut State, key: PageKey, at: u64, len: usize, dirty: bool, seq: u64) {
+        let order = order_for(len as u64);
+        let stale = if dirty {
+            st.map.get(&key).is_some_and(|s| s.seq > seq)
+        } else {
+            st.changes != seq || st.map.contains_key(&key)
         };
-        if let Err(e) = self.buf.write(at, data) {
+        if stale {
             st.buddy.release(at, order);
-            return Err(gpu_err(e));
+            return;
         }
+        Self::forget(st, key);
         st.map.insert(
             key,
             Slot {
                 at,
                 order,
-                len: data.len() as u32,
+                len: len as u32,
                 dirty,
-                referenced: false,
+                referenced: AtomicBool::new(false),
+                seq,
             },
         );
         st.used += 1 << order;
         if dirty {
-            st.dirty += data.len() as u64;
+            st.dirty += len as u64;
         }
         st.clock.push_back(key);
         if st.clock.len() > 2 * st.map.len() + 64 {
             let map = &st.map;
             st.clock.retain(|k| map.contains_key(k));
         }
+    }
+
+    /// Copies `data` into a new block and enters it. False when the page is larger than the
+    /// whole tier. `admit`: a clean copy read from below, entered only when the tier did not
+    /// change since `seen`.
+    fn store(&self, key: PageKey, data: &[u8], admit: Option<u64>) -> Result<bool> {
+        let order = order_for(data.len() as u64);
+        let (at, seq) = {
+            let mut st = self.state.write();
+            match admit {
+                Some(seen) if st.changes != seen || st.map.contains_key(&key) => return Ok(true),
+                Some(_) => {}
+                None => {
+                    st.changes += 1;
+                    // The old version must not be read any more (the caller still holds the
+                    // new one until this returns).
+                    Self::forget(&mut st, key);
+                }
+            }
+            let Some(at) = self.take(&mut st, order)? else {
+                return Ok(false);
+            };
+            (at, st.changes)
+        };
+        // The block is this put's alone until it enters the map.
+        if let Err(e) = self.buf.write(at, data) {
+            self.state.write().buddy.release(at, order);
+            return Err(gpu_err(e));
+        }
+        self.enter(key, at, data, admit.is_none(), seq);
         Ok(true)
     }
 
-    /// Admits a page read from below as a clean copy, unless the tier changed meanwhile.
-    fn admit(&self, key: PageKey, data: &[u8], seen: u64) {
-        let mut st = self.state.lock();
-        if st.changes != seen || st.map.contains_key(&key) {
-            return;
-        }
-        // A failed admission only costs a later read from below.
-        let _ = self.insert(&mut st, key, data, false);
-    }
-
-    fn hit(&self, s: &mut Slot) -> Result<Vec<u8>> {
-        s.referenced = true;
-        let v = self.copy_out(s)?;
+    fn count_hit(&self, n: usize) {
         self.counters.hits.fetch_add(1, Relaxed);
-        self.counters.bytes_out.fetch_add(v.len() as u64, Relaxed);
-        Ok(v)
+        self.counters.bytes_out.fetch_add(n as u64, Relaxed);
     }
 }
 
@@ -210,12 +247,8 @@ impl Tier for VramTier {
     }
 
     fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
-        let mut st = self.state.lock();
-        st.changes += 1;
-        Self::forget(&mut st, key);
-        if !self.insert(&mut st, key, data, true)? {
+        if !self.store(key, data, None)? {
             // Larger than the whole tier: straight below.
-            drop(st);
             return self.below.put(key, data);
         }
         self.counters.puts.fetch_add(1, Relaxed);
@@ -223,12 +256,89 @@ impl Tier for VramTier {
         Ok(())
     }
 
+    fn put_many(&self, pages: &[(PageKey, &[u8])]) -> Result<()> {
+        // Blocks for all under one lock; pages larger than the whole tier go straight below.
+        let mut placed: Vec<(u64, usize)> = Vec::with_capacity(pages.len());
+        let mut through = Vec::new();
+        let seq = {
+            let mut st = self.state.write();
+            st.changes += 1;
+            for (i, (key, data)) in pages.iter().enumerate() {
+                Self::forget(&mut st, *key);
+                match self.take(&mut st, order_for(data.len() as u64)) {
+                    Ok(Some(at)) => placed.push((at, i)),
+                    Ok(None) => through.push(i),
+                    Err(e) => {
+                        for &(at, j) in &placed {
+                            st.buddy.release(at, order_for(pages[j].1.len() as u64));
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            st.changes
+        };
+        // Blocks that follow each other on the GPU: one copy each run (pages put together,
+        // e.g. a DRAM eviction batch in key order, get neighbouring blocks).
+        placed.sort_unstable();
+        let mut j = 0;
+        let mut failed = None;
+        while j < placed.len() {
+            let start = placed[j].0;
+            let mut end = j + 1;
+            while end < placed.len() && {
+                let (at, i) = placed[end - 1];
+                placed[end].0 == at + (1u64 << order_for(pages[i].1.len() as u64))
+                    && placed[end].0 - start < MAX_RUN_COPY
+            } {
+                end += 1;
+            }
+            let res = if end - j == 1 {
+                self.buf.write(start, pages[placed[j].1].1)
+            } else {
+                let (last_at, last_i) = placed[end - 1];
+                let mut run = vec![0u8; (last_at - start) as usize + pages[last_i].1.len()];
+                for &(at, i) in &placed[j..end] {
+                    let off = (at - start) as usize;
+                    run[off..off + pages[i].1.len()].copy_from_slice(pages[i].1);
+                }
+                self.buf.write(start, &run)
+            };
+            if let Err(e) = res {
+                failed = Some(e);
+                break;
+            }
+            j = end;
+        }
+        {
+            let mut st = self.state.write();
+            if let Some(e) = failed {
+                for &(at, i) in &placed {
+                    st.buddy.release(at, order_for(pages[i].1.len() as u64));
+                }
+                return Err(gpu_err(e));
+            }
+            for &(at, i) in &placed {
+                Self::enter_locked(&mut st, pages[i].0, at, pages[i].1.len(), true, seq);
+                self.counters.puts.fetch_add(1, Relaxed);
+                self.counters
+                    .bytes_in
+                    .fetch_add(pages[i].1.len() as u64, Relaxed);
+            }
+        }
+        for i in through {
+            self.below.put(pages[i].0, pages[i].1)?;
+        }
+        Ok(())
+    }
+
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
         let seen = {
-            let mut st = self.state.lock();
-            if let Some(mut s) = st.map.get(&key).copied() {
-                let v = self.hit(&mut s)?;
-                st.map.insert(key, s);
+            let st = self.state.read();
+            if let Some(s) = st.map.get(&key) {
+                s.referenced.store(true, Relaxed);
+                let v = self.copy_out(s)?;
+                self.count_hit(v.len());
                 return Ok(Some(v));
             }
             st.changes
@@ -236,27 +346,49 @@ impl Tier for VramTier {
         self.counters.misses.fetch_add(1, Relaxed);
         let v = self.below.get(key)?;
         if let Some(d) = &v {
-            self.admit(key, d, seen);
+            // A failed admission only costs a later read from below.
+            let _ = self.store(key, d, Some(seen));
         }
         Ok(v)
     }
 
     fn get_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Vec<u8>>>> {
-        let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
         let mut missing = Vec::new();
         let seen = {
-            let mut st = self.state.lock();
+            let st = self.state.read();
+            // (block offset, block size, length, index) of each page here, in GPU order.
+            let mut hits: Vec<(u64, u64, usize, usize)> = Vec::new();
             for (i, k) in keys.iter().enumerate() {
-                match st.map.get(k).copied() {
-                    Some(mut s) => {
-                        out.push(Some(self.hit(&mut s)?));
-                        st.map.insert(*k, s);
+                match st.map.get(k) {
+                    Some(s) => {
+                        s.referenced.store(true, Relaxed);
+                        hits.push((s.at, 1 << s.order, s.len as usize, i));
                     }
-                    None => {
-                        out.push(None);
-                        missing.push(i);
-                    }
+                    None => missing.push(i),
                 }
+            }
+            hits.sort_unstable();
+            // Runs of blocks that follow each other on the GPU: one copy each.
+            let mut j = 0;
+            while j < hits.len() {
+                let start = hits[j].0;
+                let mut end = j + 1;
+                while end < hits.len()
+                    && hits[end].0 == hits[end - 1].0 + hits[end - 1].1
+                    && hits[end].0 + hits[end].2 as u64 - start <= MAX_RUN_COPY
+                {
+                    end += 1;
+                }
+                let last = hits[end - 1];
+                let mut run = vec![0u8; (last.0 - start) as usize + last.2];
+                self.buf.read(start, &mut run).map_err(gpu_err)?;
+                for &(at, _, len, i) in &hits[j..end] {
+                    let off = (at - start) as usize;
+                    out[i] = Some(run[off..off + len].to_vec());
+                    self.count_hit(len);
+                }
+                j = end;
             }
             st.changes
         };
@@ -269,7 +401,7 @@ impl Tier for VramTier {
         let ks: Vec<PageKey> = missing.iter().map(|&i| keys[i]).collect();
         for (&i, v) in missing.iter().zip(self.below.get_many(&ks)?) {
             if let Some(d) = &v {
-                self.admit(keys[i], d, seen);
+                let _ = self.store(keys[i], d, Some(seen));
             }
             out[i] = v;
         }
@@ -278,7 +410,7 @@ impl Tier for VramTier {
 
     fn remove(&self, key: PageKey) -> Result<bool> {
         let here = {
-            let mut st = self.state.lock();
+            let mut st = self.state.write();
             st.changes += 1;
             Self::forget(&mut st, key).is_some()
         };
@@ -286,33 +418,38 @@ impl Tier for VramTier {
     }
 
     fn flush(&self) -> Result<()> {
-        {
-            let mut st = self.state.lock();
-            let mut dirty: Vec<PageKey> = st
-                .map
-                .iter()
-                .filter(|(_, s)| s.dirty)
-                .map(|(k, _)| *k)
-                .collect();
-            // In key order: the pages of a run land next to each other below.
-            dirty.sort_unstable();
-            for key in dirty {
-                let Some(s) = st.map.get(&key).copied() else {
-                    continue;
-                };
-                let v = self.copy_out(&s)?;
-                self.below.put(key, &v)?;
-                if let Some(s) = st.map.get_mut(&key) {
-                    s.dirty = false;
-                }
-                st.dirty -= s.len as u64;
-            }
-        }
+        self.settle()?;
         self.below.flush()
     }
 
+    fn settle(&self) -> Result<()> {
+        let mut st = self.state.write();
+        let mut dirty: Vec<PageKey> = st
+            .map
+            .iter()
+            .filter(|(_, s)| s.dirty)
+            .map(|(k, _)| *k)
+            .collect();
+        // In key order: the pages of a run land next to each other below.
+        dirty.sort_unstable();
+        for key in dirty {
+            let Some(s) = st.map.get(&key) else {
+                continue;
+            };
+            let v = self.copy_out(s)?;
+            self.below.put(key, &v)?;
+            let len = v.len() as u64;
+            if let Some(s) = st.map.get_mut(&key) {
+                s.dirty = false;
+            }
+            st.dirty -= len;
+        }
+        drop(st);
+        self.below.settle()
+    }
+
     fn status(&self) -> TierStatus {
-        let st = self.state.lock();
+        let st = self.state.read();
         self.counters
             .snapshot("vram", st.buddy.capacity(), st.used, st.dirty)
     }
@@ -324,7 +461,7 @@ impl Tier for VramTier {
     }
 
     fn index_bytes(&self) -> u64 {
-        let st = self.state.lock();
+        let st = self.state.read();
         let own = st.map.capacity() * (std::mem::size_of::<(PageKey, Slot)>() + 1)
             + st.clock.capacity() * std::mem::size_of::<PageKey>();
         own as u64 + self.below.index_bytes()
