@@ -56,7 +56,8 @@ pub struct RunArgs {
     /// A VRAM tier of this size per paged process on GPU --gpu, between the store's DRAM tier
     /// and the array (outside --dram): pages evicted from DRAM are kept in GPU memory and read
     /// back from it at PCIe speed; the array takes what the GPU cannot hold. Needs an NVIDIA
-    /// driver; a forked child pages without it. Default: none.
+    /// driver, whose context adds about 90 MiB to the process's RSS (the allowance grows by
+    /// 128 MiB); a forked child pages without it. Default: none.
     #[arg(long)]
     pub vram: Option<String>,
     /// The GPU of --vram (0 is the first; `tierstack doctor` lists them).
@@ -361,7 +362,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     if a.stats {
         eprintln!("{}", stats_line(&st, max_rss, code));
     }
-    let over = max_rss.saturating_sub(dram + RSS_ALLOWANCE);
+    let allowance = RSS_ALLOWANCE + if vram.is_some() { CUDA_ALLOWANCE } else { 0 };
+    let over = max_rss.saturating_sub(dram + allowance);
     if a.json {
         let g = |k: &str| st.get(k);
         eprintln!(
@@ -370,7 +372,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "exit": code,
                 "peak_rss_bytes": max_rss,
                 "budget_bytes": dram,
-                "allowance_bytes": RSS_ALLOWANCE,
+                "allowance_bytes": allowance,
                 "over_budget_bytes": over,
                 "paged_processes": st.processes(),
                 "peak_resident_bytes": g("peak_resident"),
@@ -390,7 +392,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             fmt_size(max_rss),
             fmt_size(dram),
             fmt_size(over),
-            fmt_size(RSS_ALLOWANCE),
+            fmt_size(allowance),
             if st.processes() == 0 {
                 "no process made an allocation of --threshold or more: lower --threshold, or the program reserves and commits address space itself (JVM, V8)"
             } else {
@@ -449,6 +451,10 @@ pub fn wait_child(pid: u32) -> Result<(i32, u64)> {
 /// What `run` lets a process hold above `--dram` before it warns: tierstack's own threads,
 /// stacks and buffers, the program's allocations below `--threshold`, and its code.
 pub const RSS_ALLOWANCE: u64 = 192 << 20;
+
+/// What `run --vram` adds to [`RSS_ALLOWANCE`]: the NVIDIA driver's own host memory for the
+/// process's CUDA context (about 90 MiB measured on an H100 with driver 580).
+pub const CUDA_ALLOWANCE: u64 = 128 << 20;
 
 /// One line: the program's peak RSS and the sums of its processes' counters.
 fn stats_line(st: &RunCounters, peak_rss: u64, code: i32) -> String {
