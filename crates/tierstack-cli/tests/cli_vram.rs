@@ -5,9 +5,23 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
+
+/// A temporary folder with BACKING (`b`) and a mount point (`m`) made in it, and the path of
+/// the fast tier's folder (`fast`, not made).
+fn folders() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let t = tempfile::tempdir().expect("tmp");
+    let (b, m, d) = (
+        t.path().join("b"),
+        t.path().join("m"),
+        t.path().join("fast"),
+    );
+    std::fs::create_dir(&b).expect("mkdir");
+    std::fs::create_dir(&m).expect("mkdir");
+    (t, b, m, d)
+}
 
 fn gpu_here() -> bool {
     tierstack_store::Gpu::open(0).is_ok()
@@ -19,14 +33,7 @@ fn vram_is_refused_cleanly_without_a_gpu() {
         eprintln!("SKIP: this machine has a GPU (a_mount_with_a_vram_tier_keeps_every_byte runs)");
         return;
     }
-    let t = tempfile::tempdir().expect("tmp");
-    let (b, m, d) = (
-        t.path().join("b"),
-        t.path().join("m"),
-        t.path().join("fast"),
-    );
-    std::fs::create_dir(&b).expect("mkdir");
-    std::fs::create_dir(&m).expect("mkdir");
+    let (t, b, m, d) = folders();
     let e = fails(&["mount", s(&b), s(&m), "--dir", s(&d), "--vram", "1G"]);
     assert!(e.contains("--vram") && e.contains("NVIDIA"), "{e}");
     assert!(!is_mounted(&m), "mounted anyway");
@@ -86,14 +93,7 @@ fn a_mount_with_a_vram_tier_keeps_every_byte() {
         return;
     }
     let _s = serial();
-    let t = tempfile::tempdir().expect("tmp");
-    let (b, m, d) = (
-        t.path().join("b"),
-        t.path().join("m"),
-        t.path().join("fast"),
-    );
-    std::fs::create_dir(&b).expect("mkdir");
-    std::fs::create_dir(&m).expect("mkdir");
+    let (_t, b, m, d) = folders();
     ok(&[
         "mount",
         s(&b),
