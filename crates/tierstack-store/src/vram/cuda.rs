@@ -4,7 +4,10 @@
 //! device's primary context), device memory, and synchronous copies to and from it.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 /// What opening or using a GPU can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +63,8 @@ struct Api {
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut CuDevPtr, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(CuDevPtr) -> CuResult,
+    mem_alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> CuResult,
+    mem_free_host: unsafe extern "C" fn(*mut c_void) -> CuResult,
     memcpy_htod: unsafe extern "C" fn(CuDevPtr, *const c_void, usize) -> CuResult,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, CuDevPtr, usize) -> CuResult,
     get_error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
@@ -107,6 +112,8 @@ impl Api {
             mem_get_info: sym!(b"cuMemGetInfo_v2\0"),
             mem_alloc: sym!(b"cuMemAlloc_v2\0"),
             mem_free: sym!(b"cuMemFree_v2\0"),
+            mem_alloc_host: sym!(b"cuMemAllocHost_v2\0"),
+            mem_free_host: sym!(b"cuMemFreeHost\0"),
             memcpy_htod: sym_or!(b"cuMemcpyHtoD_v2_ptds\0", b"cuMemcpyHtoD_v2\0"),
             memcpy_dtoh: sym_or!(b"cuMemcpyDtoH_v2_ptds\0", b"cuMemcpyDtoH_v2\0"),
             get_error_name: sym!(b"cuGetErrorName\0"),
@@ -268,11 +275,63 @@ impl Gpu {
         self.api.check("cuMemAlloc", unsafe {
             (self.api.mem_alloc)(&mut ptr, bytes as usize)
         })?;
+        let stages = (0..STAGES)
+            .map_while(|_| self.pinned(STAGE_BYTES).ok().map(Mutex::new))
+            .collect();
         Ok(DeviceBuf {
             gpu: self.clone(),
             ptr,
             len: bytes,
+            stages,
+            next: AtomicUsize::new(0),
         })
+    }
+
+    /// `len` bytes of page-locked host memory (the device copies it without staging).
+    fn pinned(self: &Arc<Self>, len: usize) -> Result<Pinned, GpuError> {
+        self.current()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: allocates `len` bytes of page-locked host memory in the current context.
+        let code = unsafe { (self.api.mem_alloc_host)(&mut p, len) };
+        self.api.check("cuMemAllocHost", code)?;
+        Ok(Pinned {
+            gpu: self.clone(),
+            ptr: p.cast(),
+            len,
+        })
+    }
+}
+
+/// Staging buffers per device block: copies go through page-locked memory, several at once.
+const STAGES: usize = 4;
+/// Bytes of each staging buffer (larger copies go in pieces).
+const STAGE_BYTES: usize = 2 << 20;
+
+/// Page-locked host memory, freed on drop.
+struct Pinned {
+    gpu: Arc<Gpu>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value; it is used by one thread at a
+// time (each `Pinned` sits in a Mutex).
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    fn bytes(&mut self, n: usize) -> &mut [u8] {
+        // SAFETY: `ptr` points to `len` bytes of host memory this value owns, and `&mut self`
+        // makes this the only reference to them; `n` is at most `len` (callers chunk by it).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, n.min(self.len)) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if self.gpu.current().is_ok() {
+            // SAFETY: frees the page-locked memory allocated in `Gpu::pinned`, once.
+            let _ = unsafe { (self.gpu.api.mem_free_host)(self.ptr.cast()) };
+        }
     }
 }
 
@@ -288,6 +347,10 @@ pub struct DeviceBuf {
     gpu: Arc<Gpu>,
     ptr: CuDevPtr,
     len: u64,
+    /// Staging buffers (none where page-locked memory could not be had: copies then go from
+    /// pageable memory, staged by the driver).
+    stages: Vec<Mutex<Pinned>>,
+    next: AtomicUsize,
 }
 
 impl DeviceBuf {
@@ -315,26 +378,68 @@ impl DeviceBuf {
         }
     }
 
+    /// A free staging buffer (the next one in turn when all are busy); `None` without any.
+    fn stage(&self) -> Option<parking_lot::MutexGuard<'_, Pinned>> {
+        let n = self.stages.len();
+        if n == 0 {
+            return None;
+        }
+        let first = self.next.fetch_add(1, Relaxed) % n;
+        (0..n)
+            .find_map(|i| self.stages[(first + i) % n].try_lock())
+            .or_else(|| Some(self.stages[first].lock()))
+    }
+
     /// Copies `data` to `offset` (returns when the device has it).
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), GpuError> {
         let dst = self.range(offset, data.len())?;
         self.gpu.current()?;
-        // SAFETY: `dst..dst+len` lies inside this allocation (checked by `range`) and `data`
-        // is a readable host buffer of that length; the copy is synchronous.
-        self.gpu.api.check("cuMemcpyHtoD", unsafe {
-            (self.gpu.api.memcpy_htod)(dst, data.as_ptr().cast(), data.len())
-        })
+        let Some(mut stage) = self.stage() else {
+            // SAFETY: `dst..dst+len` lies inside this allocation (checked by `range`) and
+            // `data` is a readable host buffer of that length; the copy is synchronous.
+            return self.gpu.api.check("cuMemcpyHtoD", unsafe {
+                (self.gpu.api.memcpy_htod)(dst, data.as_ptr().cast(), data.len())
+            });
+        };
+        let mut at = 0;
+        for piece in data.chunks(STAGE_BYTES) {
+            let buf = stage.bytes(piece.len());
+            buf.copy_from_slice(piece);
+            // SAFETY: the destination lies inside this allocation (`range` checked the whole
+            // copy) and the source is the staging buffer, which holds `piece.len()` bytes; the
+            // copy is synchronous, so the buffer is not reused before it is done.
+            self.gpu.api.check("cuMemcpyHtoD", unsafe {
+                (self.gpu.api.memcpy_htod)(dst + at, buf.as_ptr().cast(), piece.len())
+            })?;
+            at += piece.len() as u64;
+        }
+        Ok(())
     }
 
     /// Copies `out.len()` bytes from `offset` into `out`.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), GpuError> {
         let src = self.range(offset, out.len())?;
         self.gpu.current()?;
-        // SAFETY: `src..src+len` lies inside this allocation (checked by `range`) and `out`
-        // is a writable host buffer of that length; the copy is synchronous.
-        self.gpu.api.check("cuMemcpyDtoH", unsafe {
-            (self.gpu.api.memcpy_dtoh)(out.as_mut_ptr().cast(), src, out.len())
-        })
+        let Some(mut stage) = self.stage() else {
+            // SAFETY: `src..src+len` lies inside this allocation (checked by `range`) and
+            // `out` is a writable host buffer of that length; the copy is synchronous.
+            return self.gpu.api.check("cuMemcpyDtoH", unsafe {
+                (self.gpu.api.memcpy_dtoh)(out.as_mut_ptr().cast(), src, out.len())
+            });
+        };
+        let mut at = 0;
+        for piece in out.chunks_mut(STAGE_BYTES) {
+            let buf = stage.bytes(piece.len());
+            // SAFETY: the source lies inside this allocation (`range` checked the whole copy)
+            // and the destination is the staging buffer, which holds `piece.len()` bytes; the
+            // copy is synchronous.
+            self.gpu.api.check("cuMemcpyDtoH", unsafe {
+                (self.gpu.api.memcpy_dtoh)(buf.as_mut_ptr().cast(), src + at, piece.len())
+            })?;
+            piece.copy_from_slice(buf);
+            at += piece.len() as u64;
+        }
+        Ok(())
     }
 }
 
