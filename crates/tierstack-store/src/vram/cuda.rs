@@ -59,7 +59,8 @@ struct Api {
     device_total_mem: unsafe extern "C" fn(*mut usize, CuDevice) -> CuResult,
     primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
     primary_ctx_release: unsafe extern "C" fn(CuDevice) -> CuResult,
-    ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
+    ctx_push: unsafe extern "C" fn(CuContext) -> CuResult,
+    ctx_pop: unsafe extern "C" fn(*mut CuContext) -> CuResult,
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut CuDevPtr, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(CuDevPtr) -> CuResult,
@@ -108,7 +109,8 @@ impl Api {
             device_total_mem: sym!(b"cuDeviceTotalMem_v2\0"),
             primary_ctx_retain: sym!(b"cuDevicePrimaryCtxRetain\0"),
             primary_ctx_release: sym!(b"cuDevicePrimaryCtxRelease_v2\0"),
-            ctx_set_current: sym!(b"cuCtxSetCurrent\0"),
+            ctx_push: sym!(b"cuCtxPushCurrent_v2\0"),
+            ctx_pop: sym!(b"cuCtxPopCurrent_v2\0"),
             mem_get_info: sym!(b"cuMemGetInfo_v2\0"),
             mem_alloc: sym!(b"cuMemAlloc_v2\0"),
             mem_free: sym!(b"cuMemFree_v2\0"),
@@ -147,6 +149,19 @@ impl Api {
             "unknown error".to_string()
         };
         Err(GpuError::Call { call, code, name })
+    }
+}
+
+/// The device's context pushed on this thread's context stack, popped on drop.
+struct Current<'a> {
+    api: &'a Api,
+}
+
+impl Drop for Current<'_> {
+    fn drop(&mut self) {
+        let mut c: CuContext = std::ptr::null_mut();
+        // SAFETY: pops the context `Gpu::current` pushed on this thread.
+        let _ = unsafe { (self.api.ctx_pop)(&mut c) };
     }
 }
 
@@ -232,16 +247,18 @@ impl Gpu {
             .collect()
     }
 
-    fn current(&self) -> Result<(), GpuError> {
-        // SAFETY: the context was retained in `open` and lives until Drop.
-        self.api.check("cuCtxSetCurrent", unsafe {
-            (self.api.ctx_set_current)(self.ctx)
-        })
+    /// Makes the device's context current on this thread until the guard drops; the thread's
+    /// own current context (a CUDA program's under `run --vram`) is current again after.
+    fn current(&self) -> Result<Current<'_>, GpuError> {
+        // SAFETY: the context was retained in `open` and lives until Drop; the guard pops it.
+        let code = unsafe { (self.api.ctx_push)(self.ctx) };
+        self.api.check("cuCtxPushCurrent", code)?;
+        Ok(Current { api: &self.api })
     }
 
     /// The device's name, memory and free memory.
     pub fn info(&self) -> Result<GpuInfo, GpuError> {
-        self.current()?;
+        let _c = self.current()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: writes the free and total bytes of the current context's device.
         self.api.check("cuMemGetInfo", unsafe {
@@ -271,34 +288,48 @@ impl Gpu {
             });
         }
         let mut ptr: CuDevPtr = 0;
-        // SAFETY: allocates `bytes` of device memory in the current context.
-        self.api.check("cuMemAlloc", unsafe {
-            (self.api.mem_alloc)(&mut ptr, bytes as usize)
-        })?;
-        let stages = (0..STAGES)
-            .map_while(|_| self.pinned(STAGE_BYTES).ok().map(Mutex::new))
-            .collect();
-        Ok(DeviceBuf {
+        {
+            let _c = self.current()?;
+            // SAFETY: allocates `bytes` of device memory in the current context.
+            let code = unsafe { (self.api.mem_alloc)(&mut ptr, bytes as usize) };
+            self.api.check("cuMemAlloc", code)?;
+        }
+        // Made now, so that its Drop frees the device memory if staging memory fails.
+        let mut buf = DeviceBuf {
             gpu: self.clone(),
             ptr,
             len: bytes,
-            stages,
+            stages: Vec::new(),
             next: AtomicUsize::new(0),
-        })
+        };
+        // Copies need page-locked staging memory: from pageable memory a copy to the device
+        // may return before the device has the bytes, unordered with other threads' reads.
+        for _ in 0..STAGES {
+            match self.pinned(STAGE_BYTES) {
+                Ok(p) => buf.stages.push(Mutex::new(p)),
+                Err(e) if buf.stages.is_empty() => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(buf)
     }
 
     /// `len` bytes of page-locked host memory (the device copies it without staging).
     fn pinned(self: &Arc<Self>, len: usize) -> Result<Pinned, GpuError> {
-        self.current()?;
+        let _c = self.current()?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: allocates `len` bytes of page-locked host memory in the current context.
         let code = unsafe { (self.api.mem_alloc_host)(&mut p, len) };
         self.api.check("cuMemAllocHost", code)?;
-        Ok(Pinned {
+        let pinned = Pinned {
             gpu: self.clone(),
             ptr: p.cast(),
             len,
-        })
+        };
+        // Never read before written, but a slice over it should hold initialised bytes.
+        // SAFETY: `p` points to `len` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(pinned.ptr, 0, len) };
+        Ok(pinned)
     }
 }
 
@@ -328,7 +359,7 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        if self.gpu.current().is_ok() {
+        if let Ok(_c) = self.gpu.current() {
             // SAFETY: frees the page-locked memory allocated in `Gpu::pinned`, once.
             let _ = unsafe { (self.gpu.api.mem_free_host)(self.ptr.cast()) };
         }
@@ -347,8 +378,8 @@ pub struct DeviceBuf {
     gpu: Arc<Gpu>,
     ptr: CuDevPtr,
     len: u64,
-    /// Staging buffers (none where page-locked memory could not be had: copies then go from
-    /// pageable memory, staged by the driver).
+    /// Staging buffers, at least one: every copy goes through page-locked memory, which
+    /// makes it synchronous with the device.
     stages: Vec<Mutex<Pinned>>,
     next: AtomicUsize,
 }
@@ -378,29 +409,20 @@ impl DeviceBuf {
         }
     }
 
-    /// A free staging buffer (the next one in turn when all are busy); `None` without any.
-    fn stage(&self) -> Option<parking_lot::MutexGuard<'_, Pinned>> {
-        let n = self.stages.len();
-        if n == 0 {
-            return None;
-        }
+    /// A free staging buffer (the next one in turn when all are busy); there is at least one.
+    fn stage(&self) -> parking_lot::MutexGuard<'_, Pinned> {
+        let n = self.stages.len().max(1);
         let first = self.next.fetch_add(1, Relaxed) % n;
         (0..n)
-            .find_map(|i| self.stages[(first + i) % n].try_lock())
-            .or_else(|| Some(self.stages[first].lock()))
+            .find_map(|i| self.stages.get((first + i) % n).and_then(|m| m.try_lock()))
+            .unwrap_or_else(|| self.stages[first].lock())
     }
 
     /// Copies `data` to `offset` (returns when the device has it).
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), GpuError> {
         let dst = self.range(offset, data.len())?;
-        self.gpu.current()?;
-        let Some(mut stage) = self.stage() else {
-            // SAFETY: `dst..dst+len` lies inside this allocation (checked by `range`) and
-            // `data` is a readable host buffer of that length; the copy is synchronous.
-            return self.gpu.api.check("cuMemcpyHtoD", unsafe {
-                (self.gpu.api.memcpy_htod)(dst, data.as_ptr().cast(), data.len())
-            });
-        };
+        let _c = self.gpu.current()?;
+        let mut stage = self.stage();
         let mut at = 0;
         for piece in data.chunks(STAGE_BYTES) {
             let buf = stage.bytes(piece.len());
@@ -419,14 +441,8 @@ impl DeviceBuf {
     /// Copies `out.len()` bytes from `offset` into `out`.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), GpuError> {
         let src = self.range(offset, out.len())?;
-        self.gpu.current()?;
-        let Some(mut stage) = self.stage() else {
-            // SAFETY: `src..src+len` lies inside this allocation (checked by `range`) and
-            // `out` is a writable host buffer of that length; the copy is synchronous.
-            return self.gpu.api.check("cuMemcpyDtoH", unsafe {
-                (self.gpu.api.memcpy_dtoh)(out.as_mut_ptr().cast(), src, out.len())
-            });
-        };
+        let _c = self.gpu.current()?;
+        let mut stage = self.stage();
         let mut at = 0;
         for piece in out.chunks_mut(STAGE_BYTES) {
             let buf = stage.bytes(piece.len());
@@ -445,7 +461,7 @@ impl DeviceBuf {
 
 impl Drop for DeviceBuf {
     fn drop(&mut self) {
-        if self.gpu.current().is_ok() {
+        if let Ok(_c) = self.gpu.current() {
             // SAFETY: frees the allocation made in `Gpu::alloc`, once.
             let _ = unsafe { (self.gpu.api.mem_free)(self.ptr) };
         }

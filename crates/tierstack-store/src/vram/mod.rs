@@ -49,12 +49,13 @@ struct Slot {
 struct State {
     map: HashMap<PageKey, Slot>,
     buddy: Buddy,
-    /// Keys in clock order (may hold keys that left the map since: skipped).
-    clock: VecDeque<PageKey>,
+    /// Keys in clock order, with the `seq` of the slot each entry was made for (entries of
+    /// slots that left the map since, or were replaced, are skipped).
+    clock: VecDeque<(PageKey, u64)>,
     used: u64,
     dirty: u64,
-    /// Bumped by every put and remove: a page read from below is admitted only when nothing
-    /// changed the tier while it was being read.
+    /// Bumped when a put or remove begins and again when it ends: a page read from below is
+    /// admitted only when no put or remove began, ran or ended while it was being read.
     changes: u64,
 }
 
@@ -128,19 +129,26 @@ impl VramTier {
     /// Evicts one page in clock order, writing it below first when dirty. False when the tier
     /// holds nothing.
     fn evict_one(&self, st: &mut State) -> Result<bool> {
-        while let Some(key) = st.clock.pop_front() {
-            let Some(s) = st.map.get(&key) else {
+        while let Some((key, seq)) = st.clock.pop_front() {
+            let Some(s) = st.map.get(&key).filter(|s| s.seq == seq) else {
                 continue;
             };
             if s.referenced.swap(false, Relaxed) {
-                st.clock.push_back(key);
+                st.clock.push_back((key, seq));
                 continue;
             }
             if s.dirty {
-                let v = self.copy_out(s)?;
+                let v = match self.copy_out(s) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        st.clock.push_front((key, seq));
+                        return Err(e);
+                    }
+                };
                 if let Err(e) = self.below.put(key, &v) {
-                    // The page stays here: nothing acknowledged is lost.
-                    st.clock.push_front(key);
+                    // The page stays here: nothing acknowledged is lost. At the back, so that
+                    // the next eviction tries other pages (clean ones need no write) first.
+                    st.clock.push_back((key, seq));
                     return Err(e);
                 }
             }
@@ -166,10 +174,6 @@ impl VramTier {
 
     /// Enters a filled block into the map, unless a put that began later is there already
     /// (or, for a clean copy admitted from below, unless anything changed since `seq`).
-    fn enter(&self, key: PageKey, at: u64, data: &[u8], dirty: bool, seq: u64) {
-        Self::enter_locked(&mut self.state.write(), key, at, data.len(), dirty, seq);
-    }
-
     fn enter_locked(st: &mut State, key: PageKey, at: u64, len: usize, dirty: bool, seq: u64) {
         let order = order_for(len as u64);
         let stale = if dirty {
@@ -197,10 +201,11 @@ impl VramTier {
         if dirty {
             st.dirty += len as u64;
         }
-        st.clock.push_back(key);
+        st.clock.push_back((key, seq));
         if st.clock.len() > 2 * st.map.len() + 64 {
             let map = &st.map;
-            st.clock.retain(|k| map.contains_key(k));
+            st.clock
+                .retain(|(k, q)| map.get(k).is_some_and(|s| s.seq == *q));
         }
     }
 
@@ -228,10 +233,19 @@ impl VramTier {
         };
         // The block is this put's alone until it enters the map.
         if let Err(e) = self.buf.write(at, data) {
-            self.state.write().buddy.release(at, order);
+            let mut st = self.state.write();
+            st.buddy.release(at, order);
+            if admit.is_none() {
+                st.changes += 1;
+            }
             return Err(gpu_err(e));
         }
-        self.enter(key, at, data, admit.is_none(), seq);
+        let mut st = self.state.write();
+        Self::enter_locked(&mut st, key, at, data.len(), admit.is_none(), seq);
+        if admit.is_none() {
+            // The put ends: a page read from below meanwhile is older than this one.
+            st.changes += 1;
+        }
         Ok(true)
     }
 
@@ -248,8 +262,13 @@ impl Tier for VramTier {
 
     fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
         if !self.store(key, data, None)? {
-            // Larger than the whole tier: straight below.
-            return self.below.put(key, data);
+            // Larger than the whole tier: straight below; a copy admitted from below while it
+            // went there is older.
+            let res = self.below.put(key, data);
+            let mut st = self.state.write();
+            Self::forget(&mut st, key);
+            st.changes += 1;
+            return res;
         }
         self.counters.puts.fetch_add(1, Relaxed);
         self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
@@ -272,6 +291,7 @@ impl Tier for VramTier {
                         for &(at, j) in &placed {
                             st.buddy.release(at, order_for(pages[j].1.len() as u64));
                         }
+                        st.changes += 1;
                         return Err(e);
                     }
                 }
@@ -312,6 +332,7 @@ impl Tier for VramTier {
         }
         {
             let mut st = self.state.write();
+            st.changes += 1;
             if let Some(e) = failed {
                 for &(at, i) in &placed {
                     st.buddy.release(at, order_for(pages[i].1.len() as u64));
@@ -326,10 +347,19 @@ impl Tier for VramTier {
                     .fetch_add(pages[i].1.len() as u64, Relaxed);
             }
         }
-        for i in through {
-            self.below.put(pages[i].0, pages[i].1)?;
+        if through.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let res = through
+            .iter()
+            .try_for_each(|&i| self.below.put(pages[i].0, pages[i].1));
+        // A copy admitted from below while these went there is older than them.
+        let mut st = self.state.write();
+        for &i in &through {
+            Self::forget(&mut st, pages[i].0);
+        }
+        st.changes += 1;
+        res
     }
 
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
@@ -414,7 +444,12 @@ impl Tier for VramTier {
             st.changes += 1;
             Self::forget(&mut st, key).is_some()
         };
-        Ok(self.below.remove(key)? || here)
+        let below = self.below.remove(key);
+        // A copy admitted from below before the removal reached it goes too.
+        let mut st = self.state.write();
+        Self::forget(&mut st, key);
+        st.changes += 1;
+        Ok(below? || here)
     }
 
     fn flush(&self) -> Result<()> {
@@ -463,7 +498,7 @@ impl Tier for VramTier {
     fn index_bytes(&self) -> u64 {
         let st = self.state.read();
         let own = st.map.capacity() * (std::mem::size_of::<(PageKey, Slot)>() + 1)
-            + st.clock.capacity() * std::mem::size_of::<PageKey>();
+            + st.clock.capacity() * std::mem::size_of::<(PageKey, u64)>();
         own as u64 + self.below.index_bytes()
     }
 }
