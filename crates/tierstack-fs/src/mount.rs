@@ -447,10 +447,8 @@ impl Daemon {
         let capacity = array.status().capacity_bytes;
         let tier = tierstack_store::ArrayTier::shared(array.clone());
         let first: Box<dyn tierstack_store::Tier> = if spec.vram > 0 {
-            let gpu =
-                tierstack_store::Gpu::open(spec.gpu).map_err(|e| FsError::Config(e.to_string()))?;
-            Box::new(tierstack_store::VramTier::new(
-                gpu,
+            Box::new(tierstack_store::VramTier::on_gpu(
+                spec.gpu,
                 spec.vram,
                 Box::new(tier),
             )?)

@@ -193,14 +193,10 @@ pub fn store_over(
     let cfg = engine_config(&array, dram, page, vram);
     let array_tier: Box<dyn Tier> = Box::new(ArrayTier::shared(array));
     let first: Box<dyn Tier> = match vram {
-        Some(v) => {
-            let gpu =
-                tierstack_store::Gpu::open(v.gpu).map_err(|e| MemError::Config(e.to_string()))?;
-            Box::new(
-                tierstack_store::VramTier::new(gpu, v.bytes, array_tier)
-                    .map_err(|e| MemError::Config(e.to_string()))?,
-            )
-        }
+        Some(v) => Box::new(
+            tierstack_store::VramTier::on_gpu(v.gpu, v.bytes, array_tier)
+                .map_err(|e| MemError::Config(e.to_string()))?,
+        ),
         None => array_tier,
     };
     let mut tiers: Vec<Box<dyn Tier>> = vec![first];

@@ -100,6 +100,12 @@ impl VramTier {
         })
     }
 
+    /// A tier of `bytes` of GPU `gpu`'s memory (0 is the first GPU) in front of `below`: what
+    /// `mount --vram` and `run --vram` make.
+    pub fn on_gpu(gpu: u32, bytes: u64, below: Box<dyn Tier>) -> Result<VramTier> {
+        VramTier::new(Gpu::open(gpu).map_err(gpu_err)?, bytes, below)
+    }
+
     /// The GPU the tier lives on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
