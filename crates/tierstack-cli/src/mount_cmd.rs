@@ -67,6 +67,12 @@ pub struct MountArgs {
     /// Files drained in parallel.
     #[arg(long, default_value_t = 4)]
     pub drain_jobs: usize,
+    /// Write every handle through the kernel's page cache. By default a write-only open of a
+    /// new or truncated file (a checkpoint writer) sends its writes straight to the daemon,
+    /// once, instead of through the page cache; while such a handle is open, its file's mtime
+    /// reads as of the open (the kernel keeps a cached file's times itself).
+    #[arg(long)]
+    pub cached_writes: bool,
     /// Serve Prometheus metrics at ADDR:PORT (`GET /metrics`), from the mount daemon.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
@@ -301,6 +307,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
             .clamp(4, 16),
         vram,
         gpu: a.gpu,
+        direct_writes: !a.cached_writes,
     };
     if let Some(m) = &a.metrics {
         crate::metrics::check_addr(m)?;

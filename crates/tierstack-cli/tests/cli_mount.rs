@@ -1350,6 +1350,25 @@ fn kill_nine(fx: &mut Fixture) {
     }
 }
 
+/// The output of `tests/programs/NAME DIR` (a Python program), which must succeed.
+fn python_program(name: &str, dir: &Path) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(name);
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(dir)
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "{name} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 #[test]
 fn writeback_cache_keeps_posix_semantics() {
     if !can_run() {
@@ -1359,21 +1378,7 @@ fn writeback_cache_keeps_posix_semantics() {
     fx.mount(&[]);
     let plain = fx.backing.parent().expect("parent").join("plain");
     fs::create_dir(&plain).expect("mkdir");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/programs/writeback.py");
-    let py = |dir: &Path| {
-        let o = Command::new("python3")
-            .arg(script)
-            .arg(dir)
-            .output()
-            .expect("python3");
-        assert!(
-            o.status.success(),
-            "writeback.py in {}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let py = |dir: &Path| python_program("writeback.py", dir);
     let want = py(&plain);
     assert!(
         want.contains("append records=1000 intact=True ordered=True size=99000"),
@@ -1623,5 +1628,65 @@ fn missing_names_are_cached_and_replaced_by_what_is_made_there() {
         .collect();
     names.sort();
     assert_eq!(names, ["missing1", "missing3", "missing4"]);
+    fx.umount();
+}
+
+/// A write-only handle of a new or truncated file sends its writes to the daemon as they are
+/// made (around the page cache), and nothing a program can observe differs from a plain
+/// folder: sizes, bytes, a reader's and a mapping's view, shared files, times set and the
+/// mtime after close. `--cached-writes` keeps every handle on the page cache.
+#[test]
+fn direct_writes_look_like_a_plain_folder() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&["--dram", "64M"]);
+    let plain = fx.backing.parent().expect("parent").join("plain");
+    fs::create_dir(&plain).expect("mkdir");
+    let py = |dir: &Path| python_program("direct_writes.py", dir);
+    let want = py(&plain);
+    assert!(want.contains("mtime_is_last_write=True"), "{want}");
+    let got = py(&fx.mnt);
+    assert_eq!(got, want, "the mount and a plain folder differ");
+
+    // The writes of a write-only handle reach the daemon before the close.
+    let writes_before_close = |fx: &Fixture, name: &str| {
+        let before = op_count(fx, "write");
+        let mut f = File::create(fx.m(name)).expect("create");
+        for _ in 0..10 {
+            f.write_all(&[7u8; 4096]).expect("write");
+        }
+        let n = op_count(fx, "write") - before;
+        drop(f);
+        n
+    };
+    assert!(
+        writes_before_close(&fx, "direct.bin") >= 10,
+        "a write-only handle's writes waited in the page cache"
+    );
+    fx.umount();
+    for name in [
+        "ckpt.bin",
+        "mapped.bin",
+        "shared.bin",
+        "odd.bin",
+        "stamped.bin",
+    ] {
+        let b = fs::read(fx.b(name)).expect("drained");
+        let p = fs::read(plain.join(name)).expect("plain");
+        assert!(b == p, "{name} in BACKING differs from the plain folder's");
+    }
+    assert_eq!(
+        fs::metadata(fx.b("stamped.bin")).expect("stat").mtime(),
+        1_000_000_000,
+        "a time set through a write-only handle did not reach BACKING"
+    );
+    fx.mount(&["--cached-writes"]);
+    let n = writes_before_close(&fx, "cached.bin");
+    assert!(
+        n < 5,
+        "--cached-writes: {n} of 10 writes reached the daemon one by one before the close"
+    );
     fx.umount();
 }

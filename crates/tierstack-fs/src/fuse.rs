@@ -14,6 +14,7 @@ use fuser::{
 };
 
 use crate::core::{Attr, Core, Kind, PAGE};
+use crate::refresh::{is_direct, open_flags, Refresher, STALE_NS};
 
 /// Attributes and entries may be cached by the kernel this long: only this daemon changes
 /// the namespace it shows.
@@ -23,6 +24,11 @@ const TTL: Duration = Duration::from_secs(3600);
 pub struct TierFs {
     /// The file system's state: namespace, file contents, journal.
     pub core: Arc<Core>,
+    /// Whether write-only handles of new or truncated files bypass the page cache (see
+    /// [`crate::refresh`]).
+    pub direct_writes: bool,
+    /// Drops the kernel's entries of files written by such handles.
+    pub refresh: Arc<Refresher>,
 }
 
 fn st(ns: i64) -> SystemTime {
@@ -85,13 +91,6 @@ fn negative_entry() -> FileAttr {
         blksize: PAGE as u32,
         flags: 0,
     }
-}
-
-/// How a file handle uses the kernel's page cache: every handle keeps it (contents change only
-/// through this mount, and writes go through the writeback cache), so a file opened again is
-/// read from the page cache rather than through the daemon.
-fn open_flags(_flags: i32) -> FopenFlags {
-    FopenFlags::FOPEN_KEEP_CACHE
 }
 
 fn err(e: i32) -> Errno {
@@ -196,7 +195,7 @@ impl fuser::Filesystem for TierFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -214,9 +213,23 @@ impl fuser::Filesystem for TierFs {
                 return;
             }
         }
+        let mut mtime = tot(mtime);
+        let only_times = mode.is_none() && uid.is_none() && gid.is_none() && size.is_none();
+        if let (true, Some(_), Some(Some(t))) = (only_times, is_direct(fh), mtime) {
+            // The kernel writing back the times it kept through a direct handle: they are the
+            // open's, older than the writes that came since (see `refresh`).
+            if let Some((ours, _)) = self.core.mtime_and_links(ino.0) {
+                let theirs = t
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as i64);
+                if ours > theirs {
+                    mtime = Some(Some(st(ours)));
+                }
+            }
+        }
         match self
             .core
-            .setattr(ino.0, mode, uid, gid, size, tot(atime), tot(mtime))
+            .setattr(ino.0, mode, uid, gid, size, tot(atime), mtime)
         {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(err(e)),
@@ -411,7 +424,10 @@ impl fuser::Filesystem for TierFs {
             }
         }
         match self.core.open(ino.0) {
-            Ok(()) => reply.opened(FileHandle(0), open_flags(flags.0)),
+            Ok(()) => {
+                let (fh, f) = open_flags(flags.0, false, self.direct_writes);
+                reply.opened(fh, f)
+            }
             Err(e) => reply.error(err(e)),
         }
     }
@@ -458,12 +474,21 @@ impl fuser::Filesystem for TierFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         let _t = self.core.ops.time("flush");
-        empty(reply, self.core.flush_handle(ino.0))
+        let r = self.core.flush_handle(ino.0);
+        if let (Ok(()), Some(opened)) = (&r, is_direct(Some(fh))) {
+            // The kernel still shows the times of the open (see `refresh`).
+            if let Some((mtime, links)) = self.core.mtime_and_links(ino.0) {
+                if mtime - opened > STALE_NS {
+                    self.refresh.drop_entries(links);
+                }
+            }
+        }
+        empty(reply, r)
     }
 
     fn release(
@@ -569,13 +594,10 @@ impl fuser::Filesystem for TierFs {
             req.gid(),
             true,
         ) {
-            Ok(a) => reply.created(
-                &TTL,
-                &fattr(&a),
-                Generation(0),
-                FileHandle(0),
-                open_flags(flags),
-            ),
+            Ok(a) => {
+                let (fh, f) = open_flags(flags, true, self.direct_writes);
+                reply.created(&TTL, &fattr(&a), Generation(0), fh, f)
+            }
             Err(e) => reply.error(err(e)),
         }
     }

@@ -19,6 +19,7 @@ pub mod fuse;
 pub mod intent;
 pub mod mount;
 pub mod opstats;
+pub mod refresh;
 pub mod stage;
 
 pub use error::{FsError, Result};

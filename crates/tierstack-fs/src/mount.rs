@@ -56,6 +56,14 @@ pub struct MountSpec {
     /// The GPU of the VRAM tier (0 is the first).
     #[serde(default)]
     pub gpu: u32,
+    /// Write-only handles of new or truncated files bypass the kernel's page cache (see
+    /// [`crate::refresh`]); false: every handle writes through the page cache.
+    #[serde(default = "yes")]
+    pub direct_writes: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Where a mount's drain stands: what the fast tier holds that BACKING does not yet, and how
@@ -500,9 +508,17 @@ impl Daemon {
         };
         cfg.n_threads = Some(spec.fuse_threads.max(1));
         cfg.clone_fd = true;
-        let fs = crate::fuse::TierFs { core: core.clone() };
+        let refresh = Arc::new(crate::refresh::Refresher::default());
+        let fs = crate::fuse::TierFs {
+            core: core.clone(),
+            direct_writes: spec.direct_writes,
+            refresh: refresh.clone(),
+        };
         let session = fuser::Session::new(fs, &mp, &cfg)
-            .and_then(|s| s.spawn())
+            .and_then(|s| {
+                refresh.start(s.notifier())?;
+                s.spawn()
+            })
             .map_err(|e| {
                 let _ = std::fs::remove_file(&sock);
                 FsError::Config(format!("cannot mount at {}: {e}", mp.display()))

@@ -183,6 +183,9 @@ pub const GROUP_COMMIT: std::time::Duration = std::time::Duration::from_millis(2
 /// bytes are dirty, so an `fsync` finds little left to write.
 pub const WRITE_BACK_START: u64 = 32 << 20;
 
+/// One name of a node: (directory inode, name).
+pub type Link = (u64, Vec<u8>);
+
 impl Core {
     /// Opens the namespace from the database (creating the root from BACKING if new) and
     /// reconciles it with the pages the array holds after a restart.

@@ -119,7 +119,7 @@ pub struct Node {
     /// other kinds.
     pub target: Vec<u8>,
     /// (parent, name) of every link; directories have one, the root none.
-    pub links: Vec<(u64, Vec<u8>)>,
+    pub links: Vec<super::Link>,
     /// The object id keying a regular file's pages in the store (0 for other kinds).
     pub obj: u64,
     /// Where this node is in BACKING as of the journal rows applied so far.

@@ -318,6 +318,12 @@ impl Core {
         self.persist_node(&ns, ino).map_err(eio)
     }
 
+    /// The modification time (ns) of node `ino` and its names (directory, name).
+    pub fn mtime_and_links(&self, ino: u64) -> Option<(i64, Vec<super::Link>)> {
+        let ns = self.ns.lock();
+        ns.nodes.get(&ino).map(|n| (n.mtime, n.links.clone()))
+    }
+
     // ------------------------------------------------------------------ status
 
     /// (dirty files, dirty bytes) by a walk of the namespace.

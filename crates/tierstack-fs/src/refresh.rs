@@ -1,0 +1,128 @@
+//! Direct writes: a handle that only writes a new or truncated file bypasses the kernel's page
+//! cache (`FOPEN_DIRECT_IO`), so its bytes reach the daemon as they are written, once, instead
+//! of being copied into the page cache and handed over again at `fsync` or close. This is the
+//! checkpoint writer's path (`open(O_WRONLY|O_CREAT|O_TRUNC)`, large writes, `fsync`, close).
+//!
+//! The kernel keeps a regular file's times itself in writeback-cache mode, and its direct-write
+//! path does not advance them: while such a handle is open the file's mtime reads as of the
+//! open. Two things put the daemon's times (the last write's) in front of users again:
+//!
+//! - The kernel writes its cached times back through the handle (a SETATTR carrying the handle
+//!   and only times); for a direct handle the daemon keeps the later mtime ([`is_direct`]).
+//! - At the close of a direct handle whose last write came later than [`STALE_NS`] after the
+//!   open, the file's directory entries are dropped from the kernel's cache
+//!   ([`Refresher::drop_entries`], asynchronously: the close does not wait); with no entry
+//!   left the kernel forgets the inode, and the next lookup reads the daemon's attributes. A
+//!   `stat` right after the close may still see the open's mtime until the notification lands
+//!   (normally within microseconds). A file written within [`STALE_NS`] of its open (small
+//!   files) keeps its entries: its mtime is off by less than the kernel clock's own
+//!   granularity.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::mpsc::{self, Sender};
+
+use fuser::{FileHandle, FopenFlags, INodeNo, Notifier};
+use parking_lot::Mutex;
+
+use crate::core::{now_ns, Link};
+
+/// A direct handle whose file was last written this long after its open gets its entries
+/// dropped at close (a jiffy at 250 Hz, the kernel clock's granularity for file times).
+pub const STALE_NS: i64 = 4_000_000;
+
+/// The handle and open flags for an open with `flags` (`fresh`: the open created the file):
+/// a direct handle (its number is the open's time in ns, never 0) for a write-only,
+/// non-appending open of a new or truncated file when `direct` is on; otherwise handle 0 with
+/// the page cache kept (contents change only through this mount).
+pub fn open_flags(flags: i32, fresh: bool, direct: bool) -> (FileHandle, FopenFlags) {
+    let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
+    let append = flags & libc::O_APPEND != 0;
+    let whole = fresh || flags & libc::O_TRUNC != 0;
+    if direct && write_only && !append && whole {
+        let opened = now_ns().max(1) as u64;
+        (
+            FileHandle(opened),
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+        )
+    } else {
+        (FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+    }
+}
+
+/// Whether `fh` is a direct handle (see [`open_flags`]); its open time in ns if so.
+pub fn is_direct(fh: Option<FileHandle>) -> Option<i64> {
+    match fh {
+        Some(FileHandle(0)) | None => None,
+        Some(FileHandle(t)) => Some(t as i64),
+    }
+}
+
+/// Sends entry invalidations to the kernel from a thread of its own, never waited for: the
+/// kernel locks the parent directory to apply one, and the request holding that lock may be
+/// queued behind the FUSE thread that asked (a FUSE thread that waited here could stall every
+/// request for as long as it waits).
+#[derive(Default)]
+pub struct Refresher {
+    tx: Mutex<Option<Sender<Vec<Link>>>>,
+}
+
+impl Refresher {
+    /// Starts the notifying thread over the session's `notifier`. It ends when the refresher
+    /// is dropped (with the file system, at unmount).
+    pub fn start(&self, notifier: Notifier) -> std::io::Result<()> {
+        let (tx, rx) = mpsc::channel::<Vec<Link>>();
+        std::thread::Builder::new()
+            .name("fuse-notify".into())
+            .spawn(move || {
+                while let Ok(links) = rx.recv() {
+                    for (parent, name) in links {
+                        // ENOENT: the kernel holds no such entry; nothing to drop.
+                        let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+                    }
+                }
+            })?;
+        *self.tx.lock() = Some(tx);
+        Ok(())
+    }
+
+    /// Queues the dropping of the kernel's entries `links` (directory, name).
+    pub fn drop_entries(&self, links: Vec<Link>) {
+        if let Some(tx) = self.tx.lock().as_ref() {
+            let _ = tx.send(links);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_whole_file_write_only_opens_are_direct() {
+        let d = |f, fresh| {
+            open_flags(f, fresh, true)
+                .1
+                .contains(FopenFlags::FOPEN_DIRECT_IO)
+        };
+        assert!(d(libc::O_WRONLY, true));
+        assert!(d(libc::O_WRONLY | libc::O_TRUNC, false));
+        assert!(
+            !d(libc::O_WRONLY, false),
+            "an overwrite in place keeps the cache"
+        );
+        assert!(
+            !d(libc::O_WRONLY | libc::O_APPEND, true),
+            "appenders keep the cache"
+        );
+        assert!(!d(libc::O_RDWR | libc::O_TRUNC, true));
+        assert!(!d(libc::O_RDONLY, false));
+        assert!(!open_flags(libc::O_WRONLY, true, false)
+            .1
+            .contains(FopenFlags::FOPEN_DIRECT_IO));
+        let (fh, _) = open_flags(libc::O_WRONLY, true, true);
+        assert!(is_direct(Some(fh)).is_some_and(|t| t > 0));
+        assert_eq!(is_direct(Some(FileHandle(0))), None);
+        assert_eq!(is_direct(None), None);
+    }
+}
