@@ -524,7 +524,7 @@ impl Daemon {
                 FsError::Config(format!("cannot mount at {}: {e}", mp.display()))
             })?;
 
-        raise_dirty_limit(&mp);
+        tune_bdi(&mp);
         let (shutdown_tx, shutdown_rx) = mpsc::channel();
         let watch_tx = shutdown_tx.clone();
         {
@@ -774,19 +774,27 @@ pub fn run(spec: MountSpec, on_ready: impl FnOnce(&MountSpec)) -> Result<()> {
     d.wait()
 }
 
-/// The kernel lets a FUSE mount hold only 1 % of the dirty page-cache limit for its files
-/// (`max_ratio`), which throttles the writeback cache's small writes long before the fast tier
-/// is busy. The mount daemon is trusted (root): allow it a quarter. Best effort; unchanged
-/// where /sys is read-only.
-fn raise_dirty_limit(mp: &Path) {
+/// Tunes the mount's backing-device info in /sys (best effort; unchanged where /sys is
+/// read-only, and said in the daemon's log):
+/// - `max_ratio` 25: the kernel lets a FUSE mount hold only 1 % of the dirty page-cache limit
+///   for its files, which throttles the writeback cache's small writes long before the fast
+///   tier is busy. The mount daemon is trusted (root): allow it a quarter.
+/// - `read_ahead_kb` 4096: the kernel offers a FUSE mount 128 KiB of read-ahead, so a
+///   sequential reader gets 128 KiB per round trip to the daemon. A 4 MiB window keeps 1 MiB
+///   reads in flight: a 256 MiB file read back at 1.9 GB/s with 128 KiB, 3.0 with 1 MiB,
+///   4.2 GB/s with 4 MiB here. The window only grows for sequential reads.
+fn tune_bdi(mp: &Path) {
     let Ok(st) = rustix::fs::stat(mp) else { return };
-    let bdi = format!(
-        "/sys/class/bdi/{}:{}/max_ratio",
+    let dir = format!(
+        "/sys/class/bdi/{}:{}",
         rustix::fs::major(st.st_dev),
         rustix::fs::minor(st.st_dev)
     );
-    if let Err(e) = std::fs::write(&bdi, "25") {
-        tracing::info!("cannot raise {bdi}: {e}");
+    for (knob, value) in [("max_ratio", "25"), ("read_ahead_kb", "4096")] {
+        let path = format!("{dir}/{knob}");
+        if let Err(e) = std::fs::write(&path, value) {
+            tracing::info!("cannot set {path}: {e}");
+        }
     }
 }
 

@@ -98,6 +98,19 @@ impl DramTier {
 
     /// [`DramTier::insert`] of contents that may be shared.
     pub fn insert_shared(&self, key: PageKey, data: PageData, dirty: bool) -> Option<PageData> {
+        self.insert_at(key, data, dirty, false)
+    }
+
+    /// Admits a clean copy of a page read from the tier below as the clock's next victim
+    /// (unreferenced, at the hand): a page read once leaves first, so a sequential read of
+    /// more than the tier holds replaces only what it brought in, not the pages already here
+    /// (which a plain clock would evict one by one just before they are read). A second read
+    /// marks it referenced, and it stays like any other page.
+    pub fn admit_clean(&self, key: PageKey, data: PageData) -> Option<PageData> {
+        self.insert_at(key, data, false, true)
+    }
+
+    fn insert_at(&self, key: PageKey, data: PageData, dirty: bool, cold: bool) -> Option<PageData> {
         let mut g = self.inner.lock();
         let gen = g.next_gen;
         g.next_gen += 1;
@@ -107,7 +120,7 @@ impl DramTier {
             Entry {
                 data,
                 dirty,
-                referenced: true,
+                referenced: !cold,
                 gen,
             },
         );
@@ -118,6 +131,10 @@ impl DramTier {
                     g.dirty_bytes -= o.data.len() as u64;
                 }
                 Some(o.data)
+            }
+            None if cold => {
+                g.clock.push_front(key);
+                None
             }
             None => {
                 g.clock.push_back(key);
@@ -195,15 +212,16 @@ impl DramTier {
         Some(e.data)
     }
 
-    /// Chooses up to `n` victims in clock order (a referenced page gets a second chance).
-    /// They stay in the tier until [`DramTier::finish_evict`].
-    pub fn pick_victims(&self, n: usize) -> Vec<Victim> {
+    /// Chooses victims in clock order (a referenced page gets a second chance) until there are
+    /// `n` or they hold `bytes`. They stay in the tier until [`DramTier::finish_evict`].
+    pub fn pick_victims(&self, n: usize, bytes: u64) -> Vec<Victim> {
         let mut guard = self.inner.lock();
         let g = &mut *guard;
         let mut out = Vec::new();
+        let mut got = 0u64;
         let mut chosen = std::collections::HashSet::new();
         let mut budget = g.clock.len() * 2 + 1;
-        while out.len() < n && budget > 0 {
+        while out.len() < n && got < bytes && budget > 0 {
             budget -= 1;
             let Some(k) = g.clock.pop_front() else { break };
             let Some(e) = g.map.get_mut(&k) else { continue };
@@ -213,6 +231,7 @@ impl DramTier {
                 continue;
             }
             if chosen.insert(k) {
+                got += e.data.len() as u64;
                 out.push((k, e.data.clone(), e.dirty, e.gen));
             }
         }

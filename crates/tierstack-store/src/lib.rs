@@ -218,7 +218,7 @@ impl TieredStore {
             if let Some(v) = t.get(key)? {
                 // Clean copy: the lower tier keeps it, so eviction can simply drop it.
                 let v = Arc::new(v);
-                if let Some(old) = self.dram.insert_shared(key, v.clone(), false) {
+                if let Some(old) = self.dram.admit_clean(key, v.clone()) {
                     self.recycle(old);
                 }
                 self.maybe_evict()?;
@@ -387,8 +387,14 @@ impl TieredStore {
             return Ok(false);
         };
         let mut any = false;
-        while self.dram.used() > target {
-            let mut batch = self.dram.pick_victims(64);
+        loop {
+            let used = self.dram.used();
+            if used <= target {
+                break;
+            }
+            // Only what brings it down to `target`: a page read once and admitted at the
+            // hand goes first, and the pages behind it keep their place.
+            let mut batch = self.dram.pick_victims(64, used - target);
             if batch.is_empty() {
                 break;
             }

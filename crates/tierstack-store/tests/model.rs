@@ -166,3 +166,40 @@ fn make_room_evicts_ahead_of_need() {
     only_dram.put((4, 0), &[1u8; 1 << 19]).expect("put");
     assert!(!only_dram.make_room(1 << 20).expect("nothing below DRAM"));
 }
+
+/// A sequential read of more than the DRAM tier holds replaces only the pages it brought in:
+/// the pages already in DRAM stay there (a plain clock would evict each of them just before
+/// the scan reached it, and every read of the scan would go to the array).
+#[test]
+fn a_scan_larger_than_dram_keeps_what_dram_holds() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (_paths, a) = array(dir.path());
+    let store = TieredStore::new(8 << 20, vec![Box::new(ArrayTier::new(a))]).expect("store");
+    // Sixteen 1 MiB pages through an 8 MiB tier: the first ones go to the array.
+    for k in 0..16u64 {
+        store.put((5, k), &page(1 << 20, k as u8)).expect("put");
+    }
+    store.flush().expect("flush");
+    let from_array = |store: &TieredStore| {
+        let before = store.status()[1].hits;
+        for k in 0..16u64 {
+            assert_eq!(
+                store.get_shared((5, k)).expect("get").as_deref(),
+                Some(&page(1 << 20, k as u8))
+            );
+        }
+        store.status()[1].hits - before
+    };
+    let first = from_array(&store);
+    assert!(
+        first <= 12,
+        "{first} of 16 pages read from the array: DRAM kept none"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            from_array(&store),
+            first,
+            "a repeated scan read more from the array than the first"
+        );
+    }
+}
