@@ -148,6 +148,14 @@ pub struct MountStatus {
     /// Count and latency of each FUSE operation served since the mount.
     #[serde(default)]
     pub ops: Vec<crate::opstats::OpFigures>,
+    /// Bytes of zeros written over never-written parts of the fast tier's file drives while
+    /// the mount was idle (see `Array::condition_step`).
+    #[serde(default)]
+    pub conditioned_bytes: u64,
+    /// The conditioning has nothing left to do (or may not go on: block devices, a file
+    /// system short of space, a drive not online).
+    #[serde(default)]
+    pub conditioned: bool,
 }
 
 /// A quarantined journal row, for status output.
@@ -611,6 +619,14 @@ impl Daemon {
                 .spawn(move || core.background_loop())
                 .map_err(|e| FsError::Config(format!("cannot start the store thread: {e}")))?;
         }
+        {
+            let core = core.clone();
+            let drainer = drainer.clone();
+            std::thread::Builder::new()
+                .name("condition".into())
+                .spawn(move || condition_when_idle(&core, &drainer))
+                .map_err(|e| FsError::Config(format!("cannot start the conditioner: {e}")))?;
+        }
         Ok(Daemon {
             core,
             drainer,
@@ -686,6 +702,8 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
             .filter(|d| d.state != tierstack_array::format::DriveState::Online)
             .count(),
         ops: core.ops.figures(),
+        conditioned_bytes: core.array.conditioned_bytes(),
+        conditioned: core.conditioned.load(Relaxed),
         stuck: stuck
             .into_iter()
             .map(|r| StuckRecord {
@@ -772,6 +790,42 @@ pub fn run(spec: MountSpec, on_ready: impl FnOnce(&MountSpec)) -> Result<()> {
     let d = Daemon::start(spec)?;
     on_ready(&d.spec);
     d.wait()
+}
+
+/// The foreground must have been quiet this long before the fast tier is conditioned.
+const CONDITION_QUIET: Duration = Duration::from_secs(1);
+
+/// Conditions the fast tier's file drives ([`Array::condition_step`]) while the mount has
+/// nothing else to do: the foreground quiet for [`CONDITION_QUIET`], nothing to drain, no
+/// dirty page. One stripe at a time, so a write that arrives waits for one stripe at most.
+/// Stops when the daemon does; after "nothing to do now" it looks again every 10 s.
+fn condition_when_idle(core: &Core, drainer: &Drainer) {
+    let mut pause = Duration::from_millis(50);
+    while !core.stopping.load(Relaxed) {
+        std::thread::sleep(pause);
+        pause = Duration::from_millis(50);
+        if core.quiet_for() < CONDITION_QUIET || core.store.dirty_bytes() > 0 || !drainer.idle() {
+            continue;
+        }
+        loop {
+            if core.stopping.load(Relaxed) || core.quiet_for() < CONDITION_QUIET {
+                break;
+            }
+            match core.array.condition_step() {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    core.conditioned.store(true, Relaxed);
+                    pause = Duration::from_secs(10);
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("conditioning the fast tier: {e}");
+                    pause = Duration::from_secs(60);
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Tunes the mount's backing-device info in /sys (best effort; unchanged where /sys is

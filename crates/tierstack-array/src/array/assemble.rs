@@ -220,6 +220,7 @@ impl Array {
                 inflight: opts.stripes_in_flight.clamp(1, MAX_INFLIGHT),
                 reserve,
                 rebuilding: AtomicBool::new(false),
+                conditioned: AtomicU64::new(0),
                 read_only: false,
                 holds: Mutex::new(Vec::new()),
                 geo,

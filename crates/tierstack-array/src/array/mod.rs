@@ -23,6 +23,7 @@
 
 mod assemble;
 mod clean;
+mod condition;
 mod read;
 mod rebuild;
 mod recover;
@@ -277,6 +278,7 @@ struct Counters {
     pad_blocks: AtomicU64,
     repaired: AtomicU64,
     segments_cleaned: AtomicU64,
+    conditioned_bytes: AtomicU64,
 }
 
 struct Inner {
@@ -297,6 +299,8 @@ struct Inner {
     read_only: bool,
     /// Snapshot holds (see `snapshot`): while one is held, the cleaner frees no segment.
     holds: Mutex<Vec<std::os::fd::OwnedFd>>,
+    /// The next global stripe [`Array::condition_step`] looks at.
+    conditioned: AtomicU64,
 }
 
 /// A handle to an open array. Cheap to clone; safe to share between threads.

@@ -70,6 +70,7 @@ impl Array {
                 inflight: 1,
                 reserve: inner.reserve,
                 rebuilding: AtomicBool::new(false),
+                conditioned: AtomicU64::new(0),
                 read_only: true,
                 holds: Mutex::new(Vec::new()),
             }),

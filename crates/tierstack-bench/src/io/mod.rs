@@ -431,6 +431,10 @@ pub struct Report {
     pub target: String,
     /// The mount's mode, as the mount reported it or as asked for (None without --mount).
     pub mount_mode: Option<String>,
+    /// Bytes of its fast tier the new mount conditioned before the first point (its file
+    /// drives written once while idle), and the seconds that took (None without --mount).
+    #[serde(default)]
+    pub mount_conditioned: Option<(u64, f64)>,
     /// Bytes each rank writes.
     pub size_per_rank: u64,
     /// Each rank had a file of its own (else one shared file).
@@ -579,6 +583,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
         targets.push(("plain", plain_root.clone()));
     }
     let mut mount_mode = None;
+    let mut mount_conditioned = None;
     if cfg.mount {
         let backing = target.join(format!("tierstack-io-{pid}-mount"));
         mkdir(&backing)?;
@@ -597,6 +602,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
             None,
         )?;
         mount_mode = m.mode.clone().or_else(|| cfg.mode.clone());
+        mount_conditioned = Some(m.conditioned);
         env.mount = Some(m);
         targets.push(("mount", mnt));
     }
@@ -719,6 +725,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
         ratios,
         target: target.display().to_string(),
         mount_mode,
+        mount_conditioned,
         size_per_rank: cfg.size_per_rank,
         file_per_process: !cfg.shared,
         fsync: cfg.fsync,

@@ -224,6 +224,7 @@ mod tests {
             ratios: Vec::new(),
             target: "/t".into(),
             mount_mode: None,
+            mount_conditioned: None,
             size_per_rank: 1 << 20,
             file_per_process: true,
             fsync: true,

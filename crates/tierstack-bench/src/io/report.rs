@@ -234,8 +234,15 @@ pub fn render(r: &Report) -> String {
         let what = if target == "plain" {
             "straight into the target folder".to_string()
         } else {
+            let cond = match r.mount_conditioned {
+                Some((b, secs)) if b > 0 => format!(
+                    "; its new fast tier conditioned first: {} MiB in {secs:.1} s",
+                    b >> 20
+                ),
+                _ => String::new(),
+            };
             format!(
-                "through a tierstack mount over a subfolder of the target (mode {})",
+                "through a tierstack mount over a subfolder of the target (mode {}{cond})",
                 r.mount_mode.as_deref().unwrap_or("default")
             )
         };

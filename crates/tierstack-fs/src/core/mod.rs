@@ -161,6 +161,8 @@ pub struct Core {
     pub intent_replayed: AtomicU64,
     /// The daemon is stopping: background threads end.
     pub stopping: AtomicBool,
+    /// The fast tier's conditioning has nothing left to do (`mount::condition_when_idle`).
+    pub conditioned: AtomicBool,
     /// Inodes with a quarantined journal row (their dirty data stays in the fast tier).
     pub stuck_inos: Mutex<std::collections::HashSet<u64>>,
     /// `tierstack drain --retry` asked for the quarantined rows to be tried again.
@@ -238,6 +240,7 @@ impl Core {
             fsync_flushed: AtomicU64::new(0),
             intent_replayed: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
+            conditioned: AtomicBool::new(false),
             stuck_inos: Mutex::new(Default::default()),
             retry: AtomicBool::new(false),
             force_stop: AtomicBool::new(false),
