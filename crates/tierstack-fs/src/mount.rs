@@ -762,7 +762,7 @@ fn serve(
             if req.get("force").and_then(|v| v.as_bool()) == Some(true) {
                 core.force_stop.store(true, Relaxed);
             }
-            match rustix::mount::unmount(mp, rustix::mount::UnmountFlags::empty()) {
+            match unmount_when_free(mp) {
                 Ok(()) => {
                     let _ = shutdown.send(());
                     serde_json::json!({"ok": true})
@@ -790,6 +790,25 @@ pub fn run(spec: MountSpec, on_ready: impl FnOnce(&MountSpec)) -> Result<()> {
     let d = Daemon::start(spec)?;
     on_ready(&d.spec);
     d.wait()
+}
+
+/// How long an unmount waits for the mount to stop being busy.
+const UNMOUNT_WAIT: Duration = Duration::from_secs(2);
+
+/// unmount(2) of `mp`, tried again for up to [`UNMOUNT_WAIT`] while the kernel says it is
+/// busy: a file's close returns before the kernel's release of it reaches the daemon, and a
+/// path walk holds the mount for a moment, so a mount its last user just left can still be
+/// busy for a few milliseconds. A file still open keeps it busy past that: the error then.
+fn unmount_when_free(mp: &Path) -> rustix::io::Result<()> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match rustix::mount::unmount(mp, rustix::mount::UnmountFlags::empty()) {
+            Err(rustix::io::Errno::BUSY) if t0.elapsed() < UNMOUNT_WAIT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// The foreground must have been quiet this long before the fast tier is conditioned.
