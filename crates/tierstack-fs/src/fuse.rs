@@ -124,6 +124,22 @@ fn tot(t: Option<TimeOrNow>) -> Option<Option<SystemTime>> {
 }
 
 impl TierFs {
+    /// At the close of a direct handle `fh` of `ino`: the kernel still shows the times of the
+    /// open; if the file was written later than [`STALE_NS`] after it, its entries are dropped
+    /// (see `refresh`).
+    fn refresh_times(&self, ino: u64, fh: FileHandle) {
+        let Some(opened) = is_direct(Some(fh)) else {
+            return;
+        };
+        if self
+            .core
+            .mtime_of(ino)
+            .is_some_and(|m| m - opened > STALE_NS)
+        {
+            self.refresh.drop_entries(ino);
+        }
+    }
+
     /// The mode a new node in `parent` starts from: the umask applies unless the directory
     /// has a default ACL, which then masks the mode instead (POSIX; the kernel leaves both to
     /// the file system when ACLs are on).
@@ -213,24 +229,21 @@ impl fuser::Filesystem for TierFs {
                 return;
             }
         }
-        let mut mtime = tot(mtime);
-        let only_times = mode.is_none() && uid.is_none() && gid.is_none() && size.is_none();
-        if let (true, Some(_), Some(Some(t))) = (only_times, is_direct(fh), mtime) {
-            // The kernel writing back the times it kept through a direct handle: they are the
-            // open's, older than the writes that came since (see `refresh`).
-            if let Some((ours, _)) = self.core.mtime_and_links(ino.0) {
-                let theirs = t
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos() as i64);
-                if ours > theirs {
-                    mtime = Some(Some(st(ours)));
-                }
-            }
-        }
-        match self
-            .core
-            .setattr(ino.0, mode, uid, gid, size, tot(atime), mtime)
-        {
+        // Only times, through a handle: the kernel writing back the times it keeps in
+        // writeback-cache mode (a program's utimes carries no handle). They may predate a
+        // direct write it never saw (see `refresh`).
+        let from_kernel =
+            fh.is_some() && mode.is_none() && uid.is_none() && gid.is_none() && size.is_none();
+        match self.core.setattr(
+            ino.0,
+            mode,
+            uid,
+            gid,
+            size,
+            tot(atime),
+            tot(mtime),
+            from_kernel,
+        ) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(err(e)),
         }
@@ -415,7 +428,7 @@ impl fuser::Filesystem for TierFs {
         if flags.0 & libc::O_TRUNC != 0 {
             let r = self.core.kill_priv(ino.0, req.uid() != 0).and_then(|()| {
                 self.core
-                    .setattr(ino.0, None, None, None, Some(0), None, None)
+                    .setattr(ino.0, None, None, None, Some(0), None, None, false)
                     .map(|_| ())
             });
             if let Err(e) = r {
@@ -454,7 +467,7 @@ impl fuser::Filesystem for TierFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
@@ -464,7 +477,8 @@ impl fuser::Filesystem for TierFs {
     ) {
         let _t = self.core.ops.time("write");
         let kill = req.uid() != 0 || write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.core.write(ino.0, offset, data, kill) {
+        let direct = is_direct(Some(fh)).is_some();
+        match self.core.write(ino.0, offset, data, kill, direct) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
@@ -480,13 +494,8 @@ impl fuser::Filesystem for TierFs {
     ) {
         let _t = self.core.ops.time("flush");
         let r = self.core.flush_handle(ino.0);
-        if let (Ok(()), Some(opened)) = (&r, is_direct(Some(fh))) {
-            // The kernel still shows the times of the open (see `refresh`).
-            if let Some((mtime, links)) = self.core.mtime_and_links(ino.0) {
-                if mtime - opened > STALE_NS {
-                    self.refresh.drop_entries(links);
-                }
-            }
+        if r.is_ok() {
+            self.refresh_times(ino.0, fh);
         }
         empty(reply, r)
     }
@@ -495,13 +504,16 @@ impl fuser::Filesystem for TierFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         let _t = self.core.ops.time("release");
+        // Again at the last close of a handle shared by dup or fork: its earlier closes left
+        // the inode held.
+        self.refresh_times(ino.0, fh);
         empty(reply, self.core.release(ino.0))
     }
 

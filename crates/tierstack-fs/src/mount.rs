@@ -524,7 +524,8 @@ impl Daemon {
         };
         let session = fuser::Session::new(fs, &mp, &cfg)
             .and_then(|s| {
-                refresh.start(s.notifier())?;
+                let names = core.clone();
+                refresh.start(s.notifier(), Box::new(move |ino| names.links_of(ino)))?;
                 s.spawn()
             })
             .map_err(|e| {
@@ -817,21 +818,24 @@ const CONDITION_QUIET: Duration = Duration::from_secs(1);
 /// Conditions the fast tier's file drives ([`Array::condition_step`]) while the mount has
 /// nothing else to do: the foreground quiet for [`CONDITION_QUIET`], nothing to drain, no
 /// dirty page. One stripe at a time, so a write that arrives waits for one stripe at most.
-/// Stops when the daemon does; after "nothing to do now" it looks again every 10 s.
+/// `Core::conditioned` says whether there is nothing to do now (done, not possible, or an
+/// error, which is logged); after that it looks again every 10 s (60 s after an error). Ends
+/// within 50 ms of the daemon stopping.
 fn condition_when_idle(core: &Core, drainer: &Drainer) {
-    let mut pause = Duration::from_millis(50);
+    let nap = Duration::from_millis(50);
+    let mut pause = nap;
     while !core.stopping.load(Relaxed) {
-        std::thread::sleep(pause);
-        pause = Duration::from_millis(50);
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < pause && !core.stopping.load(Relaxed) {
+            std::thread::sleep(nap);
+        }
+        pause = nap;
         if core.quiet_for() < CONDITION_QUIET || core.store.dirty_bytes() > 0 || !drainer.idle() {
             continue;
         }
-        loop {
-            if core.stopping.load(Relaxed) || core.quiet_for() < CONDITION_QUIET {
-                break;
-            }
+        while !core.stopping.load(Relaxed) && core.quiet_for() >= CONDITION_QUIET {
             match core.array.condition_step() {
-                Ok(Some(_)) => {}
+                Ok(Some(_)) => core.conditioned.store(false, Relaxed),
                 Ok(None) => {
                     core.conditioned.store(true, Relaxed);
                     pause = Duration::from_secs(10);
@@ -839,6 +843,7 @@ fn condition_when_idle(core: &Core, drainer: &Drainer) {
                 }
                 Err(e) => {
                     tracing::warn!("conditioning the fast tier: {e}");
+                    core.conditioned.store(true, Relaxed);
                     pause = Duration::from_secs(60);
                     break;
                 }

@@ -7,14 +7,16 @@
 //! path does not advance them: while such a handle is open the file's mtime reads as of the
 //! open. Two things put the daemon's times (the last write's) in front of users again:
 //!
-//! - The kernel writes its cached times back through the handle (a SETATTR carrying the handle
-//!   and only times); for a direct handle the daemon keeps the later mtime ([`is_direct`]).
-//! - At the close of a direct handle whose last write came later than [`STALE_NS`] after the
-//!   open, the file's directory entries are dropped from the kernel's cache
-//!   ([`Refresher::drop_entries`], asynchronously: the close does not wait); with no entry
-//!   left the kernel forgets the inode, and the next lookup reads the daemon's attributes. A
-//!   `stat` right after the close may still see the open's mtime until the notification lands
-//!   (normally within microseconds). A file written within [`STALE_NS`] of its open (small
+//! - The kernel writes its cached times back through an open handle (a SETATTR carrying a
+//!   handle and only times, whichever writable handle is first on its list); the daemon then
+//!   keeps its mtime if a direct write came later (`Node::direct_mtime`).
+//! - At each close (flush) and at the release of a direct handle whose last write came later
+//!   than [`STALE_NS`] after the open, the file's directory entries are dropped from the
+//!   kernel's cache ([`Refresher::drop_entries`], asynchronously: the close does not wait);
+//!   with no entry and no open file left the kernel forgets the inode, and the next lookup
+//!   reads the daemon's attributes. A `stat` right after the close may still see the open's
+//!   mtime until the notification lands (normally within microseconds); while another process
+//!   holds the file open the kernel keeps the inode, and its mtime, until that one closes too. A file written within [`STALE_NS`] of its open (small
 //!   files) keeps its entries: its mtime is off by less than the kernel clock's own
 //!   granularity.
 
@@ -58,25 +60,31 @@ pub fn is_direct(fh: Option<FileHandle>) -> Option<i64> {
     }
 }
 
+/// The names a node has now, as (directory, name) pairs.
+pub type Names = Box<dyn Fn(u64) -> Vec<Link> + Send>;
+
 /// Sends entry invalidations to the kernel from a thread of its own, never waited for: the
 /// kernel locks the parent directory to apply one, and the request holding that lock may be
 /// queued behind the FUSE thread that asked (a FUSE thread that waited here could stall every
-/// request for as long as it waits).
+/// request for as long as it waits). Inodes are queued, not names: the names are looked up
+/// when the invalidation goes out, so a file renamed just after its close (a checkpoint's
+/// `rename(tmp, final)`) has its new name dropped.
 #[derive(Default)]
 pub struct Refresher {
-    tx: Mutex<Option<Sender<Vec<Link>>>>,
+    tx: Mutex<Option<Sender<u64>>>,
 }
 
 impl Refresher {
-    /// Starts the notifying thread over the session's `notifier`. It ends when the refresher
-    /// is dropped (with the file system, at unmount).
-    pub fn start(&self, notifier: Notifier) -> std::io::Result<()> {
-        let (tx, rx) = mpsc::channel::<Vec<Link>>();
+    /// Starts the notifying thread over the session's `notifier`, with `names` to find an
+    /// inode's names. It ends when the refresher is dropped (with the file system, at
+    /// unmount).
+    pub fn start(&self, notifier: Notifier, names: Names) -> std::io::Result<()> {
+        let (tx, rx) = mpsc::channel::<u64>();
         std::thread::Builder::new()
             .name("fuse-notify".into())
             .spawn(move || {
-                while let Ok(links) = rx.recv() {
-                    for (parent, name) in links {
+                while let Ok(ino) = rx.recv() {
+                    for (parent, name) in names(ino) {
                         // ENOENT: the kernel holds no such entry; nothing to drop.
                         let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
                     }
@@ -86,10 +94,10 @@ impl Refresher {
         Ok(())
     }
 
-    /// Queues the dropping of the kernel's entries `links` (directory, name).
-    pub fn drop_entries(&self, links: Vec<Link>) {
+    /// Queues the dropping of the kernel's entries of inode `ino`.
+    pub fn drop_entries(&self, ino: u64) {
         if let Some(tx) = self.tx.lock().as_ref() {
-            let _ = tx.send(links);
+            let _ = tx.send(ino);
         }
     }
 }

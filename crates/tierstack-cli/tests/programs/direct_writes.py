@@ -59,6 +59,49 @@ os.close(r)
 moved = settles(lambda: os.stat(p).st_mtime_ns - first > 200_000_000)
 print(f"rewrite before={before.hex()} after={after.hex()} {sha(p)} mtime_moved={moved}")
 
+def slow_writer(path, block):
+    """A write-only handle of a new file, written at once and again 0.3 s later; returns
+    (the handle, the time of its open in ns)."""
+    opened = time.time_ns()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b"t" * block)
+    time.sleep(0.3)
+    os.write(fd, b"u" * block)
+    return fd, opened
+
+
+# The checkpoint pattern: write a temporary name, close, rename it at once. The final name
+# shows the last write's mtime.
+p = f"{d}/tmp.bin"
+fd, opened = slow_writer(p, 65536)
+os.close(fd)
+os.rename(p, f"{d}/final.bin")
+late = settles(lambda: os.stat(f"{d}/final.bin").st_mtime_ns - opened > 200_000_000)
+print(f"renamed {sha(d + '/final.bin')} mtime_is_last_write={late}")
+
+# A handle shared with a child (fork): the parent's close leaves the child's copy open; after
+# the child's exit the mtime is the last write's.
+p = f"{d}/forked.bin"
+fd, opened = slow_writer(p, 4096)
+child = os.fork()
+if child == 0:
+    time.sleep(0.2)
+    os._exit(0)
+os.close(fd)
+os.waitpid(child, 0)
+late = settles(lambda: os.stat(p).st_mtime_ns - opened > 200_000_000)
+print(f"forked {sha(p)} mtime_is_last_write={late}")
+
+# A read-write handle opened while a write-only one writes, closed after it: the kernel writes
+# back its cached (older) times through the read-write handle; they do not win.
+p = f"{d}/mixed.bin"
+w, opened = slow_writer(p, 4096)
+rw = os.open(p, os.O_RDWR)
+os.close(w)
+os.close(rw)
+late = settles(lambda: os.stat(p).st_mtime_ns - opened > 200_000_000)
+print(f"mixed {sha(p)} mtime_is_last_write={late}")
+
 # A shared mapping of a file that a write-only handle then writes: the mapping sees the write.
 p = f"{d}/mapped.bin"
 with open(p, "wb") as f:

@@ -315,8 +315,17 @@ impl Core {
     }
 
     /// Writes `data` at `off`; `kill_setid` when the writer may not keep set-ID bits (see
-    /// [`Core::kill_priv`]; file capabilities go on every write).
-    pub fn write(&self, ino: u64, off: u64, data: &[u8], kill_setid: bool) -> R<usize> {
+    /// [`Core::kill_priv`]; file capabilities go on every write); `direct` when it came
+    /// through a handle that bypasses the kernel's page cache (noted in
+    /// [`super::node::Node::direct_mtime`]).
+    pub fn write(
+        &self,
+        ino: u64,
+        off: u64,
+        data: &[u8],
+        kill_setid: bool,
+        direct: bool,
+    ) -> R<usize> {
         self.kill_priv(ino, kill_setid)?;
         self.touch();
         let (d, obj) = self.file(ino)?;
@@ -351,6 +360,9 @@ impl Core {
             let t = now_ns();
             n.mtime = t;
             n.ctime = t;
+            if direct {
+                n.direct_mtime = t;
+            }
         }
         Ok(data.len())
     }

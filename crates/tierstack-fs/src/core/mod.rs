@@ -310,6 +310,7 @@ impl Core {
                     subdirs: 0,
                     xattrs: BTreeMap::new(),
                     open: 0,
+                    direct_mtime: 0,
                     data,
                 },
             );
@@ -353,6 +354,7 @@ impl Core {
                 subdirs: 0,
                 xattrs: BTreeMap::new(),
                 open: 0,
+                direct_mtime: 0,
                 data: None,
             };
             let row = row_of(ROOT, &root, None);

@@ -112,6 +112,7 @@ impl Core {
                     subdirs: 0,
                     xattrs,
                     open: 0,
+                    direct_mtime: 0,
                     data,
                 };
                 new.push((ino, name, node));
@@ -292,6 +293,7 @@ impl Core {
             subdirs: 0,
             xattrs,
             open: 0,
+            direct_mtime: 0,
             data,
         };
         let row = {
@@ -757,13 +759,15 @@ impl Core {
         if kill == 0 {
             return Ok(());
         }
-        self.setattr(ino, Some(mode & !kill), None, None, None, None, None)
+        self.setattr(ino, Some(mode & !kill), None, None, None, None, None, false)
             .map(|_| ())
     }
 
     /// Changes what is given of mode, owner, size (a truncate) and times (`Some(None)`: now).
     /// A change of mode, owner or times is journaled as a setattr row; a truncate queues a
-    /// data row once no handle is open. Returns the new attributes.
+    /// data row once no handle is open. Returns the new attributes. `from_kernel`: the kernel
+    /// writing back the times it keeps itself (writeback-cache mode), which never set the
+    /// mtime below the file's last direct write ([`super::node::Node::direct_mtime`]).
     #[allow(clippy::too_many_arguments)]
     pub fn setattr(
         &self,
@@ -774,6 +778,7 @@ impl Core {
         size: Option<u64>,
         atime: Option<Option<SystemTime>>,
         mtime: Option<Option<SystemTime>>,
+        from_kernel: bool,
     ) -> R<Attr> {
         if let Some(s) = size {
             self.truncate(ino, s)?;
@@ -798,6 +803,9 @@ impl Core {
             }
             if let Some(m) = mtime {
                 n.mtime = m.map_or(t, ns_of);
+                if from_kernel {
+                    n.mtime = n.mtime.max(n.direct_mtime);
+                }
             }
             if size.is_some() && mtime.is_none() {
                 n.mtime = t;

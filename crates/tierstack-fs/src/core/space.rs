@@ -192,7 +192,7 @@ impl Core {
                 continue;
             }
             for (off, b) in &r.extents {
-                self.write(r.ino, *off, b, false).map_err(|e| {
+                self.write(r.ino, *off, b, false, false).map_err(|e| {
                     crate::error::FsError::Config(if e == libc::ENOSPC {
                         format!(
                             "replaying the intent log: inode {}: the fast tier is full and nothing drains during recovery: copy the fast tier folder aside and report it",
@@ -206,7 +206,7 @@ impl Core {
                     })
                 })?;
             }
-            self.setattr(r.ino, None, None, None, Some(r.size), None, None)
+            self.setattr(r.ino, None, None, None, Some(r.size), None, None, false)
                 .map_err(|e| {
                     crate::error::FsError::Config(format!(
                         "replaying the intent log: size of inode {}: errno {e}",
@@ -318,10 +318,19 @@ impl Core {
         self.persist_node(&ns, ino).map_err(eio)
     }
 
-    /// The modification time (ns) of node `ino` and its names (directory, name).
-    pub fn mtime_and_links(&self, ino: u64) -> Option<(i64, Vec<super::Link>)> {
-        let ns = self.ns.lock();
-        ns.nodes.get(&ino).map(|n| (n.mtime, n.links.clone()))
+    /// The modification time (ns) of node `ino`.
+    pub fn mtime_of(&self, ino: u64) -> Option<i64> {
+        self.ns.lock().nodes.get(&ino).map(|n| n.mtime)
+    }
+
+    /// The names of node `ino` (directory, name).
+    pub fn links_of(&self, ino: u64) -> Vec<super::Link> {
+        self.ns
+            .lock()
+            .nodes
+            .get(&ino)
+            .map(|n| n.links.clone())
+            .unwrap_or_default()
     }
 
     // ------------------------------------------------------------------ status
