@@ -452,6 +452,17 @@ fn print_status(s: &MountStatus) {
             }
         );
     }
+    if s.conditioned_bytes > 0 || !s.conditioned {
+        println!(
+            "condition   {} of never-written drive space zeroed while idle{}",
+            fmt_size(s.conditioned_bytes),
+            if s.conditioned {
+                ", nothing left to do now"
+            } else {
+                ", going on when idle"
+            }
+        );
+    }
     for t in &s.tiers {
         println!(
             "tier {:<6} {} of {} used, {} dirty",
