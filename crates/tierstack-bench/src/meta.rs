@@ -337,9 +337,11 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
                 &backing,
                 &mnt,
                 &fast,
-                None,
-                cfg.mode.as_deref(),
-                None,
+                crate::checkpoint::mounted::MountOpts {
+                    mode: cfg.mode.as_deref(),
+                    ..Default::default()
+                },
+                cancel,
             )?;
             let mut r = run_target(cfg, &mnt.join("bench"), "tierstack mount", cancel)?;
             let t0 = monotonic_ns();

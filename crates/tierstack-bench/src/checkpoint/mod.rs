@@ -80,7 +80,7 @@ pub use throttle::throttle_available;
 pub use writer::{run_phase, run_writer, Phase, WriterReport, WriterSpec};
 
 use cmd::run_cmd;
-use mounted::{sample_status, Mounted};
+use mounted::{sample_status, MountOpts, Mounted};
 use throttle::{cgroup_kind, CgKind, Throttle};
 
 /// How to run the benchmark.
@@ -430,9 +430,12 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                 &sub,
                 &mnt,
                 &fast,
-                cfg.dram.as_deref(),
-                cfg.mode.as_deref(),
-                cfg.vram.as_deref(),
+                MountOpts {
+                    dram: cfg.dram.as_deref(),
+                    mode: cfg.mode.as_deref(),
+                    vram: cfg.vram.as_deref(),
+                },
+                cancel,
             )?;
             let daemon = m.daemon_pid;
             if mount_mode.is_none() {

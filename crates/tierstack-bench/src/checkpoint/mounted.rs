@@ -27,16 +27,26 @@ pub(crate) struct Mounted {
 /// The longest [`Mounted::wait_conditioned`] waits.
 const CONDITION_WAIT: Duration = Duration::from_secs(300);
 
+/// The `tierstack mount` options a benchmark passes on (None: the mount's default).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct MountOpts<'a> {
+    pub(crate) dram: Option<&'a str>,
+    pub(crate) mode: Option<&'a str>,
+    pub(crate) vram: Option<&'a str>,
+}
+
 impl Mounted {
+    /// `tierstack mount BACKING MNT --dir FAST` with `opts`, then waits for its fast tier's
+    /// conditioning ([`Mounted::wait_conditioned`]; `cancel` ends that wait).
     pub(crate) fn mount(
         exe: &Path,
         backing: &Path,
         mnt: &Path,
         fast: &Path,
-        dram: Option<&str>,
-        mode: Option<&str>,
-        vram: Option<&str>,
+        opts: MountOpts<'_>,
+        cancel: &AtomicBool,
     ) -> Result<Mounted> {
+        let MountOpts { dram, mode, vram } = opts;
         let mut cmd = Command::new(exe);
         cmd.arg("mount")
             .arg(backing)
@@ -70,7 +80,8 @@ impl Mounted {
             .or_else(|| st.pointer("/daemon/pid").and_then(|v| v.as_u64()))
             .map(|p| p as u32);
         me.mode = st.get("mode").and_then(|v| v.as_str()).map(str::to_string);
-        me.wait_conditioned()?;
+        // A Ctrl-C while it conditions ends the wait; dropping `me` unmounts.
+        me.wait_conditioned(cancel)?;
         Ok(me)
     }
 
@@ -78,8 +89,9 @@ impl Mounted {
     /// new mount writes its file drives once while idle, about 5 s for the default 8 GiB
     /// here), so that no run of the benchmark, on the mount or on the plain folder beside it,
     /// shares the disk with it, and the mount is measured as it runs from then on. Progress
-    /// every 2 s on stderr; at most [`CONDITION_WAIT`], then it goes on and says so.
-    fn wait_conditioned(&mut self) -> Result<()> {
+    /// every 2 s on stderr; at most [`CONDITION_WAIT`], then it goes on and says so; `cancel`
+    /// (Ctrl-C) ends it with [`CheckpointError::Cancelled`].
+    fn wait_conditioned(&mut self, cancel: &AtomicBool) -> Result<()> {
         let t0 = Instant::now();
         let mut said = Instant::now();
         loop {
@@ -96,6 +108,9 @@ impl Mounted {
             if done {
                 self.conditioned = (bytes, t0.elapsed().as_secs_f64());
                 return Ok(());
+            }
+            if cancel.load(Ordering::Relaxed) {
+                return Err(CheckpointError::Cancelled);
             }
             if t0.elapsed() > CONDITION_WAIT {
                 eprintln!(

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tierstack_common::{io_err, PathIoError};
 
-use crate::checkpoint::mounted::Mounted;
+use crate::checkpoint::mounted::{MountOpts, Mounted};
 use crate::checkpoint::CheckpointError;
 use crate::BenchError;
 
@@ -597,9 +597,12 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
             &backing,
             &mnt,
             &fast,
-            cfg.dram.as_deref(),
-            cfg.mode.as_deref(),
-            None,
+            MountOpts {
+                dram: cfg.dram.as_deref(),
+                mode: cfg.mode.as_deref(),
+                vram: None,
+            },
+            cancel,
         )?;
         mount_mode = m.mode.clone().or_else(|| cfg.mode.clone());
         mount_conditioned = Some(m.conditioned);
