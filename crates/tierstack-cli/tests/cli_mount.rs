@@ -1581,6 +1581,57 @@ fn op_count(fx: &Fixture, op: &str) -> u64 {
         .map_or(0, |o| o["count"].as_u64().expect("count"))
 }
 
+/// A close costs no FLUSH round trip (the daemon answers the first with ENOSYS and the kernel
+/// sends no more), and nothing a close should show is lost with it: each closed file reads back
+/// whole at its size, in a cached and in a direct handle, another process sees it, and the drain
+/// writes every one to BACKING.
+#[test]
+fn a_close_sends_no_flush_and_loses_nothing() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let mut want = Vec::new();
+    for i in 0..60u32 {
+        let name = format!("c{i}");
+        let data: Vec<u8> = (0..(100 + i * 1000)).map(|k| (k ^ i) as u8).collect();
+        if i % 2 == 0 {
+            // Write-only and new: a direct handle.
+            fs::write(fx.m(&name), &data).expect("write");
+        } else {
+            // Read-write: the page cache, written back by the close.
+            let mut f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(fx.m(&name))
+                .expect("open");
+            f.write_all(&data).expect("write");
+        }
+        want.push((name, data));
+    }
+    assert!(
+        op_count(&fx, "flush") <= 1,
+        "closes still reach the daemon as FLUSH: {}",
+        op_count(&fx, "flush")
+    );
+    for (n, d) in &want {
+        let out = Command::new("cat").arg(fx.m(n)).output().expect("cat");
+        assert!(out.stdout == *d, "{n} read back by another process differs");
+        assert_eq!(
+            fs::metadata(fx.m(n)).expect("stat").len(),
+            d.len() as u64,
+            "{n} size"
+        );
+    }
+    fx.umount();
+    for (n, d) in &want {
+        assert!(fs::read(fx.b(n)).expect("drained") == *d, "{n} in BACKING");
+    }
+}
+
 /// A missing name is answered once by the daemon and then by the kernel's negative dentry;
 /// creating, renaming, linking, symlinking or making a directory at that name shows it at once.
 #[test]

@@ -127,15 +127,18 @@ impl TierFs {
     /// At the close of a direct handle `fh` of `ino`: the kernel still shows the times of the
     /// open; if the file was written later than [`STALE_NS`] after it, its entries are dropped
     /// (see `refresh`).
+    /// Whether direct handle `fh` wrote file `ino` later than [`STALE_NS`] after its open:
+    /// the kernel's cached mtime is then the open's (see `crate::refresh`).
+    fn stale_times(&self, ino: u64, fh: FileHandle) -> bool {
+        is_direct(Some(fh)).is_some_and(|opened| {
+            self.core
+                .mtime_of(ino)
+                .is_some_and(|m| m - opened > STALE_NS)
+        })
+    }
+
     fn refresh_times(&self, ino: u64, fh: FileHandle) {
-        let Some(opened) = is_direct(Some(fh)) else {
-            return;
-        };
-        if self
-            .core
-            .mtime_of(ino)
-            .is_some_and(|m| m - opened > STALE_NS)
-        {
+        if self.stale_times(ino, fh) {
             self.refresh.drop_entries(ino);
         }
     }
@@ -401,7 +404,19 @@ impl fuser::Filesystem for TierFs {
             newname.as_bytes(),
             flags.bits(),
         ) {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                reply.ok();
+                // A file written through a direct handle and renamed right after its close
+                // (write a temporary name, then rename: the checkpoint writer's way): the
+                // invalidation queued at its release may have named the old entry before
+                // the rename moved it. Queued again for the new name; the kernel applies it
+                // once the rename holds the directories no longer.
+                if let Ok(a) = self.core.lookup(newparent.0, newname.as_bytes()) {
+                    if self.core.direct_written(a.ino) {
+                        self.refresh.drop_entries(a.ino);
+                    }
+                }
+            }
             Err(e) => reply.error(err(e)),
         }
     }
@@ -477,13 +492,19 @@ impl fuser::Filesystem for TierFs {
     ) {
         let _t = self.core.ops.time("write");
         let kill = req.uid() != 0 || write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let direct = is_direct(Some(fh)).is_some();
+        let direct = is_direct(Some(fh));
         match self.core.write(ino.0, offset, data, kill, direct) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
     }
 
+    /// Answered ENOSYS, once: the kernel then stops sending FLUSH at every `close` (one
+    /// round trip fewer per close; `fuse_flush` still writes the cached pages back and
+    /// reports their errors to `close`). What a flush would do happens at the last close
+    /// (`release`): the inode row and the queueing of the drain; the journal promises
+    /// nothing at a `close` that no `fsync` covered (README, Guarantees). No POSIX locks are
+    /// kept here (the kernel keeps them), so no lock owner needs the flush either.
     fn flush(
         &self,
         _req: &Request,
@@ -497,7 +518,10 @@ impl fuser::Filesystem for TierFs {
         if r.is_ok() {
             self.refresh_times(ino.0, fh);
         }
-        empty(reply, r)
+        match r {
+            Ok(()) => reply.error(Errno::ENOSYS),
+            Err(e) => reply.error(err(e)),
+        }
     }
 
     fn release(
@@ -511,10 +535,14 @@ impl fuser::Filesystem for TierFs {
         reply: ReplyEmpty,
     ) {
         let _t = self.core.ops.time("release");
-        // Again at the last close of a handle shared by dup or fork: its earlier closes left
-        // the inode held.
-        self.refresh_times(ino.0, fh);
-        empty(reply, self.core.release(ino.0))
+        // The entries are dropped after the reply: until the kernel has it, the pending
+        // release holds the inode, which would then outlive its entries with the open's
+        // mtime (the kernel's end of the release drops that hold when the reply is written).
+        let stale = self.stale_times(ino.0, fh);
+        empty(reply, self.core.release(ino.0));
+        if stale {
+            self.refresh.drop_entries(ino.0);
+        }
     }
 
     fn fsync(

@@ -10,15 +10,19 @@
 //! - The kernel writes its cached times back through an open handle (a SETATTR carrying a
 //!   handle and only times, whichever writable handle is first on its list); the daemon then
 //!   keeps its mtime if a direct write came later (`Node::direct_mtime`).
-//! - At each close (flush) and at the release of a direct handle whose last write came later
-//!   than [`STALE_NS`] after the open, the file's directory entries are dropped from the
-//!   kernel's cache ([`Refresher::drop_entries`], asynchronously: the close does not wait);
-//!   with no entry and no open file left the kernel forgets the inode, and the next lookup
-//!   reads the daemon's attributes. A `stat` right after the close may still see the open's
-//!   mtime until the notification lands (normally within microseconds); while another process
-//!   holds the file open the kernel keeps the inode, and its mtime, until that one closes too. A file written within [`STALE_NS`] of its open (small
-//!   files) keeps its entries: its mtime is off by less than the kernel clock's own
-//!   granularity.
+//! - At the release (last close) of a direct handle whose last write came later than
+//!   [`STALE_NS`] after the open, the file's directory entries are dropped from the kernel's
+//!   cache ([`Refresher::drop_entries`], asynchronously: nothing waits for it); with no entry
+//!   and no open file left the kernel forgets the inode, and the next lookup reads the
+//!   daemon's attributes. The release reaches the daemon after `close` returns (the mount
+//!   answers FLUSH with ENOSYS, so a close costs no round trip of its own), so a `stat`
+//!   right after the close may still see the open's mtime until the notification lands
+//!   (normally within a millisecond); while another process holds the file open the kernel
+//!   keeps the inode, and its mtime, until that one closes too. A rename of a file a direct
+//!   handle wrote queues the same for its new name: the release may have named the old one
+//!   (write a temporary name, close, rename: the checkpoint writer's way). A file written
+//!   within [`STALE_NS`] of its open (small files) keeps its entries: its mtime is off by
+//!   less than the kernel clock's own granularity.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

@@ -316,15 +316,15 @@ impl Core {
 
     /// Writes `data` at `off`; `kill_setid` when the writer may not keep set-ID bits (see
     /// [`Core::kill_priv`]; file capabilities go on every write); `direct` when it came
-    /// through a handle that bypasses the kernel's page cache (noted in
-    /// [`super::node::Node::direct_mtime`]).
+    /// through a handle that bypasses the kernel's page cache: the time of that handle's open
+    /// (noted in [`super::node::Node::direct_mtime`] and `direct_opened`).
     pub fn write(
         &self,
         ino: u64,
         off: u64,
         data: &[u8],
         kill_setid: bool,
-        direct: bool,
+        direct: Option<i64>,
     ) -> R<usize> {
         self.kill_priv(ino, kill_setid)?;
         self.touch();
@@ -360,8 +360,9 @@ impl Core {
             let t = now_ns();
             n.mtime = t;
             n.ctime = t;
-            if direct {
+            if let Some(opened) = direct {
                 n.direct_mtime = t;
+                n.direct_opened = opened;
             }
         }
         Ok(data.len())

@@ -311,6 +311,7 @@ impl Core {
                     xattrs: BTreeMap::new(),
                     open: 0,
                     direct_mtime: 0,
+                    direct_opened: 0,
                     data,
                 },
             );
@@ -355,6 +356,7 @@ impl Core {
                 xattrs: BTreeMap::new(),
                 open: 0,
                 direct_mtime: 0,
+                direct_opened: 0,
                 data: None,
             };
             let row = row_of(ROOT, &root, None);

@@ -16,6 +16,10 @@ use super::{
     NAME_MAX, R, ROOT, TMP_PREFIX,
 };
 
+/// How long before a direct handle's open the kernel's cached mtime of the file may lie: the
+/// create's time, or the kernel's coarse clock at an `O_TRUNC` open (a few jiffies).
+pub const KERNEL_COPY_NS: i64 = 50_000_000;
+
 impl Core {
     /// Lists a directory from BACKING the first time it is used.
     pub(super) fn ensure_loaded(&self, ns: &mut Ns, dir: u64) -> R<()> {
@@ -113,6 +117,7 @@ impl Core {
                     xattrs,
                     open: 0,
                     direct_mtime: 0,
+                    direct_opened: 0,
                     data,
                 };
                 new.push((ino, name, node));
@@ -294,6 +299,7 @@ impl Core {
             xattrs,
             open: 0,
             direct_mtime: 0,
+            direct_opened: 0,
             data,
         };
         let row = {
@@ -767,7 +773,13 @@ impl Core {
     /// A change of mode, owner or times is journaled as a setattr row; a truncate queues a
     /// data row once no handle is open. Returns the new attributes. `from_kernel`: the kernel
     /// writing back the times it keeps itself (writeback-cache mode), which never set the
-    /// mtime below the file's last direct write ([`super::node::Node::direct_mtime`]).
+    /// mtime below the file's last direct write ([`super::node::Node::direct_mtime`]). The
+    /// kernel also writes its times back with no handle once the file is closed (at a
+    /// rename, a link or an unlink, which change the ctime): an mtime alone, no atime, from
+    /// about the open of the direct handle that last wrote ([`KERNEL_COPY_NS`] before it to
+    /// the open itself) is taken for that stale copy too. A program setting an explicit
+    /// mtime to within those milliseconds before such an open would see it kept at the last
+    /// write instead.
     #[allow(clippy::too_many_arguments)]
     pub fn setattr(
         &self,
@@ -803,7 +815,15 @@ impl Core {
             }
             if let Some(m) = mtime {
                 n.mtime = m.map_or(t, ns_of);
-                if from_kernel {
+                let kernel_copy = !meta_change
+                    && size.is_none()
+                    && atime.is_none()
+                    && m.map(ns_of).is_some_and(|m| {
+                        n.direct_opened > 0
+                            && m <= n.direct_opened
+                            && m >= n.direct_opened - KERNEL_COPY_NS
+                    });
+                if from_kernel || kernel_copy {
                     n.mtime = n.mtime.max(n.direct_mtime);
                 }
             }

@@ -139,6 +139,9 @@ pub struct Node {
     /// file (ns; 0: never since the daemon started). The kernel did not see it: times it
     /// writes back from its cache never set the mtime below this (`Core::setattr`).
     pub direct_mtime: i64,
+    /// When the direct handle that last wrote the file was opened (ns; 0: none). The
+    /// kernel's cached mtime is about that time (see [`Core::setattr`](super::Core::setattr)).
+    pub direct_opened: i64,
     /// A regular file's contents; `None` for other kinds.
     pub data: Option<Arc<Mutex<FileData>>>,
 }

@@ -192,7 +192,7 @@ impl Core {
                 continue;
             }
             for (off, b) in &r.extents {
-                self.write(r.ino, *off, b, false, false).map_err(|e| {
+                self.write(r.ino, *off, b, false, None).map_err(|e| {
                     crate::error::FsError::Config(if e == libc::ENOSPC {
                         format!(
                             "replaying the intent log: inode {}: the fast tier is full and nothing drains during recovery: copy the fast tier folder aside and report it",
@@ -321,6 +321,16 @@ impl Core {
     /// The modification time (ns) of node `ino`.
     pub fn mtime_of(&self, ino: u64) -> Option<i64> {
         self.ns.lock().nodes.get(&ino).map(|n| n.mtime)
+    }
+
+    /// Whether a direct-write handle ever wrote node `ino` (its mtime in the kernel's cache
+    /// may then be older than the mount's: see `crate::refresh`).
+    pub fn direct_written(&self, ino: u64) -> bool {
+        self.ns
+            .lock()
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| n.direct_mtime > 0)
     }
 
     /// The names of node `ino` (directory, name).
