@@ -1632,6 +1632,84 @@ fn a_close_sends_no_flush_and_loses_nothing() {
     }
 }
 
+/// CPU time (user + system, in clock ticks) of process `pid` so far.
+fn cpu_ticks(pid: u64) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    // Fields after the command name (which may hold spaces) from its closing parenthesis.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// Looks up `n` distinct missing names: one FUSE round trip each, back to back.
+fn lookup_storm(fx: &Fixture, round: u32, n: u32) {
+    for i in 0..n {
+        assert!(fs::symlink_metadata(fx.m(&format!("missing-{round}-{i}"))).is_err());
+    }
+}
+
+/// A storm of small requests makes one FUSE thread poll the device (where there are two CPUs
+/// or more); once the storm is over it stops, and the idle daemon burns no CPU. With
+/// `--no-poll` nothing polls.
+#[test]
+fn a_request_storm_polls_and_an_idle_mount_does_not() {
+    if !can_run() {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut round = 0;
+    while fx.status()["polled_ms"].as_u64().unwrap_or(0) == 0 && Instant::now() < deadline {
+        lookup_storm(&fx, round, 5000);
+        round += 1;
+        if cpus < 2 {
+            break;
+        }
+    }
+    let st = fx.status();
+    if cpus < 2 {
+        assert_eq!(st["polled_ms"].as_u64(), Some(0), "polled on one CPU: {st}");
+    } else {
+        assert!(
+            st["polled_ms"].as_u64().unwrap_or(0) > 0,
+            "a lookup storm did not make the mount poll: {st}"
+        );
+    }
+    // Quiet: polling stops within milliseconds, and the daemon then sleeps.
+    let t0 = Instant::now();
+    while fx.status()["polling"].as_bool() == Some(true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "still polling when idle"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The idle mount's own work (zeroing its fresh drives) ends first.
+    while fx.status()["conditioned"].as_bool() != Some(true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "conditioning never ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = fx.status()["pid"].as_u64().expect("pid");
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    assert!(
+        used < 40,
+        "an idle mount used {used} ticks of CPU in 2 s (polling would be about 200)"
+    );
+    fx.umount();
+    fx.mount(&["--no-poll"]);
+    lookup_storm(&fx, 1000, 5000);
+    let st = fx.status();
+    assert_eq!(st["polled_ms"].as_u64(), Some(0), "--no-poll polled: {st}");
+    fx.umount();
+}
+
 /// A missing name is answered once by the daemon and then by the kernel's negative dentry;
 /// creating, renaming, linking, symlinking or making a directory at that name shows it at once.
 #[test]

@@ -19,6 +19,7 @@ pub mod fuse;
 pub mod intent;
 pub mod mount;
 pub mod opstats;
+pub mod poll;
 pub mod refresh;
 pub mod stage;
 

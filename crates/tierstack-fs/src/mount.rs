@@ -60,6 +60,10 @@ pub struct MountSpec {
     /// [`crate::refresh`]); false: every handle writes through the page cache.
     #[serde(default = "yes")]
     pub direct_writes: bool,
+    /// While the mount is busy, one FUSE thread polls the device instead of sleeping (see
+    /// [`crate::poll`]); false, or a machine with one CPU: every FUSE thread sleeps.
+    #[serde(default = "yes")]
+    pub poll: bool,
 }
 
 fn yes() -> bool {
@@ -156,6 +160,12 @@ pub struct MountStatus {
     /// system short of space, a drive not online).
     #[serde(default)]
     pub conditioned: bool,
+    /// A FUSE thread polls the device now, instead of sleeping (see `crate::poll`).
+    #[serde(default)]
+    pub polling: bool,
+    /// Milliseconds spent polling the device since the mount started (a CPU busy for them).
+    #[serde(default)]
+    pub polled_ms: u64,
 }
 
 /// A quarantined journal row, for status output.
@@ -526,6 +536,10 @@ impl Daemon {
             .and_then(|s| {
                 let names = core.clone();
                 refresh.start(s.notifier(), Box::new(move |ino| names.links_of(ino)))?;
+                if spec.poll && crate::poll::worth_it() {
+                    use std::os::fd::AsFd;
+                    crate::poll::start(s.as_fd(), core.clone())?;
+                }
                 s.spawn()
             })
             .map_err(|e| {
@@ -705,6 +719,8 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         ops: core.ops.figures(),
         conditioned_bytes: core.array.conditioned_bytes(),
         conditioned: core.conditioned.load(Relaxed),
+        polling: core.polling.load(Relaxed),
+        polled_ms: core.polled_ms.load(Relaxed),
         stuck: stuck
             .into_iter()
             .map(|r| StuckRecord {

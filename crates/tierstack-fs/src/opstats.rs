@@ -41,6 +41,8 @@ pub const OPS: &[&str] = &[
 pub struct OpStats {
     /// One per operation of [`OPS`] (None only if hdrhistogram refused the bounds).
     hists: Vec<Option<Mutex<Histogram<u64>>>>,
+    /// Operations started since the mount started (all kinds).
+    started: std::sync::atomic::AtomicU64,
 }
 
 /// One operation's figures.
@@ -91,6 +93,7 @@ impl Default for OpStats {
                         .map(Mutex::new)
                 })
                 .collect(),
+            started: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -98,11 +101,18 @@ impl Default for OpStats {
 impl OpStats {
     /// Starts timing operation `op` (one of [`OPS`]); recorded when the timer drops.
     pub fn time(&self, op: &'static str) -> Timer<'_> {
+        self.started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Timer {
             stats: self,
             idx: OPS.iter().position(|o| *o == op).unwrap_or(usize::MAX),
             t0: Instant::now(),
         }
+    }
+
+    /// Operations started since the mount started.
+    pub fn started(&self) -> u64 {
+        self.started.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The figures of every operation served at least once.

@@ -161,6 +161,10 @@ pub struct Core {
     pub intent_replayed: AtomicU64,
     /// The daemon is stopping: background threads end.
     pub stopping: AtomicBool,
+    /// A FUSE thread polls the device now (`crate::poll`).
+    pub polling: AtomicBool,
+    /// Milliseconds a FUSE thread spent polling the device since the mount started.
+    pub polled_ms: AtomicU64,
     /// The fast tier's conditioning has nothing left to do (`mount::condition_when_idle`).
     pub conditioned: AtomicBool,
     /// Inodes with a quarantined journal row (their dirty data stays in the fast tier).
@@ -240,6 +244,8 @@ impl Core {
             fsync_flushed: AtomicU64::new(0),
             intent_replayed: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
+            polling: AtomicBool::new(false),
+            polled_ms: AtomicU64::new(0),
             conditioned: AtomicBool::new(false),
             stuck_inos: Mutex::new(Default::default()),
             retry: AtomicBool::new(false),
