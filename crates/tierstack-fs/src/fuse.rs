@@ -13,7 +13,7 @@ use fuser::{
     WriteFlags,
 };
 
-use crate::core::{Attr, Core, Kind, PAGE};
+use crate::core::{now_ns, Attr, Core, Kind, PAGE};
 use crate::refresh::{is_direct, open_flags, Refresher, STALE_NS};
 
 /// Attributes and entries may be cached by the kernel this long: only this daemon changes
@@ -193,6 +193,11 @@ impl fuser::Filesystem for TierFs {
             }
             Err(e) => reply.error(err(e)),
         }
+    }
+
+    /// The kernel evicted the inode: no copy of its times is left in the kernel.
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.core.forget_kernel_copy(ino.0);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -438,6 +443,9 @@ impl fuser::Filesystem for TierFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.core.ops.time("open");
+        // Before anything that may wait: the kernel's copy of the times is never older than
+        // this by more than a tick of its coarse clock (see `Core::setattr`).
+        let started = now_ns();
         // FUSE_ATOMIC_O_TRUNC: the truncate of open(O_TRUNC) arrives here (the kernel checked
         // write permission). Like the truncate it replaces, it clears privileges.
         if flags.0 & libc::O_TRUNC != 0 {
@@ -453,7 +461,7 @@ impl fuser::Filesystem for TierFs {
         }
         match self.core.open(ino.0) {
             Ok(()) => {
-                let (fh, f) = open_flags(flags.0, false, self.direct_writes);
+                let (fh, f) = open_flags(flags.0, false, self.direct_writes, started);
                 reply.opened(fh, f)
             }
             Err(e) => reply.error(err(e)),
@@ -538,9 +546,24 @@ impl fuser::Filesystem for TierFs {
         // The entries are dropped after the reply: until the kernel has it, the pending
         // release holds the inode, which would then outlive its entries with the open's
         // mtime (the kernel's end of the release drops that hold when the reply is written).
+        // Another process may still hold the file (a reader that opened it meanwhile): the
+        // kernel then keeps the inode, and its stale mtime, past this invalidation; the flag
+        // makes the last release drop the entries again.
         let stale = self.stale_times(ino.0, fh);
-        empty(reply, self.core.release(ino.0));
         if stale {
+            self.core.note_kernel_stale(ino.0);
+        }
+        let r = self.core.release(ino.0);
+        if let Err(e) = r {
+            // The kernel does not pass a release's error on (the close has returned).
+            tracing::warn!(
+                "release of inode {}: {}",
+                ino.0,
+                std::io::Error::from_raw_os_error(e)
+            );
+        }
+        empty(reply, r);
+        if self.core.take_kernel_stale_if_closed(ino.0) {
             self.refresh.drop_entries(ino.0);
         }
     }
@@ -626,6 +649,7 @@ impl fuser::Filesystem for TierFs {
         reply: ReplyCreate,
     ) {
         let _t = self.core.ops.time("create");
+        let started = now_ns();
         match self.core.create(
             parent.0,
             name.as_bytes(),
@@ -635,7 +659,7 @@ impl fuser::Filesystem for TierFs {
             true,
         ) {
             Ok(a) => {
-                let (fh, f) = open_flags(flags, true, self.direct_writes);
+                let (fh, f) = open_flags(flags, true, self.direct_writes, started);
                 reply.created(&TTL, &fattr(&a), Generation(0), fh, f)
             }
             Err(e) => reply.error(err(e)),

@@ -28,6 +28,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
 
 use crate::core::Core;
@@ -49,7 +50,8 @@ pub fn worth_it() -> bool {
 }
 
 /// Starts the governor over the session's device descriptor `dev`; it returns when the core
-/// stops. Errors: the descriptor cannot be duplicated or the thread cannot start.
+/// stops or the FUSE connection is gone (unmounted, or a start that failed after this).
+/// Errors: the descriptor cannot be duplicated or the thread cannot start.
 pub fn start(dev: BorrowedFd<'_>, core: Arc<Core>) -> std::io::Result<()> {
     let fd = dev.try_clone_to_owned()?;
     std::thread::Builder::new()
@@ -77,7 +79,7 @@ fn govern(fd: OwnedFd, core: &Core) {
     let mut last_op = looked;
     let mut busy_until = looked;
     let mut polling = false;
-    while !core.stopping.load(Relaxed) {
+    while !core.stopping.load(Relaxed) && connected(&fd) {
         let wait = if polling {
             CHECK_BUSY
         } else if last_op.elapsed() < Duration::from_secs(1) {
@@ -112,5 +114,17 @@ fn govern(fd: OwnedFd, core: &Core) {
     core.polling.store(false, Relaxed);
     if polling {
         set(false);
+    }
+}
+
+/// Whether the FUSE connection of `fd` is up: the device reports an error to `poll` once it is
+/// down (unmounted or aborted).
+fn connected(fd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::empty())];
+    match poll(&mut fds, Some(&Timespec::default())) {
+        Ok(_) => !fds[0]
+            .revents()
+            .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL),
+        Err(_) => false,
     }
 }

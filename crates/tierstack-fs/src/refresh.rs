@@ -18,7 +18,8 @@
 //!   answers FLUSH with ENOSYS, so a close costs no round trip of its own), so a `stat`
 //!   right after the close may still see the open's mtime until the notification lands
 //!   (normally within a millisecond); while another process holds the file open the kernel
-//!   keeps the inode, and its mtime, until that one closes too. A rename of a file a direct
+//!   keeps the inode, and its mtime, until that one closes too: the release that leaves no
+//!   handle open drops the entries again (`Node::kernel_stale`). A rename of a file a direct
 //!   handle wrote queues the same for its new name: the release may have named the old one
 //!   (write a temporary name, close, rename: the checkpoint writer's way). A file written
 //!   within [`STALE_NS`] of its open (small files) keeps its entries: its mtime is off by
@@ -31,22 +32,23 @@ use std::sync::mpsc::{self, Sender};
 use fuser::{FileHandle, FopenFlags, INodeNo, Notifier};
 use parking_lot::Mutex;
 
-use crate::core::{now_ns, Link};
+use crate::core::Link;
 
 /// A direct handle whose file was last written this long after its open gets its entries
 /// dropped at close (a jiffy at 250 Hz, the kernel clock's granularity for file times).
 pub const STALE_NS: i64 = 4_000_000;
 
 /// The handle and open flags for an open with `flags` (`fresh`: the open created the file):
-/// a direct handle (its number is the open's time in ns, never 0) for a write-only,
+/// a direct handle (its number is `started`, the time in ns the open reached the daemon, never
+/// 0) for a write-only,
 /// non-appending open of a new or truncated file when `direct` is on; otherwise handle 0 with
 /// the page cache kept (contents change only through this mount).
-pub fn open_flags(flags: i32, fresh: bool, direct: bool) -> (FileHandle, FopenFlags) {
+pub fn open_flags(flags: i32, fresh: bool, direct: bool, started: i64) -> (FileHandle, FopenFlags) {
     let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
     let append = flags & libc::O_APPEND != 0;
     let whole = fresh || flags & libc::O_TRUNC != 0;
     if direct && write_only && !append && whole {
-        let opened = now_ns().max(1) as u64;
+        let opened = started.max(1) as u64;
         (
             FileHandle(opened),
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
@@ -109,11 +111,12 @@ impl Refresher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::now_ns;
 
     #[test]
     fn only_whole_file_write_only_opens_are_direct() {
         let d = |f, fresh| {
-            open_flags(f, fresh, true)
+            open_flags(f, fresh, true, now_ns())
                 .1
                 .contains(FopenFlags::FOPEN_DIRECT_IO)
         };
@@ -129,10 +132,10 @@ mod tests {
         );
         assert!(!d(libc::O_RDWR | libc::O_TRUNC, true));
         assert!(!d(libc::O_RDONLY, false));
-        assert!(!open_flags(libc::O_WRONLY, true, false)
+        assert!(!open_flags(libc::O_WRONLY, true, false, now_ns())
             .1
             .contains(FopenFlags::FOPEN_DIRECT_IO));
-        let (fh, _) = open_flags(libc::O_WRONLY, true, true);
+        let (fh, _) = open_flags(libc::O_WRONLY, true, true, now_ns());
         assert!(is_direct(Some(fh)).is_some_and(|t| t > 0));
         assert_eq!(is_direct(Some(FileHandle(0))), None);
         assert_eq!(is_direct(None), None);

@@ -5,6 +5,7 @@ Usage: direct_writes.py DIR"""
 import hashlib
 import mmap
 import os
+import subprocess
 import sys
 import time
 
@@ -101,6 +102,28 @@ os.close(w)
 os.close(rw)
 late = settles(lambda: os.stat(p).st_mtime_ns - opened > 200_000_000)
 print(f"mixed {sha(p)} mtime_is_last_write={late}")
+
+# A read-only handle opened while a write-only one writes, closed after it: the kernel keeps the
+# inode (and its cached mtime) for the reader; once the reader closes too, the mtime is the
+# last write's.
+p = f"{d}/held.bin"
+w, opened = slow_writer(p, 4096)
+r = os.open(p, os.O_RDONLY)
+os.close(w)
+time.sleep(0.1)
+os.stat(p)  # a lookup while the reader holds the inode
+os.close(r)
+late = settles(lambda: os.stat(p).st_mtime_ns - opened > 200_000_000)
+print(f"held {sha(p)} mtime_is_last_write={late}")
+
+# An explicit mtime alone (touch -m: the atime is left as it is) after a direct write, then a
+# rename: the program's time is kept.
+p = f"{d}/touched.bin"
+w, opened = slow_writer(p, 4096)
+os.close(w)
+subprocess.run(["touch", "-m", "-d", "@1000000000", p], check=True)
+os.rename(p, f"{d}/touched2.bin")
+print(f"touched mtime={os.stat(d + '/touched2.bin').st_mtime_ns} {sha(d + '/touched2.bin')}")
 
 # A shared mapping of a file that a write-only handle then writes: the mapping sees the write.
 p = f"{d}/mapped.bin"

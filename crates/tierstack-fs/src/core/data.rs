@@ -362,7 +362,10 @@ impl Core {
             n.ctime = t;
             if let Some(opened) = direct {
                 n.direct_mtime = t;
-                n.direct_opened = opened;
+                if n.direct_opened != opened {
+                    n.direct_opened = opened;
+                    n.direct_first = t;
+                }
             }
         }
         Ok(data.len())

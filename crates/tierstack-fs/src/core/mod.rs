@@ -318,6 +318,8 @@ impl Core {
                     open: 0,
                     direct_mtime: 0,
                     direct_opened: 0,
+                    direct_first: 0,
+                    kernel_stale: false,
                     data,
                 },
             );
@@ -363,6 +365,8 @@ impl Core {
                 open: 0,
                 direct_mtime: 0,
                 direct_opened: 0,
+                direct_first: 0,
+                kernel_stale: false,
                 data: None,
             };
             let row = row_of(ROOT, &root, None);

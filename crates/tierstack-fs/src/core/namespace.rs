@@ -118,6 +118,8 @@ impl Core {
                     open: 0,
                     direct_mtime: 0,
                     direct_opened: 0,
+                    direct_first: 0,
+                    kernel_stale: false,
                     data,
                 };
                 new.push((ino, name, node));
@@ -300,6 +302,8 @@ impl Core {
             open: 0,
             direct_mtime: 0,
             direct_opened: 0,
+            direct_first: 0,
+            kernel_stale: false,
             data,
         };
         let row = {
@@ -776,10 +780,10 @@ impl Core {
     /// mtime below the file's last direct write ([`super::node::Node::direct_mtime`]). The
     /// kernel also writes its times back with no handle once the file is closed (at a
     /// rename, a link or an unlink, which change the ctime): an mtime alone, no atime, from
-    /// about the open of the direct handle that last wrote ([`KERNEL_COPY_NS`] before it to
-    /// the open itself) is taken for that stale copy too. A program setting an explicit
-    /// mtime to within those milliseconds before such an open would see it kept at the last
-    /// write instead.
+    /// between [`KERNEL_COPY_NS`] before the open of the direct handle that last wrote and
+    /// that handle's first write is taken for that stale copy too, until the kernel forgets
+    /// the inode (`forget_kernel_copy`). A program setting an explicit mtime inside that
+    /// window while the kernel still holds the inode would see it kept at the last write.
     #[allow(clippy::too_many_arguments)]
     pub fn setattr(
         &self,
@@ -820,8 +824,8 @@ impl Core {
                     && atime.is_none()
                     && m.map(ns_of).is_some_and(|m| {
                         n.direct_opened > 0
-                            && m <= n.direct_opened
                             && m >= n.direct_opened - KERNEL_COPY_NS
+                            && m < n.direct_first
                     });
                 if from_kernel || kernel_copy {
                     n.mtime = n.mtime.max(n.direct_mtime);
@@ -863,6 +867,36 @@ impl Core {
         }
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         Ok(Self::attr_of(ino, n))
+    }
+
+    /// A direct handle of `ino` is being released with the kernel's cached mtime stale.
+    pub fn note_kernel_stale(&self, ino: u64) {
+        if let Some(n) = self.ns.lock().nodes.get_mut(&ino) {
+            n.kernel_stale = true;
+        }
+    }
+
+    /// Whether the entries of `ino` are to be dropped now: its kernel copy is stale and no
+    /// handle is open any more (the flag is cleared).
+    pub fn take_kernel_stale_if_closed(&self, ino: u64) -> bool {
+        let mut ns = self.ns.lock();
+        let Some(n) = ns.nodes.get_mut(&ino) else {
+            return false;
+        };
+        let drop = n.kernel_stale && n.open == 0;
+        if drop {
+            n.kernel_stale = false;
+        }
+        drop
+    }
+
+    /// The kernel evicted inode `ino` (FORGET): it holds no copy of its times any more.
+    pub fn forget_kernel_copy(&self, ino: u64) {
+        if let Some(n) = self.ns.lock().nodes.get_mut(&ino) {
+            n.direct_opened = 0;
+            n.direct_first = 0;
+            n.kernel_stale = false;
+        }
     }
 
     /// Notes an open handle on a regular file (counted in [`Node::open`]).

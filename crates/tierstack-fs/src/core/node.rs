@@ -139,9 +139,16 @@ pub struct Node {
     /// file (ns; 0: never since the daemon started). The kernel did not see it: times it
     /// writes back from its cache never set the mtime below this (`Core::setattr`).
     pub direct_mtime: i64,
-    /// When the direct handle that last wrote the file was opened (ns; 0: none). The
-    /// kernel's cached mtime is about that time (see [`Core::setattr`](super::Core::setattr)).
+    /// When the open of the direct handle that last wrote the file reached the daemon (ns;
+    /// 0: none, or the kernel has forgotten the inode since). The kernel's cached mtime then
+    /// lies between a tick before it and `direct_first` (see
+    /// [`Core::setattr`](super::Core::setattr)).
     pub direct_opened: i64,
+    /// When that handle's first write reached the daemon (ns).
+    pub direct_first: i64,
+    /// A direct handle's release found the kernel's cached mtime stale; cleared once the
+    /// entries were dropped with no handle left open, or the kernel forgot the inode.
+    pub kernel_stale: bool,
     /// A regular file's contents; `None` for other kinds.
     pub data: Option<Arc<Mutex<FileData>>>,
 }
