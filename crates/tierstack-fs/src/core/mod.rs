@@ -452,9 +452,20 @@ impl Core {
     /// daemon once its group is committed (within a few milliseconds), and a power loss
     /// once made durable (fsync of the file or a directory, umount).
     pub fn tx<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> Result<T>) -> Result<T> {
+        let mut db = self.db.lock();
+        self.tx_in(&mut db, f)
+    }
+
+    /// As [`Core::tx`], with the database lock already held (taken while the namespace lock
+    /// was, so that the operation's rows keep their place in the journal after that lock is
+    /// let go: see [`Core::release`]).
+    pub fn tx_in<T>(
+        &self,
+        db: &mut Db,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T>,
+    ) -> Result<T> {
         self.touch();
         self.db_commits.fetch_add(1, Relaxed);
-        let mut db = self.db.lock();
         if db.begin_group()? {
             *self.group_open.lock() = true;
             self.group_cv.notify_one();
@@ -605,12 +616,7 @@ impl Core {
         if f.data_pending || n.links.is_empty() {
             return Ok(());
         }
-        let mut paths = Vec::new();
-        for (p, name) in &n.links {
-            if let Some(pp) = Self::path_of(ns, *p) {
-                paths.push(join_rel(&pp, name));
-            }
-        }
+        let paths = Self::link_paths(ns, n);
         let Some(first) = paths.first() else {
             return Ok(());
         };
@@ -620,6 +626,14 @@ impl Core {
         drop(f);
         self.wake_drainer();
         Ok(())
+    }
+
+    /// The paths (from the mount's root) of every name of node `n`.
+    pub fn link_paths(ns: &Ns, n: &Node) -> Vec<Vec<u8>> {
+        n.links
+            .iter()
+            .filter_map(|(p, name)| Self::path_of(ns, *p).map(|pp| join_rel(&pp, name)))
+            .collect()
     }
 
     fn persist_node(&self, ns: &Ns, ino: u64) -> Result<()> {

@@ -909,7 +909,12 @@ impl Core {
         Ok(())
     }
 
-    /// Last close of a handle: the file is queued for draining if it changed.
+    /// Last close of a handle: the inode row is written and the file queued for draining if
+    /// it changed, in one journal operation. Its rows are written after the namespace lock
+    /// is let go, with the database lock taken first: every later namespace operation
+    /// journals after them, and the lookups and getattrs that a program's next operation
+    /// sends meanwhile (the release arrives after its `close` returned) do not wait for
+    /// SQLite.
     pub fn release(&self, ino: u64) -> R<()> {
         let mut ns = self.ns.lock();
         let (gone, dirty) = {
@@ -922,9 +927,32 @@ impl Core {
             self.destroy(&mut ns, ino);
             return Ok(());
         }
-        self.persist_node(&ns, ino).map_err(eio)?;
-        if dirty {
-            self.queue_data(&ns, ino).map_err(eio)?;
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        let data = n.data.clone();
+        let mut f = data.as_ref().map(|d| d.lock());
+        let row = row_of(ino, n, f.as_deref());
+        let paths = if dirty && f.as_ref().is_some_and(|f| !f.data_pending) {
+            Self::link_paths(&ns, n)
+        } else {
+            Vec::new()
+        };
+        let mut db = self.db.lock();
+        drop(ns);
+        self.tx_in(&mut db, |tx| {
+            db::put_inode(tx, &row)?;
+            if let Some(first) = paths.first() {
+                db::push_op(tx, OpKind::Data, ino, first, &paths[1..].join(&0u8))?;
+            }
+            Ok(())
+        })
+        .map_err(eio)?;
+        drop(db);
+        if !paths.is_empty() {
+            if let Some(f) = f.as_mut() {
+                f.data_pending = true;
+            }
+            drop(f);
+            self.wake_drainer();
         }
         Ok(())
     }
