@@ -127,18 +127,15 @@ impl TierFs {
     /// At the close of a direct handle `fh` of `ino`: the kernel still shows the times of the
     /// open; if the file was written later than [`STALE_NS`] after it, its entries are dropped
     /// (see `refresh`).
-    /// Whether direct handle `fh` wrote file `ino` later than [`STALE_NS`] after its open:
-    /// the kernel's cached mtime is then the open's (see `crate::refresh`).
-    fn stale_times(&self, ino: u64, fh: FileHandle) -> bool {
-        is_direct(Some(fh)).is_some_and(|opened| {
-            self.core
-                .mtime_of(ino)
-                .is_some_and(|m| m - opened > STALE_NS)
-        })
-    }
-
     fn refresh_times(&self, ino: u64, fh: FileHandle) {
-        if self.stale_times(ino, fh) {
+        let Some(opened) = is_direct(Some(fh)) else {
+            return;
+        };
+        if self
+            .core
+            .mtime_of(ino)
+            .is_some_and(|m| m - opened > STALE_NS)
+        {
             self.refresh.drop_entries(ino);
         }
     }
@@ -416,10 +413,8 @@ impl fuser::Filesystem for TierFs {
                 // invalidation queued at its release may have named the old entry before
                 // the rename moved it. Queued again for the new name; the kernel applies it
                 // once the rename holds the directories no longer.
-                if let Ok(a) = self.core.lookup(newparent.0, newname.as_bytes()) {
-                    if self.core.direct_written(a.ino) {
-                        self.refresh.drop_entries(a.ino);
-                    }
+                if let Some(ino) = self.core.direct_written_at(newparent.0, newname.as_bytes()) {
+                    self.refresh.drop_entries(ino);
                 }
             }
             Err(e) => reply.error(err(e)),
@@ -546,14 +541,9 @@ impl fuser::Filesystem for TierFs {
         // The entries are dropped after the reply: until the kernel has it, the pending
         // release holds the inode, which would then outlive its entries with the open's
         // mtime (the kernel's end of the release drops that hold when the reply is written).
-        // Another process may still hold the file (a reader that opened it meanwhile): the
-        // kernel then keeps the inode, and its stale mtime, past this invalidation; the flag
-        // makes the last release drop the entries again.
-        let stale = self.stale_times(ino.0, fh);
-        if stale {
-            self.core.note_kernel_stale(ino.0);
-        }
-        let r = self.core.release(ino.0);
+        // With another handle still open (a reader that opened the file meanwhile) the last
+        // release drops them instead (`Node::kernel_stale`).
+        let r = self.core.release(ino.0, is_direct(Some(fh)));
         if let Err(e) = r {
             // The kernel does not pass a release's error on (the close has returned).
             tracing::warn!(
@@ -562,8 +552,8 @@ impl fuser::Filesystem for TierFs {
                 std::io::Error::from_raw_os_error(e)
             );
         }
-        empty(reply, r);
-        if self.core.take_kernel_stale_if_closed(ino.0) {
+        empty(reply, r.map(|_| ()));
+        if r == Ok(true) {
             self.refresh.drop_entries(ino.0);
         }
     }

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use crate::backing::Backing;
 use crate::db::{self, OpKind};
+use crate::refresh::STALE_NS;
 
 use super::{
     check_name, eio, join_rel, now_ns, ns_of, row_of, Attr, Core, FileData, Kind, Node, Ns,
@@ -869,27 +870,6 @@ impl Core {
         Ok(Self::attr_of(ino, n))
     }
 
-    /// A direct handle of `ino` is being released with the kernel's cached mtime stale.
-    pub fn note_kernel_stale(&self, ino: u64) {
-        if let Some(n) = self.ns.lock().nodes.get_mut(&ino) {
-            n.kernel_stale = true;
-        }
-    }
-
-    /// Whether the entries of `ino` are to be dropped now: its kernel copy is stale and no
-    /// handle is open any more (the flag is cleared).
-    pub fn take_kernel_stale_if_closed(&self, ino: u64) -> bool {
-        let mut ns = self.ns.lock();
-        let Some(n) = ns.nodes.get_mut(&ino) else {
-            return false;
-        };
-        let drop = n.kernel_stale && n.open == 0;
-        if drop {
-            n.kernel_stale = false;
-        }
-        drop
-    }
-
     /// The kernel evicted inode `ino` (FORGET): it holds no copy of its times any more.
     pub fn forget_kernel_copy(&self, ino: u64) {
         if let Some(n) = self.ns.lock().nodes.get_mut(&ino) {
@@ -915,17 +895,30 @@ impl Core {
     /// journals after them, and the lookups and getattrs that a program's next operation
     /// sends meanwhile (the release arrives after its `close` returned) do not wait for
     /// SQLite.
-    pub fn release(&self, ino: u64) -> R<()> {
+    ///
+    /// `direct`: the open time of a direct handle (see `crate::refresh`). If that handle
+    /// wrote later than [`STALE_NS`] after it, the kernel's cached mtime is stale
+    /// ([`super::node::Node::kernel_stale`]). Returns whether the file's entries are to be
+    /// dropped from the kernel's cache now (after the reply): its copy is stale and no handle
+    /// is open any more.
+    pub fn release(&self, ino: u64, direct: Option<i64>) -> R<bool> {
         let mut ns = self.ns.lock();
-        let (gone, dirty) = {
+        let (gone, dirty, drop_entries) = {
             let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
             n.open = n.open.saturating_sub(1);
+            if direct.is_some_and(|opened| n.mtime - opened > STALE_NS) {
+                n.kernel_stale = true;
+            }
+            let drop_entries = n.kernel_stale && n.open == 0;
+            if drop_entries {
+                n.kernel_stale = false;
+            }
             let dirty = n.data.as_ref().is_some_and(|d| d.lock().dirty);
-            (n.links.is_empty() && n.open == 0, dirty)
+            (n.links.is_empty() && n.open == 0, dirty, drop_entries)
         };
         if gone {
             self.destroy(&mut ns, ino);
-            return Ok(());
+            return Ok(false);
         }
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         let data = n.data.clone();
@@ -954,7 +947,7 @@ impl Core {
             drop(f);
             self.wake_drainer();
         }
-        Ok(())
+        Ok(drop_entries)
     }
 }
 

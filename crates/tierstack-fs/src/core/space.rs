@@ -323,14 +323,15 @@ impl Core {
         self.ns.lock().nodes.get(&ino).map(|n| n.mtime)
     }
 
-    /// Whether a direct-write handle ever wrote node `ino` (its mtime in the kernel's cache
-    /// may then be older than the mount's: see `crate::refresh`).
-    pub fn direct_written(&self, ino: u64) -> bool {
-        self.ns
-            .lock()
-            .nodes
+    /// The inode at `name` in `parent` if a direct-write handle ever wrote it (its mtime in
+    /// the kernel's cache may then be older than the mount's: see `crate::refresh`).
+    pub fn direct_written_at(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        let ns = self.ns.lock();
+        let ino = ns.child(parent, name)?;
+        ns.nodes
             .get(&ino)
             .is_some_and(|n| n.direct_mtime > 0)
+            .then_some(ino)
     }
 
     /// The names of node `ino` (directory, name).
