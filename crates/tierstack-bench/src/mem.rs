@@ -102,6 +102,9 @@ pub struct WorkerSpec {
     /// The tierstack engine's VRAM tier (`bench mem --vram`), if any.
     #[serde(default)]
     pub vram: Option<tierstack_mem::setup::Vram>,
+    /// The tierstack engine without its compressed tier (`bench mem --no-compress`).
+    #[serde(default)]
+    pub no_compress: bool,
 }
 
 /// The tierstack engine: an array of four file drives in `dir` (RAID `level`), the tiered
@@ -125,6 +128,9 @@ pub struct TierstackSpec {
     /// A VRAM tier between the store's DRAM tier and the array (`--vram`), if any.
     #[serde(default)]
     pub vram: Option<tierstack_mem::setup::Vram>,
+    /// Without the compressed tier (`--no-compress`).
+    #[serde(default)]
+    pub no_compress: bool,
 }
 
 /// Drive files of the tierstack engine, removed on drop.
@@ -154,7 +160,7 @@ impl Backing {
     fn pager_stats(&self) -> Option<tierstack_mem::MemStats> {
         match self {
             Backing::Plain(_) => None,
-            Backing::Tierstack { region, .. } => Some(region.counters().snapshot()),
+            Backing::Tierstack { region, .. } => Some(region.stats()),
         }
     }
 
@@ -199,8 +205,10 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, BenchError>
         t.page,
     )?;
     let drives = TempDrives(paths);
-    let config = tierstack_mem::setup::engine_config(&array, t.dram, t.page, t.vram);
-    let (store, p) = tierstack_mem::setup::store_and_options(array, t.dram, t.page, t.vram)?;
+    let compress = !t.no_compress;
+    let config = tierstack_mem::setup::engine_config(&array, t.dram, t.page, t.vram, compress);
+    let (store, p) =
+        tierstack_mem::setup::store_and_options(array, t.dram, t.page, t.vram, compress)?;
     let opts = tierstack_mem::RegionOptions {
         page: p.page,
         budget: p.budget,
@@ -302,6 +310,9 @@ pub struct PagerPhase {
     /// taken them in time.
     #[serde(default)]
     pub stolen: u64,
+    /// Of `store_reads`, those the compressed tier served (a decompression, no device read).
+    #[serde(default)]
+    pub compressed_hits: u64,
 }
 
 fn pager_phase(a: &tierstack_mem::MemStats, b: &tierstack_mem::MemStats) -> PagerPhase {
@@ -319,6 +330,7 @@ fn pager_phase(a: &tierstack_mem::MemStats, b: &tierstack_mem::MemStats) -> Page
         clean_drops: b.clean_drops - a.clean_drops,
         handed_over: b.handed_over - a.handed_over,
         stolen: b.stolen - a.stolen,
+        compressed_hits: b.compressed_hits.saturating_sub(a.compressed_hits),
     }
 }
 
@@ -649,6 +661,7 @@ pub fn run_engine(
                 level: level.number(),
                 in_memory: engine == "tierstack-dram",
                 vram: spec.vram,
+                no_compress: spec.no_compress,
             });
             None
         }
@@ -721,13 +734,24 @@ pub fn render(r: &MemReport) -> String {
         if c.vram_bytes > 0 {
             departs.push(format!("--vram {}", crate::fmt_size(c.vram_bytes)));
         }
+        if c.compressed_bytes == 0 {
+            departs.push("--no-compress".to_string());
+        }
         out += &format!(
-            "  store: RAID {} of {} drives, page {}, DRAM tier {}, resident budget {}{}; {}\n",
+            "  store: RAID {} of {} drives, page {}, DRAM tier {}, resident budget {}{}{}; {}\n",
             c.level,
             c.drives,
             crate::fmt_size(c.page as u64),
             crate::fmt_size(c.store_dram_bytes),
             crate::fmt_size(c.budget_bytes),
+            if c.compressed_bytes > 0 {
+                format!(
+                    ", compressed tier up to {} (within the budget)",
+                    crate::fmt_size(c.compressed_bytes)
+                )
+            } else {
+                String::new()
+            },
             if c.vram_bytes > 0 {
                 format!(", VRAM tier {}", crate::fmt_size(c.vram_bytes))
             } else {
@@ -745,8 +769,8 @@ pub fn render(r: &MemReport) -> String {
     }
     if let Some(p) = &r.pager {
         out += &format!(
-            "  pager: {} faults, {} read from the store (mean read {:.1} us, mean fault {:.1} us, overhead {:.1} us per miss), {} evictions ({} clean), {} handed to the faulting thread's CPU ({} stolen)\n",
-            p.faults, p.store_reads, p.store_read_mean_us, p.store_fault_mean_us, p.overhead_us_per_miss, p.evictions, p.clean_drops, p.handed_over, p.stolen
+            "  pager: {} faults, {} read from the store ({} of them from the compressed tier; mean read {:.1} us, mean fault {:.1} us, overhead {:.1} us per miss), {} evictions ({} clean), {} handed to the faulting thread's CPU ({} stolen)\n",
+            p.faults, p.store_reads, p.compressed_hits, p.store_read_mean_us, p.store_fault_mean_us, p.overhead_us_per_miss, p.evictions, p.clean_drops, p.handed_over, p.stolen
         );
     }
     let rows: Vec<Vec<String>> = r

@@ -72,6 +72,9 @@ pub struct BenchMemArgs {
     /// The GPU of --vram (0 is the first).
     #[arg(long, default_value_t = 0, requires = "vram")]
     gpu: u32,
+    /// No compressed tier in the tierstack engine (as `tierstack run --no-compress`).
+    #[arg(long)]
+    no_compress: bool,
     /// Print one JSON object on stdout (with --compare: tierstack, kernel_swap, ratio).
     #[arg(long)]
     json: bool,
@@ -147,6 +150,9 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         None => None,
     };
     let mut note = format!("tierstack page {}, RAID {}", fmt_size(page as u64), level);
+    if a.no_compress {
+        note.push_str(", no compressed tier");
+    }
     if let Some(v) = vram {
         note.push_str(&format!(
             ", VRAM tier {} on GPU {}",
@@ -175,6 +181,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         tierstack: None,
         fill: a.fill.parse().map_err(anyhow::Error::msg)?,
         vram,
+        no_compress: a.no_compress,
     };
     let exe = std::env::current_exe()?;
     if a.compare {

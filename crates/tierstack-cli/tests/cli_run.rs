@@ -244,6 +244,61 @@ fn numpy_makes_and_sums_a_1_6_gb_array() {
     must_show(&[&py, script.to_str().expect("utf8")], t.path());
 }
 
+/// A program whose pages are almost all zeros (768 MiB touched, one value per page) under
+/// `--dram 128M`: the compressed tier serves most of its faults (no device read), every value
+/// comes back, and the peak RSS stays within the budget plus 100 MiB; with `--no-compress`
+/// the same program (smaller) pages through the drives alone.
+#[test]
+fn compressible_pages_are_served_from_the_compressed_tier() {
+    let _s = serial();
+    if !uffd_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let script = programs().join("sparse_pages.py");
+    let script = script.to_str().expect("utf8");
+    let r = run(
+        &["--dram", "128M", "--stats", "--", "python3", script],
+        t.path(),
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.starts_with("ok 196608"), "{}", r.stdout);
+    let (reads, hits) = (
+        stat(&r.stderr, "store_reads"),
+        stat(&r.stderr, "compressed_hits"),
+    );
+    assert!(reads > 196_608, "the program paged: {}", r.stderr);
+    assert!(
+        hits * 10 >= reads * 9,
+        "compressed tier served {hits} of {reads} reads: {}",
+        r.stderr
+    );
+    let rss = peak_rss(&r.stderr);
+    assert!(
+        rss <= (128 + 100) << 20,
+        "peak RSS {} MiB: {}",
+        rss >> 20,
+        r.stderr
+    );
+    let r = run(
+        &[
+            "--dram",
+            "64M",
+            "--no-compress",
+            "--stats",
+            "--",
+            "python3",
+            script,
+            "192",
+        ],
+        t.path(),
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.starts_with("ok 49152"), "{}", r.stdout);
+    assert!(stat(&r.stderr, "store_reads") > 49_152, "{}", r.stderr);
+    assert_eq!(stat(&r.stderr, "compressed_hits"), 0, "{}", r.stderr);
+}
+
 #[test]
 fn full_store_fails_allocations_and_fork_never_sees_wrong_data() {
     let Some(Built {

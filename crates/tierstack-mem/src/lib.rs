@@ -158,6 +158,12 @@ pub struct MemStats {
     pub regions: u64,
     #[serde(default)]
     pub index_bytes: u64,
+    /// Reads the store's compressed tier served (filled in by the pager's report).
+    #[serde(default)]
+    pub compressed_hits: u64,
+    /// Bytes of the compressed tier's blocks in use (likewise).
+    #[serde(default)]
+    pub compressed_bytes: u64,
 }
 
 impl MemCounters {
@@ -185,6 +191,8 @@ impl MemCounters {
             peak_resident: self.peak_resident.load(Relaxed),
             regions: self.regions.load(Relaxed),
             index_bytes: self.index_bytes.load(Relaxed),
+            compressed_hits: 0,
+            compressed_bytes: 0,
         }
     }
 }

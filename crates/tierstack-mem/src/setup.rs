@@ -9,6 +9,11 @@
 //!   DRAM tier (a write buffer in front of the array) takes 1/64 of it, at least 4 MiB and at
 //!   most 64 MiB; the array's stripe buffers (an open stripe and those in flight) come out of
 //!   it too; the rest, at least four pages, is the budget of the regions' resident pages.
+//! - The compressed tier (`tierstack_store::CompressedTier`, on unless `--no-compress`): pages
+//!   the store's DRAM tier evicts stay in process memory LZ4-compressed when they compress to
+//!   a quarter or less, up to [`COMPRESSED_SHARE`] of `--dram`. What it holds is charged to the
+//!   regions' budget as it grows (with the array's index), so an incompressible working set
+//!   leaves it empty and resident memory as large as without it.
 //! - Regions may commit half of the array's capacity (the log needs room to clean).
 
 use std::path::{Path, PathBuf};
@@ -75,7 +80,15 @@ pub struct EngineConfig {
     /// `dram_bytes`), 0 for none.
     #[serde(default)]
     pub vram_bytes: u64,
+    /// The most the compressed tier may hold, out of `dram_bytes` (charged to the regions'
+    /// budget as it fills); 0 with `--no-compress`.
+    #[serde(default)]
+    pub compressed_bytes: u64,
 }
+
+/// The share of `--dram` the compressed tier may grow to (the kernel's zswap defaults to 20 %
+/// of memory).
+pub const COMPRESSED_SHARE: u64 = 4;
 
 /// A VRAM tier for the paging store: `bytes` of GPU `gpu`'s memory between the store's DRAM
 /// tier and the array (`run --vram`, seed 000's GPU buffer in front of the swap RAID).
@@ -87,9 +100,15 @@ pub struct Vram {
     pub bytes: u64,
 }
 
-/// The configuration [`store_over`] gives an engine over `array` with `dram`, `page` and
-/// `vram`.
-pub fn engine_config(array: &Array, dram: u64, page: usize, vram: Option<Vram>) -> EngineConfig {
+/// The configuration [`store_over`] gives an engine over `array` with `dram`, `page`, `vram`
+/// and a compressed tier unless `compress` is false.
+pub fn engine_config(
+    array: &Array,
+    dram: u64,
+    page: usize,
+    vram: Option<Vram>,
+    compress: bool,
+) -> EngineConfig {
     let st = array.status();
     let (store_dram, budget) = split_budget(dram, array.buffer_bytes(), page);
     EngineConfig {
@@ -103,6 +122,7 @@ pub fn engine_config(array: &Array, dram: u64, page: usize, vram: Option<Vram>) 
         budget_bytes: budget,
         commit_limit_bytes: Some(st.capacity_bytes / 2),
         vram_bytes: vram.map_or(0, |v| v.bytes),
+        compressed_bytes: if compress { dram / COMPRESSED_SHARE } else { 0 },
     }
 }
 
@@ -176,8 +196,9 @@ pub fn store_and_options(
     dram: u64,
     page: usize,
     vram: Option<Vram>,
+    compress: bool,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
-    store_over(Arc::new(array), &[], dram, page, vram)
+    store_over(Arc::new(array), &[], dram, page, vram, compress)
 }
 
 /// [`store_and_options`] for a process that also reads pages from `snapshots` (read-only
@@ -189,8 +210,9 @@ pub fn store_over(
     dram: u64,
     page: usize,
     vram: Option<Vram>,
+    compress: bool,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
-    let cfg = engine_config(&array, dram, page, vram);
+    let cfg = engine_config(&array, dram, page, vram, compress);
     let array_tier: Box<dyn Tier> = Box::new(ArrayTier::shared(array));
     let first: Box<dyn Tier> = match vram {
         Some(v) => Box::new(
@@ -198,6 +220,14 @@ pub fn store_over(
                 .map_err(|e| MemError::Config(e.to_string()))?,
         ),
         None => array_tier,
+    };
+    let first: Box<dyn Tier> = if cfg.compressed_bytes > 0 {
+        Box::new(tierstack_store::CompressedTier::new(
+            cfg.compressed_bytes,
+            first,
+        ))
+    } else {
+        first
     };
     let mut tiers: Vec<Box<dyn Tier>> = vec![first];
     for s in snapshots {
@@ -246,7 +276,9 @@ mod tests {
         let (a, paths) = create_array(t.path(), "x-", 256 << 20, LEVEL, 64 << 10).expect("array");
         assert_eq!(paths.len(), DRIVES);
         assert_eq!(a.status().level, 5);
-        let (_store, o) = store_and_options(a, 256 << 20, 64 << 10, None).expect("store");
+        let (store, o) = store_and_options(a, 256 << 20, 64 << 10, None, true).expect("store");
+        let names: Vec<String> = store.status().into_iter().map(|s| s.name).collect();
+        assert_eq!(names[1], "compressed", "{names:?}");
         assert!(o.budget > 128 << 20 && o.budget < 256 << 20, "{}", o.budget);
         assert!(o.commit_limit.is_some_and(|c| c >= 128 << 20));
     }

@@ -300,10 +300,12 @@ fn build_engine(
     dir: std::path::PathBuf,
     vram: Option<tierstack_mem::setup::Vram>,
 ) -> Result<Engine, PreloadError> {
+    // `run --no-compress` sets TIERSTACK_COMPRESS=0.
+    let compress = env_size(b"TIERSTACK_COMPRESS\0") != Some(0);
     let (store, options) =
-        tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page, vram)?;
+        tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page, vram, compress)?;
     let pager = Pager::new(store, &options)?;
-    let config = tierstack_mem::setup::engine_config(&array, dram, page, vram);
+    let config = tierstack_mem::setup::engine_config(&array, dram, page, vram, compress);
     let stats_dir = std::env::var_os("TIERSTACK_STATS_DIR")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from);

@@ -1,7 +1,8 @@
 //! tierstack-store: the tiered write-back store.
 //!
 //! Pages are keyed by `(object, page number)` and live in an ordered list of tiers, fastest
-//! first: DRAM, then optionally GPU memory ([`vram`]), then the array. Writes land
+//! first: DRAM, then optionally compressed DRAM ([`compressed`]) and GPU memory ([`vram`]),
+//! then the array. Writes land
 //! in the first tier and are acknowledged there; when a tier passes its high watermark the
 //! store evicts pages (clock order) down to its low watermark, writing dirty pages to the next
 //! tier and dropping clean ones that the next tier already holds. Reads are served by the
@@ -10,10 +11,13 @@
 
 #![warn(missing_docs)]
 
+mod clock;
+pub mod compressed;
 mod dram;
 mod tier;
 pub mod vram;
 
+pub use compressed::CompressedTier;
 pub use dram::{DramTier, PageData};
 pub use tier::{ArrayTier, Tier, TierCounters, TierStatus};
 pub use vram::cuda::{Gpu, GpuError, GpuInfo};

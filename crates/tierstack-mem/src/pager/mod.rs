@@ -357,12 +357,22 @@ impl Pager {
 
 impl Inner {
     fn report(&self) -> PagerReport {
+        let mut stats = self.counters.snapshot();
+        if let Some(c) = self
+            .store
+            .status()
+            .into_iter()
+            .find(|t| t.name == "compressed")
+        {
+            stats.compressed_hits = c.hits;
+            stats.compressed_bytes = c.used_bytes;
+        }
         PagerReport {
             budget: self.budget,
             page: self.page,
             committed: *self.committed.lock(),
             resident: self.resident.load(Relaxed),
-            stats: self.counters.snapshot(),
+            stats,
         }
     }
 

@@ -348,6 +348,11 @@ impl Region {
         &self.inner.counters
     }
 
+    /// The counters now, with the store's compressed tier's figures (as the pager reports).
+    pub fn stats(&self) -> crate::MemStats {
+        self.inner.report().stats
+    }
+
     /// The first error of the region's pager, if any.
     pub fn error(&self) -> Option<String> {
         self.inner.failed.lock().clone()

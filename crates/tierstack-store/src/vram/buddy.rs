@@ -1,6 +1,8 @@
-//! A buddy allocator of offsets in one block of device memory: blocks of 4 KiB times a power
-//! of two, split on allocation and merged with their buddy on release, so that pages of every
-//! size share the memory without a size class holding on to it.
+//! A buddy allocator of offsets in one block of memory (the VRAM tier's device memory, the
+//! compressed tier's arena): blocks of a power of two (4 KiB at least by default), split on
+//! allocation and merged with their buddy on release, so that pages of every size share the
+//! memory without a size class holding on to it. The lowest free block of an order is taken
+//! first, so the blocks in use stay near the start.
 
 use std::collections::BTreeSet;
 
@@ -14,6 +16,7 @@ const ORDERS: usize = 48;
 pub struct Buddy {
     free: Vec<BTreeSet<u64>>,
     capacity: u64,
+    min: u32,
 }
 
 /// The order of the smallest block that holds `bytes`.
@@ -25,15 +28,23 @@ pub fn order_for(bytes: u64) -> u32 {
 impl Buddy {
     /// An allocator over `capacity` bytes (rounded down to 4 KiB), all free.
     pub fn new(capacity: u64) -> Buddy {
+        Buddy::with_min_order(capacity, MIN_ORDER)
+    }
+
+    /// An allocator over `capacity` bytes whose smallest block is `1 << min` bytes (`min`
+    /// from 3 to [`MIN_ORDER`]).
+    pub fn with_min_order(capacity: u64, min: u32) -> Buddy {
+        let min = min.clamp(3, MIN_ORDER);
         let capacity = capacity & !((1 << MIN_ORDER) - 1);
         let mut b = Buddy {
             free: vec![BTreeSet::new(); ORDERS],
             capacity,
+            min,
         };
         let mut at = 0u64;
         while at < capacity {
             let mut o = (ORDERS - 1) as u32;
-            while o > MIN_ORDER && (!at.is_multiple_of(1 << o) || at + (1 << o) > capacity) {
+            while o > min && (!at.is_multiple_of(1 << o) || at + (1 << o) > capacity) {
                 o -= 1;
             }
             b.free[o as usize].insert(at);
@@ -47,10 +58,15 @@ impl Buddy {
         self.capacity
     }
 
+    /// The order of the smallest block of this allocator that holds `bytes`.
+    pub fn order_of(&self, bytes: u64) -> u32 {
+        64 - (bytes.max(1 << self.min) - 1).leading_zeros()
+    }
+
     /// The offset of a free block of `order`, now taken; `None` when no block that large is
     /// free.
     pub fn alloc(&mut self, order: u32) -> Option<u64> {
-        let order = order.max(MIN_ORDER) as usize;
+        let order = order.max(self.min) as usize;
         let from = (order..ORDERS).find(|&o| !self.free[o].is_empty())?;
         let at = self.free[from].pop_first()?;
         for o in (order..from).rev() {
@@ -61,7 +77,7 @@ impl Buddy {
 
     /// Gives back the block of `order` at `at`, merging it with its free buddies.
     pub fn release(&mut self, mut at: u64, order: u32) {
-        let mut o = order.max(MIN_ORDER) as usize;
+        let mut o = order.max(self.min) as usize;
         while o + 1 < ORDERS {
             let buddy = at ^ (1 << o);
             if !self.free[o].remove(&buddy) {
@@ -90,6 +106,10 @@ mod tests {
 
     #[test]
     fn orders() {
+        let small = Buddy::with_min_order(1 << 20, 6);
+        assert_eq!(small.order_of(1), 6);
+        assert_eq!(small.order_of(65), 7);
+        assert_eq!(small.order_of(4096), 12);
         assert_eq!(order_for(1), 12);
         assert_eq!(order_for(4096), 12);
         assert_eq!(order_for(4097), 13);
@@ -119,13 +139,14 @@ mod tests {
         /// free plus what is taken is always the capacity; after everything is given back one
         /// block of each size the capacity allows can be taken again.
         #[test]
-        fn blocks_never_overlap(ops in proptest::collection::vec((0u32..6, any::<bool>(), any::<u16>()), 1..300)) {
+        fn blocks_never_overlap(ops in proptest::collection::vec((0u32..6, any::<bool>(), any::<u16>()), 1..300), small in any::<bool>()) {
             let cap = (3 << 20) + (40 << 10);
-            let mut b = Buddy::new(cap);
+            let min = if small { 6 } else { MIN_ORDER };
+            let mut b = Buddy::with_min_order(cap, min);
             let mut taken: Vec<(u64, u32)> = Vec::new();
             for (o, alloc, pick) in ops {
                 if alloc || taken.is_empty() {
-                    let order = MIN_ORDER + o * 2;
+                    let order = min + o * 2;
                     if let Some(at) = b.alloc(order) {
                         let end = at + (1 << order);
                         prop_assert!(end <= b.capacity());

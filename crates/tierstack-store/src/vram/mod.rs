@@ -23,12 +23,12 @@
 pub mod buddy;
 pub mod cuda;
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::clock::{Clock, ClockSlot};
 use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
 use buddy::{order_for, Buddy};
 use cuda::{DeviceBuf, Gpu};
@@ -46,12 +46,22 @@ struct Slot {
     seq: u64,
 }
 
+impl ClockSlot for Slot {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn referenced(&self) -> &AtomicBool {
+        &self.referenced
+    }
+    fn dirty(&self) -> bool {
+        self.dirty
+    }
+}
+
 struct State {
-    map: HashMap<PageKey, Slot>,
+    /// The slots and their clock order.
+    clock: Clock<Slot>,
     buddy: Buddy,
-    /// Keys in clock order, with the `seq` of the slot each entry was made for (entries of
-    /// slots that left the map since, or were replaced, are skipped).
-    clock: VecDeque<(PageKey, u64)>,
     used: u64,
     dirty: u64,
     /// Bumped when a put or remove begins and again when it ends: a page read from below is
@@ -87,9 +97,8 @@ impl VramTier {
         Ok(VramTier {
             gpu,
             state: RwLock::new(State {
-                map: HashMap::new(),
+                clock: Clock::new(),
                 buddy: Buddy::new(bytes),
-                clock: VecDeque::new(),
                 used: 0,
                 dirty: 0,
                 changes: 0,
@@ -117,7 +126,7 @@ impl VramTier {
     }
 
     fn forget(st: &mut State, key: PageKey) -> Option<Slot> {
-        let s = st.map.remove(&key)?;
+        let s = st.clock.map.remove(&key)?;
         st.buddy.release(s.at, s.order);
         st.used -= 1 << s.order;
         if s.dirty {
@@ -135,34 +144,27 @@ impl VramTier {
     /// Evicts one page in clock order, writing it below first when dirty. False when the tier
     /// holds nothing.
     fn evict_one(&self, st: &mut State) -> Result<bool> {
-        while let Some((key, seq)) = st.clock.pop_front() {
-            let Some(s) = st.map.get(&key).filter(|s| s.seq == seq) else {
-                continue;
-            };
-            if s.referenced.swap(false, Relaxed) {
-                st.clock.push_back((key, seq));
-                continue;
-            }
-            if s.dirty {
-                let v = match self.copy_out(s) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        st.clock.push_front((key, seq));
-                        return Err(e);
-                    }
-                };
-                if let Err(e) = self.below.put(key, &v) {
-                    // The page stays here: nothing acknowledged is lost. At the back, so that
-                    // the next eviction tries other pages (clean ones need no write) first.
-                    st.clock.push_back((key, seq));
+        let Some(key) = st.clock.next_victim() else {
+            return Ok(false);
+        };
+        if let Some(s) = st.clock.map.get(&key).filter(|s| s.dirty) {
+            let v = match self.copy_out(s) {
+                Ok(v) => v,
+                Err(e) => {
+                    st.clock.put_back(key, true);
                     return Err(e);
                 }
+            };
+            if let Err(e) = self.below.put(key, &v) {
+                // The page stays here: nothing acknowledged is lost. At the back, so that
+                // the next eviction tries other pages (clean ones need no write) first.
+                st.clock.put_back(key, false);
+                return Err(e);
             }
-            Self::forget(st, key);
-            self.counters.evictions.fetch_add(1, Relaxed);
-            return Ok(true);
         }
-        Ok(false)
+        Self::forget(st, key);
+        self.counters.evictions.fetch_add(1, Relaxed);
+        Ok(true)
     }
 
     /// Takes a block of `order`, evicting until one is free. `None` when even an empty tier
@@ -183,16 +185,16 @@ impl VramTier {
     fn enter_locked(st: &mut State, key: PageKey, at: u64, len: usize, dirty: bool, seq: u64) {
         let order = order_for(len as u64);
         let stale = if dirty {
-            st.map.get(&key).is_some_and(|s| s.seq > seq)
+            st.clock.map.get(&key).is_some_and(|s| s.seq > seq)
         } else {
-            st.changes != seq || st.map.contains_key(&key)
+            st.changes != seq || st.clock.map.contains_key(&key)
         };
         if stale {
             st.buddy.release(at, order);
             return;
         }
         Self::forget(st, key);
-        st.map.insert(
+        st.clock.insert(
             key,
             Slot {
                 at,
@@ -207,12 +209,6 @@ impl VramTier {
         if dirty {
             st.dirty += len as u64;
         }
-        st.clock.push_back((key, seq));
-        if st.clock.len() > 2 * st.map.len() + 64 {
-            let map = &st.map;
-            st.clock
-                .retain(|(k, q)| map.get(k).is_some_and(|s| s.seq == *q));
-        }
     }
 
     /// Copies `data` into a new block and enters it. False when the page is larger than the
@@ -223,7 +219,9 @@ impl VramTier {
         let (at, seq) = {
             let mut st = self.state.write();
             match admit {
-                Some(seen) if st.changes != seen || st.map.contains_key(&key) => return Ok(true),
+                Some(seen) if st.changes != seen || st.clock.map.contains_key(&key) => {
+                    return Ok(true)
+                }
                 Some(_) => {}
                 None => {
                     st.changes += 1;
@@ -371,7 +369,7 @@ impl Tier for VramTier {
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
         let seen = {
             let st = self.state.read();
-            if let Some(s) = st.map.get(&key) {
+            if let Some(s) = st.clock.map.get(&key) {
                 s.referenced.store(true, Relaxed);
                 let v = self.copy_out(s)?;
                 self.count_hit(v.len());
@@ -396,7 +394,7 @@ impl Tier for VramTier {
             // (block offset, block size, length, index) of each page here, in GPU order.
             let mut hits: Vec<(u64, u64, usize, usize)> = Vec::new();
             for (i, k) in keys.iter().enumerate() {
-                match st.map.get(k) {
+                match st.clock.map.get(k) {
                     Some(s) => {
                         s.referenced.store(true, Relaxed);
                         hits.push((s.at, 1 << s.order, s.len as usize, i));
@@ -465,22 +463,14 @@ impl Tier for VramTier {
 
     fn settle(&self) -> Result<()> {
         let mut st = self.state.write();
-        let mut dirty: Vec<PageKey> = st
-            .map
-            .iter()
-            .filter(|(_, s)| s.dirty)
-            .map(|(k, _)| *k)
-            .collect();
-        // In key order: the pages of a run land next to each other below.
-        dirty.sort_unstable();
-        for key in dirty {
-            let Some(s) = st.map.get(&key) else {
+        for key in st.clock.dirty_keys() {
+            let Some(s) = st.clock.map.get(&key) else {
                 continue;
             };
             let v = self.copy_out(s)?;
             self.below.put(key, &v)?;
             let len = v.len() as u64;
-            if let Some(s) = st.map.get_mut(&key) {
+            if let Some(s) = st.clock.map.get_mut(&key) {
                 s.dirty = false;
             }
             st.dirty -= len;
@@ -502,9 +492,6 @@ impl Tier for VramTier {
     }
 
     fn index_bytes(&self) -> u64 {
-        let st = self.state.read();
-        let own = st.map.capacity() * (std::mem::size_of::<(PageKey, Slot)>() + 1)
-            + st.clock.capacity() * std::mem::size_of::<(PageKey, u64)>();
-        own as u64 + self.below.index_bytes()
+        self.state.read().clock.table_bytes() + self.below.index_bytes()
     }
 }

@@ -1,0 +1,567 @@
+//! The compressed tier: pages the DRAM tier evicts are kept in process memory LZ4-compressed,
+//! as the kernel's zswap keeps swapped pages, when they compress to at most [`KEEP_RATIO`] of
+//! their size (a quarter); a page that does not goes straight to the tier below. A page that leaves
+//! DRAM and is read again is then decompressed (a microsecond) instead of read from the
+//! drives. Zero-filled and sparse memory, and freshly allocated buffers, compress 10 to 100
+//! times; random bytes and most arrays of floating-point numbers do not compress at all.
+//!
+//! - Compressed pages live in one arena of the tier's capacity, shared by a buddy allocator
+//!   (blocks of 64 bytes times a power of two; the lowest free block first, so the pages in
+//!   use stay near the arena's start). The arena is reserved untouched (the kernel gives it
+//!   memory as it is written): the process's memory grows with the part of the arena written
+//!   so far (its extent), which is what the tier charges, never the capacity it may reach.
+//!   When no block is free, pages leave in clock order: dirty ones are decompressed and
+//!   written below, clean ones (written below by `settle`) dropped.
+//! - A read leaves the page here (the kernel's zswap frees it instead): a page the program
+//!   did not change since is dropped from DRAM for free and found here again.
+//! - [`Tier::index_bytes`] includes the arena's extent and the map: a paging process charges
+//!   them to its DRAM budget like the array's index, so the tier grows only as far as its
+//!   pages shrink resident memory, and an incompressible working set leaves it empty. The
+//!   extent does not shrink when pages leave (the memory stays the process's).
+//! - After a run of [`GIVE_UP_AFTER`] pages that did not compress, only one page in
+//!   [`GIVE_UP_AFTER`] is tried, the rest go below as they are: a working set that does not
+//!   compress does not pay an attempt (1 to 6 µs of CPU per 4 KiB) per page.
+//! - Pages read from below are not admitted: a program that reads them keeps them resident,
+//!   and they come here when evicted.
+//! - Nothing here is durable: `flush` writes every dirty page down first.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use parking_lot::RwLock;
+
+use crate::clock::{Clock, ClockSlot};
+use crate::vram::buddy::Buddy;
+use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
+
+/// A page is kept only when it compresses to at most this share of its size (a quarter; its
+/// block in the arena is then at most that too): memory here displaces resident pages of the
+/// process, and holding four or more pages' worth per page is what makes that pay (a page
+/// read from here costs a decompression and a fault; a resident one, nothing).
+pub const KEEP_RATIO: (usize, usize) = (1, 4);
+
+/// The arena's smallest block: 64 bytes (a zero page compresses to about 20).
+pub const MIN_BLOCK_ORDER: u32 = 6;
+
+/// After this many pages in a row that did not compress, one page in this many is tried.
+pub const GIVE_UP_AFTER: u64 = 64;
+
+struct Slot {
+    at: u64,
+    order: u32,
+    /// Compressed bytes at `at`.
+    clen: u32,
+    /// Bytes of the page.
+    len: u32,
+    dirty: bool,
+    referenced: AtomicBool,
+    /// Which put made it: clock entries of replaced slots are skipped.
+    seq: u64,
+}
+
+impl ClockSlot for Slot {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn referenced(&self) -> &AtomicBool {
+        &self.referenced
+    }
+    fn dirty(&self) -> bool {
+        self.dirty
+    }
+}
+
+struct State {
+    arena: Vec<u8>,
+    buddy: Buddy,
+    /// The slots and their clock order.
+    clock: Clock<Slot>,
+    /// Bytes of blocks in use.
+    used: u64,
+    /// Bytes of the pages that are dirty here.
+    dirty: u64,
+    /// The end of the furthest block ever taken: the part of the arena that holds memory.
+    extent: u64,
+    next_seq: u64,
+}
+
+impl State {
+    fn bytes(&self, s: &Slot) -> &[u8] {
+        &self.arena[s.at as usize..s.at as usize + s.clen as usize]
+    }
+}
+
+/// Compressed pages in process memory in front of another tier (see the module's
+/// documentation).
+pub struct CompressedTier {
+    below: Box<dyn Tier>,
+    state: RwLock<State>,
+    counters: TierCounters,
+    /// Pages in a row that did not compress.
+    poor_streak: AtomicU64,
+    /// Pages not tried since such a run began.
+    skipped: AtomicU64,
+    /// Compression attempts that failed.
+    rejected: AtomicU64,
+}
+
+/// `data` compressed, or None when it does not shrink to [`KEEP_RATIO`] of its size (the
+/// encoder writes into a per-thread buffer).
+pub fn compress(data: &[u8]) -> Option<Box<[u8]>> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let limit = data.len() * KEEP_RATIO.0 / KEEP_RATIO.1;
+    SCRATCH.with(|s| {
+        let mut out = s.borrow_mut();
+        let max = lz4_flex::block::get_maximum_output_size(data.len());
+        if out.len() < max {
+            out.resize(max, 0);
+        }
+        match lz4_flex::block::compress_into(data, &mut out[..]) {
+            Ok(n) if n <= limit => Some(Box::from(&out[..n])),
+            _ => None,
+        }
+    })
+}
+
+fn decompress(st: &State, s: &Slot) -> Result<Vec<u8>> {
+    let mut v = vec![0u8; s.len as usize];
+    match lz4_flex::block::decompress_into(st.bytes(s), &mut v) {
+        Ok(n) if n == v.len() => Ok(v),
+        Ok(n) => Err(crate::StoreError::Config(format!(
+            "compressed page decoded to {n} bytes instead of {}",
+            v.len()
+        ))),
+        Err(e) => Err(crate::StoreError::Config(format!(
+            "compressed page does not decode: {e}"
+        ))),
+    }
+}
+
+impl CompressedTier {
+    /// A tier whose arena holds `capacity` bytes (rounded down to 4 KiB) of compressed pages,
+    /// in front of `below`. The arena's memory is taken as it is written.
+    pub fn new(capacity: u64, below: Box<dyn Tier>) -> CompressedTier {
+        let buddy = Buddy::with_min_order(capacity, MIN_BLOCK_ORDER);
+        CompressedTier {
+            below,
+            state: RwLock::new(State {
+                // Zeroed memory of this size comes from the kernel untouched (calloc maps it).
+                arena: vec![0u8; buddy.capacity() as usize],
+                buddy,
+                clock: Clock::new(),
+                used: 0,
+                dirty: 0,
+                extent: 0,
+                next_seq: 0,
+            }),
+            counters: TierCounters::default(),
+            poor_streak: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+        }
+    }
+
+    /// The tier below.
+    pub fn below(&self) -> &dyn Tier {
+        self.below.as_ref()
+    }
+
+    /// Compression attempts that failed.
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Relaxed)
+    }
+
+    fn forget(st: &mut State, key: PageKey) -> Option<Slot> {
+        let s = st.clock.map.remove(&key)?;
+        st.buddy.release(s.at, s.order);
+        st.used -= 1 << s.order;
+        if s.dirty {
+            st.dirty -= s.len as u64;
+        }
+        Some(s)
+    }
+
+    /// Compresses `data`, keeping count of the pages that do not compress; after a run of
+    /// [`GIVE_UP_AFTER`] of them, tries one page in [`GIVE_UP_AFTER`] only (None for the rest).
+    fn try_compress(&self, data: &[u8]) -> Option<Box<[u8]>> {
+        if self.poor_streak.load(Relaxed) >= GIVE_UP_AFTER
+            && !self
+                .skipped
+                .fetch_add(1, Relaxed)
+                .is_multiple_of(GIVE_UP_AFTER)
+        {
+            return None;
+        }
+        let c = compress(data);
+        if c.is_some() {
+            self.poor_streak.store(0, Relaxed);
+        } else {
+            self.poor_streak.fetch_add(1, Relaxed);
+            self.rejected.fetch_add(1, Relaxed);
+        }
+        c
+    }
+
+    /// Evicts one page in clock order, writing it below first when dirty (a page whose write
+    /// fails stays: nothing acknowledged is lost). False when the tier holds nothing.
+    fn evict_one(&self, st: &mut State) -> Result<bool> {
+        let Some(key) = st.clock.next_victim() else {
+            return Ok(false);
+        };
+        if let Some(s) = st.clock.map.get(&key).filter(|s| s.dirty) {
+            if let Err(e) = decompress(st, s).and_then(|v| self.below.put(key, &v)) {
+                st.clock.put_back(key, false);
+                return Err(e);
+            }
+        }
+        Self::forget(st, key);
+        self.counters.evictions.fetch_add(1, Relaxed);
+        Ok(true)
+    }
+
+    /// Enters a compressed dirty page in place of whatever version was here, evicting until a
+    /// block is free. False (nothing entered, the old version gone) when even an empty arena
+    /// has no block that large.
+    fn enter(&self, key: PageKey, data: &[u8], len: usize) -> Result<bool> {
+        let mut guard = self.state.write();
+        let st = &mut *guard;
+        Self::forget(st, key);
+        let order = st.buddy.order_of(data.len() as u64);
+        let at = loop {
+            if let Some(at) = st.buddy.alloc(order) {
+                break at;
+            }
+            if !self.evict_one(st)? {
+                return Ok(false);
+            }
+        };
+        st.arena[at as usize..at as usize + data.len()].copy_from_slice(data);
+        st.extent = st.extent.max(at + data.len() as u64);
+        st.next_seq += 1;
+        let seq = st.next_seq;
+        st.clock.insert(
+            key,
+            Slot {
+                at,
+                order,
+                clen: data.len() as u32,
+                len: len as u32,
+                dirty: true,
+                referenced: AtomicBool::new(false),
+                seq,
+            },
+        );
+        st.used += 1 << order;
+        st.dirty += len as u64;
+        Ok(true)
+    }
+
+    fn hit(&self, st: &State, s: &Slot) -> Result<Vec<u8>> {
+        s.referenced.store(true, Relaxed);
+        let v = decompress(st, s)?;
+        self.counters.hits.fetch_add(1, Relaxed);
+        self.counters.bytes_out.fetch_add(v.len() as u64, Relaxed);
+        Ok(v)
+    }
+}
+
+impl Tier for CompressedTier {
+    fn name(&self) -> &str {
+        "compressed"
+    }
+
+    fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
+        if let Some(c) = self.try_compress(data) {
+            if self.enter(key, &c, data.len())? {
+                self.counters.puts.fetch_add(1, Relaxed);
+                self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
+                return Ok(());
+            }
+        }
+        // The older version here must not be read any more.
+        Self::forget(&mut self.state.write(), key);
+        self.below.put(key, data)
+    }
+
+    fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
+        {
+            let st = self.state.read();
+            if let Some(s) = st.clock.map.get(&key) {
+                return self.hit(&st, s).map(Some);
+            }
+        }
+        self.counters.misses.fetch_add(1, Relaxed);
+        self.below.get(key)
+    }
+
+    fn get_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let mut missing = Vec::new();
+        {
+            let st = self.state.read();
+            for (i, k) in keys.iter().enumerate() {
+                match st.clock.map.get(k) {
+                    Some(s) => out[i] = Some(self.hit(&st, s)?),
+                    None => missing.push(i),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        self.counters
+            .misses
+            .fetch_add(missing.len() as u64, Relaxed);
+        let ks: Vec<PageKey> = missing.iter().map(|&i| keys[i]).collect();
+        for (&i, v) in missing.iter().zip(self.below.get_many(&ks)?) {
+            out[i] = v;
+        }
+        Ok(out)
+    }
+
+    fn remove(&self, key: PageKey) -> Result<bool> {
+        let here = Self::forget(&mut self.state.write(), key).is_some();
+        Ok(self.below.remove(key)? || here)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.settle()?;
+        self.below.flush()
+    }
+
+    fn settle(&self) -> Result<()> {
+        let mut guard = self.state.write();
+        let st = &mut *guard;
+        for key in st.clock.dirty_keys() {
+            let Some(s) = st.clock.map.get(&key) else {
+                continue;
+            };
+            self.below.put(key, &decompress(st, s)?)?;
+            if let Some(s) = st.clock.map.get_mut(&key) {
+                s.dirty = false;
+                st.dirty -= s.len as u64;
+            }
+        }
+        drop(guard);
+        self.below.settle()
+    }
+
+    fn status(&self) -> TierStatus {
+        let st = self.state.read();
+        self.counters
+            .snapshot("compressed", st.buddy.capacity(), st.used, st.dirty)
+    }
+
+    fn statuses(&self) -> Vec<TierStatus> {
+        let mut v = vec![self.status()];
+        v.extend(self.below.statuses());
+        v
+    }
+
+    /// The arena's extent (rounded up to 4 KiB pages), the tier's tables and the indexes of
+    /// the tiers below: DRAM of the process that a paging budget must cover.
+    fn index_bytes(&self) -> u64 {
+        let st = self.state.read();
+        st.extent.next_multiple_of(4096) + st.clock.table_bytes() + self.below.index_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap as Model;
+    use std::sync::Arc;
+
+    /// A tier below that keeps pages in a map and counts puts.
+    #[derive(Default)]
+    struct Below {
+        map: parking_lot::Mutex<std::collections::HashMap<PageKey, Vec<u8>>>,
+        puts: AtomicU64,
+        flushes: AtomicU64,
+    }
+
+    struct Shared(Arc<Below>);
+
+    impl Tier for Shared {
+        fn name(&self) -> &str {
+            "below"
+        }
+        fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
+            self.0.puts.fetch_add(1, Relaxed);
+            self.0.map.lock().insert(key, data.to_vec());
+            Ok(())
+        }
+        fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
+            Ok(self.0.map.lock().get(&key).cloned())
+        }
+        fn remove(&self, key: PageKey) -> Result<bool> {
+            Ok(self.0.map.lock().remove(&key).is_some())
+        }
+        fn flush(&self) -> Result<()> {
+            self.0.flushes.fetch_add(1, Relaxed);
+            Ok(())
+        }
+        fn status(&self) -> TierStatus {
+            TierCounters::default().snapshot("below", 0, 0, 0)
+        }
+    }
+
+    fn tier(capacity: u64) -> (CompressedTier, Arc<Below>) {
+        let b = Arc::new(Below::default());
+        (
+            CompressedTier::new(capacity, Box::new(Shared(b.clone()))),
+            b,
+        )
+    }
+
+    /// A 4 KiB page of one repeated word: compresses well.
+    fn word_page(w: u64) -> Vec<u8> {
+        w.to_le_bytes().repeat(512)
+    }
+
+    /// A 4 KiB page of pseudo-random bytes: does not compress.
+    fn random_page(seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn compressible_pages_stay_here_and_random_ones_go_below() {
+        let (t, b) = tier(1 << 20);
+        t.put((1, 0), &word_page(7)).expect("put");
+        t.put((1, 1), &random_page(3)).expect("put");
+        assert_eq!(b.puts.load(Relaxed), 1, "only the random page went below");
+        assert_eq!(t.get((1, 0)).expect("get"), Some(word_page(7)));
+        assert_eq!(t.get((1, 1)).expect("get"), Some(random_page(3)));
+        assert_eq!(t.rejected(), 1);
+        // The word page takes one 64-byte block of the arena.
+        assert_eq!(t.state.read().used, 64);
+        // The arena's written part is charged as index bytes, not its capacity.
+        assert!(
+            t.index_bytes() >= 4096 && t.index_bytes() < 64 << 10,
+            "{}",
+            t.index_bytes()
+        );
+    }
+
+    #[test]
+    fn a_full_tier_writes_dirty_pages_below_and_loses_nothing() {
+        let (t, b) = tier(4 * 1024);
+        for i in 0..200u64 {
+            t.put((2, i), &word_page(i)).expect("put");
+        }
+        assert!(t.state.read().used <= 4 * 1024);
+        assert!(t.state.read().extent <= 4 * 1024);
+        assert!(
+            b.puts.load(Relaxed) > 100,
+            "evicted pages were written below"
+        );
+        for i in 0..200u64 {
+            assert_eq!(t.get((2, i)).expect("get"), Some(word_page(i)), "page {i}");
+        }
+    }
+
+    #[test]
+    fn flush_writes_every_dirty_page_below() {
+        let (t, b) = tier(1 << 20);
+        for i in 0..10u64 {
+            t.put((3, i), &word_page(i)).expect("put");
+        }
+        t.flush().expect("flush");
+        assert_eq!(b.map.lock().len(), 10);
+        assert_eq!(b.flushes.load(Relaxed), 1);
+        assert_eq!(t.state.read().dirty, 0);
+        // A second flush writes nothing again.
+        t.flush().expect("flush");
+        assert_eq!(b.puts.load(Relaxed), 10);
+    }
+
+    #[test]
+    fn a_read_leaves_the_page_here_and_a_removal_reaches_below() {
+        let (t, b) = tier(1 << 20);
+        t.put((4, 0), &word_page(9)).expect("put");
+        t.flush().expect("flush");
+        assert_eq!(t.get((4, 0)).expect("get"), Some(word_page(9)));
+        assert!(
+            t.state.read().clock.map.contains_key(&(4, 0)),
+            "still here after a read"
+        );
+        // A page read from below is not admitted.
+        b.map.lock().insert((4, 1), word_page(2));
+        assert_eq!(t.get((4, 1)).expect("get"), Some(word_page(2)));
+        assert!(!t.state.read().clock.map.contains_key(&(4, 1)));
+        assert!(t.remove((4, 0)).expect("remove"));
+        assert_eq!(t.get((4, 0)).expect("get"), None, "gone here and below");
+        // A random page replacing a kept one is read as the random one.
+        t.put((4, 2), &word_page(3)).expect("put");
+        t.put((4, 2), &random_page(3)).expect("put");
+        assert_eq!(t.get((4, 2)).expect("get"), Some(random_page(3)));
+    }
+
+    #[test]
+    fn a_random_working_set_stops_paying_for_attempts() {
+        let (t, b) = tier(1 << 20);
+        for i in 0..1000u64 {
+            t.put((5, i), &random_page(i)).expect("put");
+        }
+        assert_eq!(b.puts.load(Relaxed), 1000, "every random page went below");
+        for i in 0..1000u64 {
+            assert_eq!(t.get((5, i)).expect("get"), Some(random_page(i)));
+        }
+        // GIVE_UP_AFTER attempts, then one in GIVE_UP_AFTER.
+        let tried = t.rejected();
+        assert!(tried < GIVE_UP_AFTER + 1000 / GIVE_UP_AFTER + 2, "{tried}");
+        // Compressible pages written later are kept again after at most GIVE_UP_AFTER.
+        for i in 0..GIVE_UP_AFTER {
+            t.put((5, i), &word_page(i)).expect("put");
+        }
+        assert!(t
+            .state
+            .read()
+            .clock
+            .map
+            .contains_key(&(5, GIVE_UP_AFTER - 1)));
+        for i in 0..GIVE_UP_AFTER {
+            assert_eq!(t.get((5, i)).expect("get"), Some(word_page(i)));
+        }
+    }
+
+    proptest::proptest! {
+        /// Against a map: every read returns the last write, across puts of compressible and
+        /// random pages, removes, flushes and a tier small enough to evict.
+        #[test]
+        fn reads_return_the_last_write(ops in proptest::collection::vec((0u8..5, 0u64..24, 0u64..1000), 1..300)) {
+            let (t, _b) = tier(4096);
+            let mut model: Model<PageKey, Vec<u8>> = Model::new();
+            for (op, k, v) in ops {
+                let key = (6, k);
+                match op {
+                    0 | 1 => {
+                        let page = if op == 0 { word_page(v) } else { random_page(v) };
+                        t.put(key, &page).expect("put");
+                        model.insert(key, page);
+                    }
+                    2 => {
+                        t.remove(key).expect("remove");
+                        model.remove(&key);
+                    }
+                    3 => t.flush().expect("flush"),
+                    _ => {
+                        proptest::prop_assert_eq!(t.get(key).expect("get"), model.get(&key).cloned());
+                    }
+                }
+            }
+            for (k, v) in &model {
+                proptest::prop_assert_eq!(t.get(*k).expect("get"), Some(v.clone()));
+            }
+        }
+    }
+}
