@@ -149,7 +149,10 @@ pub(crate) extern "C" fn fork_in_child() {
             STATE.store(OFF, SeqCst);
         }
     }
-    // Never dropped: dropping would unmap the regions and write to the parent's store.
+    // Never dropped: dropping would unmap the regions and write to the parent's store. The
+    // copy of its compressed pages (all in the parent's array: the store was settled before
+    // the fork) is given back, so that it does not count against this child's budget.
+    old.pager.store().release_memory();
     std::mem::forget(old);
 }
 

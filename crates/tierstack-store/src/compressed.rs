@@ -42,6 +42,9 @@ pub const KEEP_RATIO: (usize, usize) = (1, 4);
 /// The arena's smallest block: 64 bytes (a zero page compresses to about 20).
 pub const MIN_BLOCK_ORDER: u32 = 6;
 
+/// Pages shorter than this are not tried (LZ4's own framing would not leave a quarter).
+pub const MIN_LEN: usize = 256;
+
 /// After this many pages in a row that did not compress, one page in this many is tried.
 pub const GIVE_UP_AFTER: u64 = 64;
 
@@ -70,8 +73,106 @@ impl ClockSlot for Slot {
     }
 }
 
+/// The arena's memory: an anonymous private mapping, reserved without backing (the kernel
+/// gives it pages as they are first written, and only those count in the process's RSS) and
+/// kept out of transparent huge pages (a 64-byte write must not make 2 MiB resident).
+struct Arena {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the Arena owns its mapping; its bytes are reached only through `&self` (shared
+// reads) and `&mut self` (exclusive writes), so moving or sharing it between threads is as
+// safe as for a `Vec<u8>`.
+unsafe impl Send for Arena {}
+// SAFETY: as above: `&Arena` gives only read access.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// A mapping of `len` bytes; an empty arena when `len` is 0 or the mapping fails (the
+    /// tier then keeps nothing and every page goes below).
+    fn new(len: usize) -> Arena {
+        let empty = Arena {
+            ptr: std::ptr::NonNull::dangling(),
+            len: 0,
+        };
+        if len == 0 {
+            return empty;
+        }
+        use rustix::mm::{MapFlags, ProtFlags};
+        // SAFETY: a fresh anonymous mapping at an address the kernel chooses: it overlaps
+        // nothing, and nothing else refers to it.
+        let mapped = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        };
+        let Some(ptr) = mapped
+            .ok()
+            .and_then(|p| std::ptr::NonNull::new(p.cast::<u8>()))
+        else {
+            return empty;
+        };
+        // SAFETY: advice on the mapping just made, over its whole length; advice changes no
+        // contents. Failure (a kernel without THP) is harmless.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                ptr.as_ptr().cast(),
+                len,
+                rustix::mm::Advice::LinuxNoHugepage,
+            )
+        };
+        Arena { ptr, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr..ptr + len` is this arena's readable mapping, alive while `self` is;
+        // writes happen only through `&mut self`, so none can overlap this borrow.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Gives the arena's memory back to the kernel; its bytes read as zeros afterwards.
+    fn discard(&mut self) {
+        if self.len > 0 {
+            // SAFETY: the arena's own mapping; `&mut self` means no borrow of its bytes is
+            // alive, and the caller holds no slot that it still means to read.
+            let _ = unsafe {
+                rustix::mm::madvise(
+                    self.ptr.as_ptr().cast(),
+                    self.len,
+                    rustix::mm::Advice::LinuxDontNeed,
+                )
+            };
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmaps the mapping this arena made and owns; no borrow of it outlives
+            // `self`.
+            let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
+    }
+}
+
 struct State {
-    arena: Vec<u8>,
+    arena: Arena,
     buddy: Buddy,
     /// The slots and their clock order.
     clock: Clock<Slot>,
@@ -86,7 +187,7 @@ struct State {
 
 impl State {
     fn bytes(&self, s: &Slot) -> &[u8] {
-        &self.arena[s.at as usize..s.at as usize + s.clen as usize]
+        &self.arena.bytes()[s.at as usize..s.at as usize + s.clen as usize]
     }
 }
 
@@ -104,23 +205,31 @@ pub struct CompressedTier {
     rejected: AtomicU64,
 }
 
+/// The largest per-thread buffer the encoder keeps.
+const SCRATCH_MAX: usize = 17 << 10;
+
 /// `data` compressed, or None when it does not shrink to [`KEEP_RATIO`] of its size (the
-/// encoder writes into a per-thread buffer).
+/// encoder writes into a per-thread buffer for pages up to 16 KiB).
 pub fn compress(data: &[u8]) -> Option<Box<[u8]>> {
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let limit = data.len() * KEEP_RATIO.0 / KEEP_RATIO.1;
+    let max = lz4_flex::block::get_maximum_output_size(data.len());
+    let keep = |out: &mut [u8]| match lz4_flex::block::compress_into(data, out) {
+        Ok(n) if n <= limit => Some(Box::from(&out[..n])),
+        _ => None,
+    };
+    // Buffers for pages above 16 KiB are not kept (a thread would hold one for its life).
+    if max > SCRATCH_MAX {
+        return keep(&mut vec![0u8; max]);
+    }
     SCRATCH.with(|s| {
         let mut out = s.borrow_mut();
-        let max = lz4_flex::block::get_maximum_output_size(data.len());
         if out.len() < max {
             out.resize(max, 0);
         }
-        match lz4_flex::block::compress_into(data, &mut out[..]) {
-            Ok(n) if n <= limit => Some(Box::from(&out[..n])),
-            _ => None,
-        }
+        keep(&mut out[..max])
     })
 }
 
@@ -142,12 +251,12 @@ impl CompressedTier {
     /// A tier whose arena holds `capacity` bytes (rounded down to 4 KiB) of compressed pages,
     /// in front of `below`. The arena's memory is taken as it is written.
     pub fn new(capacity: u64, below: Box<dyn Tier>) -> CompressedTier {
-        let buddy = Buddy::with_min_order(capacity, MIN_BLOCK_ORDER);
+        let arena = Arena::new(usize::try_from(capacity & !4095).unwrap_or(0));
+        let buddy = Buddy::with_min_order(arena.len as u64, MIN_BLOCK_ORDER);
         CompressedTier {
             below,
             state: RwLock::new(State {
-                // Zeroed memory of this size comes from the kernel untouched (calloc maps it).
-                arena: vec![0u8; buddy.capacity() as usize],
+                arena,
                 buddy,
                 clock: Clock::new(),
                 used: 0,
@@ -185,6 +294,9 @@ impl CompressedTier {
     /// Compresses `data`, keeping count of the pages that do not compress; after a run of
     /// [`GIVE_UP_AFTER`] of them, tries one page in [`GIVE_UP_AFTER`] only (None for the rest).
     fn try_compress(&self, data: &[u8]) -> Option<Box<[u8]>> {
+        if data.len() < MIN_LEN {
+            return None;
+        }
         if self.poor_streak.load(Relaxed) >= GIVE_UP_AFTER
             && !self
                 .skipped
@@ -236,7 +348,7 @@ impl CompressedTier {
                 return Ok(false);
             }
         };
-        st.arena[at as usize..at as usize + data.len()].copy_from_slice(data);
+        st.arena.bytes_mut()[at as usize..at as usize + data.len()].copy_from_slice(data);
         st.extent = st.extent.max(at + data.len() as u64);
         st.next_seq += 1;
         let seq = st.next_seq;
@@ -345,6 +457,24 @@ impl Tier for CompressedTier {
         }
         drop(guard);
         self.below.settle()
+    }
+
+    /// Drops every page and gives the arena's memory back, when none is dirty and nobody
+    /// holds the tier (a forked child's copy of its parent's store, settled before the fork).
+    fn release_memory(&self) {
+        let Some(mut st) = self.state.try_write() else {
+            return;
+        };
+        if st.dirty > 0 {
+            return;
+        }
+        st.clock = Clock::new();
+        st.buddy = Buddy::with_min_order(st.arena.len as u64, MIN_BLOCK_ORDER);
+        st.arena.discard();
+        st.used = 0;
+        st.extent = 0;
+        drop(st);
+        self.below.release_memory();
     }
 
     fn status(&self) -> TierStatus {
@@ -467,6 +597,34 @@ mod tests {
         for i in 0..200u64 {
             assert_eq!(t.get((2, i)).expect("get"), Some(word_page(i)), "page {i}");
         }
+    }
+
+    #[test]
+    fn release_memory_drops_clean_pages_only() {
+        let (t, b) = tier(1 << 20);
+        t.put((7, 0), &word_page(1)).expect("put");
+        t.release_memory();
+        assert_eq!(
+            t.get((7, 0)).expect("get"),
+            Some(word_page(1)),
+            "dirty: kept"
+        );
+        t.flush().expect("flush");
+        t.release_memory();
+        assert_eq!(t.state.read().extent, 0);
+        assert!(t.state.read().clock.map.is_empty());
+        assert_eq!(
+            t.get((7, 0)).expect("get"),
+            Some(word_page(1)),
+            "from below"
+        );
+        assert_eq!(b.map.lock().len(), 1);
+        // The arena works again afterwards, and tiny pages go below without counting.
+        t.put((7, 1), &word_page(2)).expect("put");
+        assert!(t.state.read().clock.map.contains_key(&(7, 1)));
+        t.put((7, 2), &[0u8; 16]).expect("put");
+        assert_eq!(t.get((7, 2)).expect("get"), Some(vec![0u8; 16]));
+        assert_eq!(t.rejected(), 0);
     }
 
     #[test]

@@ -105,13 +105,19 @@ impl DramTier {
     /// (unreferenced, at the hand): a page read once leaves first, so a sequential read of
     /// more than the tier holds replaces only what it brought in, not the pages already here
     /// (which a plain clock would evict one by one just before they are read). A second read
-    /// marks it referenced, and it stays like any other page.
+    /// marks it referenced, and it stays like any other page. Nothing happens when the page
+    /// is here already.
     pub fn admit_clean(&self, key: PageKey, data: PageData) -> Option<PageData> {
         self.insert_at(key, data, false, true)
     }
 
     fn insert_at(&self, key: PageKey, data: PageData, dirty: bool, cold: bool) -> Option<PageData> {
         let mut g = self.inner.lock();
+        // A page here is at least as new as a copy read from below (a put may have landed
+        // while that read ran): keep it.
+        if cold && g.map.contains_key(&key) {
+            return None;
+        }
         let gen = g.next_gen;
         g.next_gen += 1;
         let len = data.len() as u64;
@@ -291,5 +297,23 @@ impl DramTier {
         let g = self.inner.lock();
         self.counters
             .snapshot("dram", self.capacity, g.used, g.dirty_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy read from below while a put landed in DRAM never replaces the newer page.
+    #[test]
+    fn a_clean_copy_never_replaces_a_page_here() {
+        let t = DramTier::new(1 << 20);
+        t.insert((1, 0), vec![2; 4096], true);
+        assert!(t.admit_clean((1, 0), Arc::new(vec![1; 4096])).is_none());
+        assert_eq!(t.get((1, 0)).as_deref(), Some(&vec![2u8; 4096]));
+        assert_eq!(t.status().dirty_bytes, 4096, "still dirty");
+        // An absent page is admitted.
+        assert!(t.admit_clean((1, 1), Arc::new(vec![3; 4096])).is_none());
+        assert_eq!(t.get((1, 1)).as_deref(), Some(&vec![3u8; 4096]));
     }
 }

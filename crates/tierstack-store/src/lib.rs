@@ -421,6 +421,14 @@ impl TieredStore {
         Ok(any)
     }
 
+    /// Gives back what the lower tiers hold in DRAM for pages the tiers below them have too
+    /// (see [`Tier::release_memory`]): a forked child calls it on its parent's store.
+    pub fn release_memory(&self) {
+        for t in &self.lower {
+            t.release_memory();
+        }
+    }
+
     /// DRAM the lower tiers hold for their bookkeeping (the arrays' indexes), bytes.
     pub fn index_bytes(&self) -> u64 {
         self.lower.iter().map(|t| t.index_bytes()).sum()

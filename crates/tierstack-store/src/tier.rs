@@ -100,6 +100,10 @@ pub trait Tier: Send + Sync {
     fn statuses(&self) -> Vec<TierStatus> {
         vec![self.status()]
     }
+    /// Drops what the tier holds in DRAM for pages that the tier below has too, when it can do
+    /// so without waiting (a forked child's copy of its parent's store, which the child never
+    /// uses). Nothing by default.
+    fn release_memory(&self) {}
     /// DRAM the tier holds for its own bookkeeping (an array's index), bytes.
     fn index_bytes(&self) -> u64 {
         0
