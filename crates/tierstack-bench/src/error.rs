@@ -86,6 +86,10 @@ pub enum BenchError {
     /// Waiting for the worker process failed.
     #[error("worker: {0}")]
     WorkerWait(#[source] io::Error),
+    /// Ctrl-C or SIGTERM: the run stopped, its worker was killed, and what it set up is put
+    /// back on the way out.
+    #[error("cancelled (Ctrl-C or SIGTERM): the worker was stopped; the swap file, the cgroup and the zswap switch are put back")]
+    Cancelled,
     /// The worker made no progress within its allowance and was stopped.
     #[error("the worker made no progress and was stopped (swap full? other processes may be using the swap file too): give --dir more free space or a larger --dram")]
     WorkerStuck,

@@ -22,6 +22,20 @@ use tierstack_common::{cgroup, io_err};
 
 use crate::BenchError;
 
+/// Set by the command's Ctrl-C / SIGTERM handler (see [`cancel_on`]).
+static CANCEL: std::sync::OnceLock<std::sync::Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+/// Makes the benchmark stop when `flag` is set: the running worker is killed and the run
+/// returns [`BenchError::Cancelled`], so that the swap file, the cgroup and the zswap switch
+/// are put back as on any error (a signal's default action would leave them behind).
+pub fn cancel_on(flag: std::sync::Arc<AtomicBool>) {
+    let _ = CANCEL.set(flag);
+}
+
+fn cancelled() -> bool {
+    CANCEL.get().is_some_and(|f| f.load(Relaxed))
+}
+
 /// Size of the pages the workload touches, in bytes (4 KiB, as pmbench).
 pub const PAGE: usize = 4096;
 
@@ -589,6 +603,9 @@ fn kernel_swap_setup(
         })?;
         let zeros = vec![0u8; 1 << 20];
         for _ in 0..size.div_ceil(1 << 20) {
+            if cancelled() {
+                return Err(BenchError::Cancelled);
+            }
             f.write_all(&zeros).map_err(|source| BenchError::SwapFile {
                 what: "write",
                 source,
@@ -679,6 +696,11 @@ pub fn run_engine(
     let warmup = 60.0 + spec.map as f64 / 10e6;
     let deadline = Instant::now() + Duration::from_secs_f64(spec.seconds * 2.0 + warmup);
     loop {
+        if cancelled() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(BenchError::Cancelled);
+        }
         match child.try_wait() {
             Ok(Some(_)) => break,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),

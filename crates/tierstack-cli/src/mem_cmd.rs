@@ -86,6 +86,8 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     }
     let map = parse_size(&a.map).map_err(anyhow::Error::msg)?;
     let dram = parse_size(&a.dram).map_err(anyhow::Error::msg)?;
+    // Ctrl-C and SIGTERM stop the run and put back the swap file, cgroup and zswap switch.
+    mem::cancel_on(crate::stage_cmd::cancel_flag()?);
     if map < 4096 {
         bail!(
             "--map {} is smaller than one 4 KiB page: use e.g. --map 1536M",
@@ -211,11 +213,14 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
                 let r = z.with_enabled(|| {
                     mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page, level)
                 });
-                // A peer that fails is reported, not the end of the comparison.
+                // A peer that fails is reported, not the end of the comparison (a cancel is).
                 match r {
                     Ok(mut r) => {
                         r.engine = "kernel-swap-zswap".into();
                         zs.push(r);
+                    }
+                    Err(e @ tierstack_bench::BenchError::Cancelled) => {
+                        return Err(anyhow::Error::msg(e))
                     }
                     Err(e) => zswap_error = Some(e.to_string()),
                 }

@@ -91,6 +91,99 @@ fn kernel_swap_engine_swaps_and_cleans_up() {
     assert!(!swaps.contains(dir), "swap still on: {swaps}");
 }
 
+/// SIGTERM while kernel swap runs: the comparison stops within seconds with one line, and the
+/// swap file, the swap area, the cgroup and the zswap switch are as they were before.
+#[test]
+fn sigterm_during_a_comparison_puts_everything_back() {
+    use std::time::{Duration, Instant};
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIP sigterm_during_a_comparison_puts_everything_back: needs root");
+        return;
+    }
+    let zswap = "/sys/module/zswap/parameters/enabled";
+    let zswap_before = std::fs::read_to_string(zswap).ok();
+    let cgroups = || {
+        std::fs::read_dir("/sys/fs/cgroup/memory")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with("tierstack-bench")
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let cgroups_before = cgroups();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().to_str().expect("utf8");
+    let mut child = std::process::Command::new(common::BIN)
+        .args([
+            "bench",
+            "mem",
+            "--compare",
+            "--map",
+            "256M",
+            "--dram",
+            "64M",
+        ])
+        .args(["--seconds", "12", "--dir", dir])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Wait (bounded) for the swap file to be in use: the kernel-swap run has begun.
+    let t0 = Instant::now();
+    let swapping = loop {
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        if swaps.contains(dir) {
+            break true;
+        }
+        if t0.elapsed() > Duration::from_secs(120) || child.try_wait().ok().flatten().is_some() {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if !swapping {
+        let _ = child.kill();
+        let o = child.wait_with_output().expect("wait");
+        eprintln!(
+            "SKIP sigterm_during_a_comparison_puts_everything_back: no swap run: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let t1 = Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "no exit 30 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("cancelled"), "{err}");
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    assert!(!swaps.contains(dir), "swap still on: {swaps}");
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).expect("dir").count(),
+        0,
+        "files left"
+    );
+    assert_eq!(cgroups(), cgroups_before, "a cgroup left behind");
+    assert_eq!(
+        std::fs::read_to_string(zswap).ok(),
+        zswap_before,
+        "zswap switch changed"
+    );
+}
+
 #[test]
 fn bad_options_get_one_line() {
     for (args, needle) in [
