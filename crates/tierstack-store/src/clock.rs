@@ -1,56 +1,98 @@
-//! The map and clock (second-chance) order that the VRAM and compressed tiers share: each
-//! slot carries the sequence number of the put that made it, and clock entries of slots that
-//! were replaced or left since are skipped (and pruned when they pile up).
+//! The blocks that the VRAM and compressed tiers share the bookkeeping of: one block of a
+//! buddy-allocated region per page, a map of them, and their clock (second-chance) order.
+//! Each block carries the sequence number of the put that made it, and clock entries of
+//! blocks that were replaced or left since are skipped (and pruned when they pile up).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+use crate::vram::buddy::Buddy;
 use crate::PageKey;
 
-/// What the clock needs of a slot.
-pub(crate) trait ClockSlot {
-    /// The sequence number of the put that made it.
-    fn seq(&self) -> u64;
-    /// Its second chance, set by readers.
-    fn referenced(&self) -> &AtomicBool;
+/// One page's block.
+#[derive(Debug)]
+pub(crate) struct Block {
+    /// Offset of the block in the region.
+    pub at: u64,
+    /// The block is `1 << order` bytes.
+    pub order: u32,
+    /// Bytes stored at `at` (the page's, or fewer when compressed).
+    pub stored: u32,
+    /// Bytes of the page.
+    pub len: u32,
     /// Whether the tier below lacks it.
-    fn dirty(&self) -> bool;
+    pub dirty: bool,
+    /// The clock's second chance, set by readers under the read lock.
+    pub referenced: AtomicBool,
+    /// The put that made it: a clock entry of another sequence number is stale.
+    pub seq: u64,
 }
 
-/// Slots by key, and their keys in clock order.
-pub(crate) struct Clock<S> {
-    pub map: HashMap<PageKey, S>,
+/// Blocks by key, their clock order, the allocator of their region and their totals.
+pub(crate) struct Blocks {
+    pub map: HashMap<PageKey, Block>,
     order: VecDeque<(PageKey, u64)>,
+    pub buddy: Buddy,
+    /// Bytes of blocks in use.
+    pub used: u64,
+    /// Bytes of the dirty pages.
+    pub dirty: u64,
 }
 
-impl<S: ClockSlot> Clock<S> {
-    pub fn new() -> Self {
-        Clock {
+impl Blocks {
+    pub fn new(buddy: Buddy) -> Self {
+        Blocks {
             map: HashMap::new(),
             order: VecDeque::new(),
+            buddy,
+            used: 0,
+            dirty: 0,
         }
     }
 
-    /// Enters `slot` for `key` (replacing any slot there) at the clock's tail.
-    pub fn insert(&mut self, key: PageKey, slot: S) {
-        let seq = slot.seq();
-        self.map.insert(key, slot);
-        self.order.push_back((key, seq));
+    /// Enters `block` for `key` (whose old block the caller has forgotten) at the clock's
+    /// tail.
+    pub fn insert(&mut self, key: PageKey, block: Block) {
+        self.used += 1 << block.order;
+        if block.dirty {
+            self.dirty += block.len as u64;
+        }
+        self.order.push_back((key, block.seq));
+        self.map.insert(key, block);
         if self.order.len() > 2 * self.map.len() + 64 {
             let map = &self.map;
             self.order
-                .retain(|(k, q)| map.get(k).is_some_and(|s| s.seq() == *q));
+                .retain(|(k, q)| map.get(k).is_some_and(|s| s.seq == *q));
         }
     }
 
-    /// The next victim in clock order (a referenced slot gets a second chance), taken off the
-    /// clock but left in the map; None when the map is empty.
+    /// Removes `key`'s block and gives it back to the allocator.
+    pub fn forget(&mut self, key: PageKey) -> Option<Block> {
+        let s = self.map.remove(&key)?;
+        self.buddy.release(s.at, s.order);
+        self.used -= 1 << s.order;
+        if s.dirty {
+            self.dirty -= s.len as u64;
+        }
+        Some(s)
+    }
+
+    /// Marks `key`'s block clean (the tier below has it now).
+    pub fn mark_clean(&mut self, key: PageKey) {
+        if let Some(s) = self.map.get_mut(&key).filter(|s| s.dirty) {
+            s.dirty = false;
+            self.dirty -= s.len as u64;
+        }
+    }
+
+    /// The next victim in clock order (a referenced block gets a second chance), taken off
+    /// the clock but left in the map; None when the map is empty.
     pub fn next_victim(&mut self) -> Option<PageKey> {
         while let Some((key, seq)) = self.order.pop_front() {
-            let Some(s) = self.map.get(&key).filter(|s| s.seq() == seq) else {
+            let Some(s) = self.map.get(&key).filter(|s| s.seq == seq) else {
                 continue;
             };
-            if s.referenced().swap(false, Relaxed) {
+            if s.referenced.swap(false, Relaxed) {
                 self.order.push_back((key, seq));
                 continue;
             }
@@ -62,7 +104,7 @@ impl<S: ClockSlot> Clock<S> {
     /// Puts a victim that could not leave back on the clock: at the head (`first`) or tail.
     pub fn put_back(&mut self, key: PageKey, first: bool) {
         if let Some(s) = self.map.get(&key) {
-            let e = (key, s.seq());
+            let e = (key, s.seq);
             if first {
                 self.order.push_front(e);
             } else {
@@ -71,22 +113,27 @@ impl<S: ClockSlot> Clock<S> {
         }
     }
 
-    /// The keys of the dirty slots, in key order (the pages of a run land next to each other
-    /// below).
+    /// The keys of the dirty blocks, in key order (the pages of a run land next to each
+    /// other below).
     pub fn dirty_keys(&self) -> Vec<PageKey> {
         let mut v: Vec<PageKey> = self
             .map
             .iter()
-            .filter(|(_, s)| s.dirty())
+            .filter(|(_, s)| s.dirty)
             .map(|(k, _)| *k)
             .collect();
         v.sort_unstable();
         v
     }
 
+    /// The tier's status: capacity of the region, bytes of blocks in use, dirty bytes.
+    pub fn status(&self, name: &str, counters: &crate::TierCounters) -> crate::TierStatus {
+        counters.snapshot(name, self.buddy.capacity(), self.used, self.dirty)
+    }
+
     /// DRAM its tables hold.
     pub fn table_bytes(&self) -> u64 {
-        (self.map.capacity() * (std::mem::size_of::<(PageKey, S)>() + 1)
+        (self.map.capacity() * (std::mem::size_of::<(PageKey, Block)>() + 1)
             + self.order.capacity() * std::mem::size_of::<(PageKey, u64)>()) as u64
     }
 }

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::RwLock;
 
-use crate::clock::{Clock, ClockSlot};
+use crate::clock::{Block, Blocks};
 use crate::vram::buddy::Buddy;
 use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
 
@@ -47,31 +47,6 @@ pub const MIN_LEN: usize = 256;
 
 /// After this many pages in a row that did not compress, one page in this many is tried.
 pub const GIVE_UP_AFTER: u64 = 64;
-
-struct Slot {
-    at: u64,
-    order: u32,
-    /// Compressed bytes at `at`.
-    clen: u32,
-    /// Bytes of the page.
-    len: u32,
-    dirty: bool,
-    referenced: AtomicBool,
-    /// Which put made it: clock entries of replaced slots are skipped.
-    seq: u64,
-}
-
-impl ClockSlot for Slot {
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-    fn referenced(&self) -> &AtomicBool {
-        &self.referenced
-    }
-    fn dirty(&self) -> bool {
-        self.dirty
-    }
-}
 
 /// The arena's memory: an anonymous private mapping, reserved without backing (the kernel
 /// gives it pages as they are first written, and only those count in the process's RSS) and
@@ -173,21 +148,16 @@ impl Drop for Arena {
 
 struct State {
     arena: Arena,
-    buddy: Buddy,
-    /// The slots and their clock order.
-    clock: Clock<Slot>,
-    /// Bytes of blocks in use.
-    used: u64,
-    /// Bytes of the pages that are dirty here.
-    dirty: u64,
+    /// The compressed pages' blocks of the arena.
+    blocks: Blocks,
     /// The end of the furthest block ever taken: the part of the arena that holds memory.
     extent: u64,
     next_seq: u64,
 }
 
 impl State {
-    fn bytes(&self, s: &Slot) -> &[u8] {
-        &self.arena.bytes()[s.at as usize..s.at as usize + s.clen as usize]
+    fn bytes(&self, s: &Block) -> &[u8] {
+        &self.arena.bytes()[s.at as usize..s.at as usize + s.stored as usize]
     }
 }
 
@@ -208,32 +178,33 @@ pub struct CompressedTier {
 /// The largest per-thread buffer the encoder keeps.
 const SCRATCH_MAX: usize = 17 << 10;
 
-/// `data` compressed, or None when it does not shrink to [`KEEP_RATIO`] of its size (the
-/// encoder writes into a per-thread buffer for pages up to 16 KiB).
-pub fn compress(data: &[u8]) -> Option<Box<[u8]>> {
+/// Compresses `data` into a per-thread buffer (pages up to 16 KiB; larger ones into a buffer
+/// of their own) and hands the result to `f`; None (without calling `f`) when it does not
+/// shrink to [`KEEP_RATIO`] of its size.
+fn with_compressed<T>(data: &[u8], f: impl FnOnce(&[u8]) -> T) -> Option<T> {
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let limit = data.len() * KEEP_RATIO.0 / KEEP_RATIO.1;
     let max = lz4_flex::block::get_maximum_output_size(data.len());
-    let keep = |out: &mut [u8]| match lz4_flex::block::compress_into(data, out) {
-        Ok(n) if n <= limit => Some(Box::from(&out[..n])),
+    let run = |out: &mut [u8]| match lz4_flex::block::compress_into(data, out) {
+        Ok(n) if n <= limit => Some(f(&out[..n])),
         _ => None,
     };
     // Buffers for pages above 16 KiB are not kept (a thread would hold one for its life).
     if max > SCRATCH_MAX {
-        return keep(&mut vec![0u8; max]);
+        return run(&mut vec![0u8; max]);
     }
     SCRATCH.with(|s| {
         let mut out = s.borrow_mut();
         if out.len() < max {
             out.resize(max, 0);
         }
-        keep(&mut out[..max])
+        run(&mut out[..max])
     })
 }
 
-fn decompress(st: &State, s: &Slot) -> Result<Vec<u8>> {
+fn decompress(st: &State, s: &Block) -> Result<Vec<u8>> {
     let mut v = vec![0u8; s.len as usize];
     match lz4_flex::block::decompress_into(st.bytes(s), &mut v) {
         Ok(n) if n == v.len() => Ok(v),
@@ -257,10 +228,7 @@ impl CompressedTier {
             below,
             state: RwLock::new(State {
                 arena,
-                buddy,
-                clock: Clock::new(),
-                used: 0,
-                dirty: 0,
+                blocks: Blocks::new(buddy),
                 extent: 0,
                 next_seq: 0,
             }),
@@ -281,19 +249,10 @@ impl CompressedTier {
         self.rejected.load(Relaxed)
     }
 
-    fn forget(st: &mut State, key: PageKey) -> Option<Slot> {
-        let s = st.clock.map.remove(&key)?;
-        st.buddy.release(s.at, s.order);
-        st.used -= 1 << s.order;
-        if s.dirty {
-            st.dirty -= s.len as u64;
-        }
-        Some(s)
-    }
-
-    /// Compresses `data`, keeping count of the pages that do not compress; after a run of
-    /// [`GIVE_UP_AFTER`] of them, tries one page in [`GIVE_UP_AFTER`] only (None for the rest).
-    fn try_compress(&self, data: &[u8]) -> Option<Box<[u8]>> {
+    /// Compresses `data` and hands the result to `f`, keeping count of the pages that do not
+    /// compress; after a run of [`GIVE_UP_AFTER`] of them, tries one page in [`GIVE_UP_AFTER`]
+    /// only (None for the rest, as for a page that does not compress).
+    fn try_compress<T>(&self, data: &[u8], f: impl FnOnce(&[u8]) -> T) -> Option<T> {
         if data.len() < MIN_LEN {
             return None;
         }
@@ -305,29 +264,29 @@ impl CompressedTier {
         {
             return None;
         }
-        let c = compress(data);
-        if c.is_some() {
+        let r = with_compressed(data, f);
+        if r.is_some() {
             self.poor_streak.store(0, Relaxed);
         } else {
             self.poor_streak.fetch_add(1, Relaxed);
             self.rejected.fetch_add(1, Relaxed);
         }
-        c
+        r
     }
 
     /// Evicts one page in clock order, writing it below first when dirty (a page whose write
     /// fails stays: nothing acknowledged is lost). False when the tier holds nothing.
     fn evict_one(&self, st: &mut State) -> Result<bool> {
-        let Some(key) = st.clock.next_victim() else {
+        let Some(key) = st.blocks.next_victim() else {
             return Ok(false);
         };
-        if let Some(s) = st.clock.map.get(&key).filter(|s| s.dirty) {
+        if let Some(s) = st.blocks.map.get(&key).filter(|s| s.dirty) {
             if let Err(e) = decompress(st, s).and_then(|v| self.below.put(key, &v)) {
-                st.clock.put_back(key, false);
+                st.blocks.put_back(key, false);
                 return Err(e);
             }
         }
-        Self::forget(st, key);
+        st.blocks.forget(key);
         self.counters.evictions.fetch_add(1, Relaxed);
         Ok(true)
     }
@@ -338,10 +297,10 @@ impl CompressedTier {
     fn enter(&self, key: PageKey, data: &[u8], len: usize) -> Result<bool> {
         let mut guard = self.state.write();
         let st = &mut *guard;
-        Self::forget(st, key);
-        let order = st.buddy.order_of(data.len() as u64);
+        st.blocks.forget(key);
+        let order = st.blocks.buddy.order_of(data.len() as u64);
         let at = loop {
-            if let Some(at) = st.buddy.alloc(order) {
+            if let Some(at) = st.blocks.buddy.alloc(order) {
                 break at;
             }
             if !self.evict_one(st)? {
@@ -352,24 +311,22 @@ impl CompressedTier {
         st.extent = st.extent.max(at + data.len() as u64);
         st.next_seq += 1;
         let seq = st.next_seq;
-        st.clock.insert(
+        st.blocks.insert(
             key,
-            Slot {
+            Block {
                 at,
                 order,
-                clen: data.len() as u32,
+                stored: data.len() as u32,
                 len: len as u32,
                 dirty: true,
                 referenced: AtomicBool::new(false),
                 seq,
             },
         );
-        st.used += 1 << order;
-        st.dirty += len as u64;
         Ok(true)
     }
 
-    fn hit(&self, st: &State, s: &Slot) -> Result<Vec<u8>> {
+    fn hit(&self, st: &State, s: &Block) -> Result<Vec<u8>> {
         s.referenced.store(true, Relaxed);
         let v = decompress(st, s)?;
         self.counters.hits.fetch_add(1, Relaxed);
@@ -384,22 +341,23 @@ impl Tier for CompressedTier {
     }
 
     fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
-        if let Some(c) = self.try_compress(data) {
-            if self.enter(key, &c, data.len())? {
+        // Straight from the encoder's buffer into the arena.
+        if let Some(entered) = self.try_compress(data, |c| self.enter(key, c, data.len())) {
+            if entered? {
                 self.counters.puts.fetch_add(1, Relaxed);
                 self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
                 return Ok(());
             }
         }
         // The older version here must not be read any more.
-        Self::forget(&mut self.state.write(), key);
+        self.state.write().blocks.forget(key);
         self.below.put(key, data)
     }
 
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
         {
             let st = self.state.read();
-            if let Some(s) = st.clock.map.get(&key) {
+            if let Some(s) = st.blocks.map.get(&key) {
                 return self.hit(&st, s).map(Some);
             }
         }
@@ -413,7 +371,7 @@ impl Tier for CompressedTier {
         {
             let st = self.state.read();
             for (i, k) in keys.iter().enumerate() {
-                match st.clock.map.get(k) {
+                match st.blocks.map.get(k) {
                     Some(s) => out[i] = Some(self.hit(&st, s)?),
                     None => missing.push(i),
                 }
@@ -433,7 +391,7 @@ impl Tier for CompressedTier {
     }
 
     fn remove(&self, key: PageKey) -> Result<bool> {
-        let here = Self::forget(&mut self.state.write(), key).is_some();
+        let here = self.state.write().blocks.forget(key).is_some();
         Ok(self.below.remove(key)? || here)
     }
 
@@ -445,15 +403,12 @@ impl Tier for CompressedTier {
     fn settle(&self) -> Result<()> {
         let mut guard = self.state.write();
         let st = &mut *guard;
-        for key in st.clock.dirty_keys() {
-            let Some(s) = st.clock.map.get(&key) else {
+        for key in st.blocks.dirty_keys() {
+            let Some(s) = st.blocks.map.get(&key) else {
                 continue;
             };
             self.below.put(key, &decompress(st, s)?)?;
-            if let Some(s) = st.clock.map.get_mut(&key) {
-                s.dirty = false;
-                st.dirty -= s.len as u64;
-            }
+            st.blocks.mark_clean(key);
         }
         drop(guard);
         self.below.settle()
@@ -465,22 +420,21 @@ impl Tier for CompressedTier {
         let Some(mut st) = self.state.try_write() else {
             return;
         };
-        if st.dirty > 0 {
+        if st.blocks.dirty > 0 {
             return;
         }
-        st.clock = Clock::new();
-        st.buddy = Buddy::with_min_order(st.arena.len as u64, MIN_BLOCK_ORDER);
+        st.blocks = Blocks::new(Buddy::with_min_order(st.arena.len as u64, MIN_BLOCK_ORDER));
         st.arena.discard();
-        st.used = 0;
         st.extent = 0;
         drop(st);
         self.below.release_memory();
     }
 
     fn status(&self) -> TierStatus {
-        let st = self.state.read();
-        self.counters
-            .snapshot("compressed", st.buddy.capacity(), st.used, st.dirty)
+        self.state
+            .read()
+            .blocks
+            .status("compressed", &self.counters)
     }
 
     fn statuses(&self) -> Vec<TierStatus> {
@@ -493,7 +447,7 @@ impl Tier for CompressedTier {
     /// the tiers below: DRAM of the process that a paging budget must cover.
     fn index_bytes(&self) -> u64 {
         let st = self.state.read();
-        st.extent.next_multiple_of(4096) + st.clock.table_bytes() + self.below.index_bytes()
+        st.extent.next_multiple_of(4096) + st.blocks.table_bytes() + self.below.index_bytes()
     }
 }
 
@@ -573,7 +527,7 @@ mod tests {
         assert_eq!(t.get((1, 1)).expect("get"), Some(random_page(3)));
         assert_eq!(t.rejected(), 1);
         // The word page takes one 64-byte block of the arena.
-        assert_eq!(t.state.read().used, 64);
+        assert_eq!(t.state.read().blocks.used, 64);
         // The arena's written part is charged as index bytes, not its capacity.
         assert!(
             t.index_bytes() >= 4096 && t.index_bytes() < 64 << 10,
@@ -588,7 +542,7 @@ mod tests {
         for i in 0..200u64 {
             t.put((2, i), &word_page(i)).expect("put");
         }
-        assert!(t.state.read().used <= 4 * 1024);
+        assert!(t.state.read().blocks.used <= 4 * 1024);
         assert!(t.state.read().extent <= 4 * 1024);
         assert!(
             b.puts.load(Relaxed) > 100,
@@ -612,7 +566,7 @@ mod tests {
         t.flush().expect("flush");
         t.release_memory();
         assert_eq!(t.state.read().extent, 0);
-        assert!(t.state.read().clock.map.is_empty());
+        assert!(t.state.read().blocks.map.is_empty());
         assert_eq!(
             t.get((7, 0)).expect("get"),
             Some(word_page(1)),
@@ -621,7 +575,7 @@ mod tests {
         assert_eq!(b.map.lock().len(), 1);
         // The arena works again afterwards, and tiny pages go below without counting.
         t.put((7, 1), &word_page(2)).expect("put");
-        assert!(t.state.read().clock.map.contains_key(&(7, 1)));
+        assert!(t.state.read().blocks.map.contains_key(&(7, 1)));
         t.put((7, 2), &[0u8; 16]).expect("put");
         assert_eq!(t.get((7, 2)).expect("get"), Some(vec![0u8; 16]));
         assert_eq!(t.rejected(), 0);
@@ -636,7 +590,7 @@ mod tests {
         t.flush().expect("flush");
         assert_eq!(b.map.lock().len(), 10);
         assert_eq!(b.flushes.load(Relaxed), 1);
-        assert_eq!(t.state.read().dirty, 0);
+        assert_eq!(t.state.read().blocks.dirty, 0);
         // A second flush writes nothing again.
         t.flush().expect("flush");
         assert_eq!(b.puts.load(Relaxed), 10);
@@ -649,13 +603,13 @@ mod tests {
         t.flush().expect("flush");
         assert_eq!(t.get((4, 0)).expect("get"), Some(word_page(9)));
         assert!(
-            t.state.read().clock.map.contains_key(&(4, 0)),
+            t.state.read().blocks.map.contains_key(&(4, 0)),
             "still here after a read"
         );
         // A page read from below is not admitted.
         b.map.lock().insert((4, 1), word_page(2));
         assert_eq!(t.get((4, 1)).expect("get"), Some(word_page(2)));
-        assert!(!t.state.read().clock.map.contains_key(&(4, 1)));
+        assert!(!t.state.read().blocks.map.contains_key(&(4, 1)));
         assert!(t.remove((4, 0)).expect("remove"));
         assert_eq!(t.get((4, 0)).expect("get"), None, "gone here and below");
         // A random page replacing a kept one is read as the random one.
@@ -684,7 +638,7 @@ mod tests {
         assert!(t
             .state
             .read()
-            .clock
+            .blocks
             .map
             .contains_key(&(5, GIVE_UP_AFTER - 1)));
         for i in 0..GIVE_UP_AFTER {

@@ -434,6 +434,15 @@ impl TieredStore {
         self.lower.iter().map(|t| t.index_bytes()).sum()
     }
 
+    /// Status of the first lower tier named `name` (only that tier is asked: an array's
+    /// status walks its whole index).
+    pub fn tier_status(&self, name: &str) -> Option<TierStatus> {
+        self.lower
+            .iter()
+            .find(|t| t.name() == name)
+            .map(|t| t.status())
+    }
+
     /// Status of every tier, fastest first.
     pub fn status(&self) -> Vec<TierStatus> {
         let mut v = vec![self.dram.status()];

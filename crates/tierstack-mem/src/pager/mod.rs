@@ -358,12 +358,7 @@ impl Pager {
 impl Inner {
     fn report(&self) -> PagerReport {
         let mut stats = self.counters.snapshot();
-        if let Some(c) = self
-            .store
-            .status()
-            .into_iter()
-            .find(|t| t.name == "compressed")
-        {
+        if let Some(c) = self.store.tier_status("compressed") {
             stats.compressed_hits = c.hits;
             stats.compressed_bytes = c.used_bytes;
         }

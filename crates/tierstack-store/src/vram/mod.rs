@@ -28,42 +28,15 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::clock::{Clock, ClockSlot};
+use crate::clock::{Block, Blocks};
 use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
 use buddy::{order_for, Buddy};
 use cuda::{DeviceBuf, Gpu};
 
-#[derive(Debug)]
-struct Slot {
-    at: u64,
-    order: u32,
-    len: u32,
-    dirty: bool,
-    /// The clock's second chance, set by readers under the read lock.
-    referenced: AtomicBool,
-    /// The tier's change count when the put began: a slower put of an older version never
-    /// replaces a newer one.
-    seq: u64,
-}
-
-impl ClockSlot for Slot {
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-    fn referenced(&self) -> &AtomicBool {
-        &self.referenced
-    }
-    fn dirty(&self) -> bool {
-        self.dirty
-    }
-}
-
 struct State {
-    /// The slots and their clock order.
-    clock: Clock<Slot>,
-    buddy: Buddy,
-    used: u64,
-    dirty: u64,
+    /// The pages' blocks of device memory (each block's `seq` is the tier's change count when
+    /// its put began: a slower put of an older version never replaces a newer one).
+    blocks: Blocks,
     /// Bumped when a put or remove begins and again when it ends: a page read from below is
     /// admitted only when no put or remove began, ran or ended while it was being read.
     changes: u64,
@@ -97,10 +70,7 @@ impl VramTier {
         Ok(VramTier {
             gpu,
             state: RwLock::new(State {
-                clock: Clock::new(),
-                buddy: Buddy::new(bytes),
-                used: 0,
-                dirty: 0,
+                blocks: Blocks::new(Buddy::new(bytes)),
                 changes: 0,
             }),
             buf,
@@ -125,17 +95,7 @@ impl VramTier {
         self.below.as_ref()
     }
 
-    fn forget(st: &mut State, key: PageKey) -> Option<Slot> {
-        let s = st.clock.map.remove(&key)?;
-        st.buddy.release(s.at, s.order);
-        st.used -= 1 << s.order;
-        if s.dirty {
-            st.dirty -= s.len as u64;
-        }
-        Some(s)
-    }
-
-    fn copy_out(&self, s: &Slot) -> Result<Vec<u8>> {
+    fn copy_out(&self, s: &Block) -> Result<Vec<u8>> {
         let mut v = vec![0u8; s.len as usize];
         self.buf.read(s.at, &mut v).map_err(gpu_err)?;
         Ok(v)
@@ -144,25 +104,25 @@ impl VramTier {
     /// Evicts one page in clock order, writing it below first when dirty. False when the tier
     /// holds nothing.
     fn evict_one(&self, st: &mut State) -> Result<bool> {
-        let Some(key) = st.clock.next_victim() else {
+        let Some(key) = st.blocks.next_victim() else {
             return Ok(false);
         };
-        if let Some(s) = st.clock.map.get(&key).filter(|s| s.dirty) {
+        if let Some(s) = st.blocks.map.get(&key).filter(|s| s.dirty) {
             let v = match self.copy_out(s) {
                 Ok(v) => v,
                 Err(e) => {
-                    st.clock.put_back(key, true);
+                    st.blocks.put_back(key, true);
                     return Err(e);
                 }
             };
             if let Err(e) = self.below.put(key, &v) {
                 // The page stays here: nothing acknowledged is lost. At the back, so that
                 // the next eviction tries other pages (clean ones need no write) first.
-                st.clock.put_back(key, false);
+                st.blocks.put_back(key, false);
                 return Err(e);
             }
         }
-        Self::forget(st, key);
+        st.blocks.forget(key);
         self.counters.evictions.fetch_add(1, Relaxed);
         Ok(true)
     }
@@ -171,7 +131,7 @@ impl VramTier {
     /// has no block that large.
     fn take(&self, st: &mut State, order: u32) -> Result<Option<u64>> {
         loop {
-            if let Some(at) = st.buddy.alloc(order) {
+            if let Some(at) = st.blocks.buddy.alloc(order) {
                 return Ok(Some(at));
             }
             if !self.evict_one(st)? {
@@ -185,30 +145,27 @@ impl VramTier {
     fn enter_locked(st: &mut State, key: PageKey, at: u64, len: usize, dirty: bool, seq: u64) {
         let order = order_for(len as u64);
         let stale = if dirty {
-            st.clock.map.get(&key).is_some_and(|s| s.seq > seq)
+            st.blocks.map.get(&key).is_some_and(|s| s.seq > seq)
         } else {
-            st.changes != seq || st.clock.map.contains_key(&key)
+            st.changes != seq || st.blocks.map.contains_key(&key)
         };
         if stale {
-            st.buddy.release(at, order);
+            st.blocks.buddy.release(at, order);
             return;
         }
-        Self::forget(st, key);
-        st.clock.insert(
+        st.blocks.forget(key);
+        st.blocks.insert(
             key,
-            Slot {
+            Block {
                 at,
                 order,
+                stored: len as u32,
                 len: len as u32,
                 dirty,
                 referenced: AtomicBool::new(false),
                 seq,
             },
         );
-        st.used += 1 << order;
-        if dirty {
-            st.dirty += len as u64;
-        }
     }
 
     /// Copies `data` into a new block and enters it. False when the page is larger than the
@@ -219,7 +176,7 @@ impl VramTier {
         let (at, seq) = {
             let mut st = self.state.write();
             match admit {
-                Some(seen) if st.changes != seen || st.clock.map.contains_key(&key) => {
+                Some(seen) if st.changes != seen || st.blocks.map.contains_key(&key) => {
                     return Ok(true)
                 }
                 Some(_) => {}
@@ -227,7 +184,7 @@ impl VramTier {
                     st.changes += 1;
                     // The old version must not be read any more (the caller still holds the
                     // new one until this returns).
-                    Self::forget(&mut st, key);
+                    st.blocks.forget(key);
                 }
             }
             let Some(at) = self.take(&mut st, order)? else {
@@ -238,7 +195,7 @@ impl VramTier {
         // The block is this put's alone until it enters the map.
         if let Err(e) = self.buf.write(at, data) {
             let mut st = self.state.write();
-            st.buddy.release(at, order);
+            st.blocks.buddy.release(at, order);
             if admit.is_none() {
                 st.changes += 1;
             }
@@ -270,7 +227,7 @@ impl Tier for VramTier {
             // went there is older.
             let res = self.below.put(key, data);
             let mut st = self.state.write();
-            Self::forget(&mut st, key);
+            st.blocks.forget(key);
             st.changes += 1;
             return res;
         }
@@ -287,13 +244,15 @@ impl Tier for VramTier {
             let mut st = self.state.write();
             st.changes += 1;
             for (i, (key, data)) in pages.iter().enumerate() {
-                Self::forget(&mut st, *key);
+                st.blocks.forget(*key);
                 match self.take(&mut st, order_for(data.len() as u64)) {
                     Ok(Some(at)) => placed.push((at, i)),
                     Ok(None) => through.push(i),
                     Err(e) => {
                         for &(at, j) in &placed {
-                            st.buddy.release(at, order_for(pages[j].1.len() as u64));
+                            st.blocks
+                                .buddy
+                                .release(at, order_for(pages[j].1.len() as u64));
                         }
                         st.changes += 1;
                         return Err(e);
@@ -339,7 +298,9 @@ impl Tier for VramTier {
             st.changes += 1;
             if let Some(e) = failed {
                 for &(at, i) in &placed {
-                    st.buddy.release(at, order_for(pages[i].1.len() as u64));
+                    st.blocks
+                        .buddy
+                        .release(at, order_for(pages[i].1.len() as u64));
                 }
                 return Err(gpu_err(e));
             }
@@ -360,7 +321,7 @@ impl Tier for VramTier {
         // A copy admitted from below while these went there is older than them.
         let mut st = self.state.write();
         for &i in &through {
-            Self::forget(&mut st, pages[i].0);
+            st.blocks.forget(pages[i].0);
         }
         st.changes += 1;
         res
@@ -369,7 +330,7 @@ impl Tier for VramTier {
     fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
         let seen = {
             let st = self.state.read();
-            if let Some(s) = st.clock.map.get(&key) {
+            if let Some(s) = st.blocks.map.get(&key) {
                 s.referenced.store(true, Relaxed);
                 let v = self.copy_out(s)?;
                 self.count_hit(v.len());
@@ -394,7 +355,7 @@ impl Tier for VramTier {
             // (block offset, block size, length, index) of each page here, in GPU order.
             let mut hits: Vec<(u64, u64, usize, usize)> = Vec::new();
             for (i, k) in keys.iter().enumerate() {
-                match st.clock.map.get(k) {
+                match st.blocks.map.get(k) {
                     Some(s) => {
                         s.referenced.store(true, Relaxed);
                         hits.push((s.at, 1 << s.order, s.len as usize, i));
@@ -446,12 +407,12 @@ impl Tier for VramTier {
         let here = {
             let mut st = self.state.write();
             st.changes += 1;
-            Self::forget(&mut st, key).is_some()
+            st.blocks.forget(key).is_some()
         };
         let below = self.below.remove(key);
         // A copy admitted from below before the removal reached it goes too.
         let mut st = self.state.write();
-        Self::forget(&mut st, key);
+        st.blocks.forget(key);
         st.changes += 1;
         Ok(below? || here)
     }
@@ -463,26 +424,20 @@ impl Tier for VramTier {
 
     fn settle(&self) -> Result<()> {
         let mut st = self.state.write();
-        for key in st.clock.dirty_keys() {
-            let Some(s) = st.clock.map.get(&key) else {
+        for key in st.blocks.dirty_keys() {
+            let Some(s) = st.blocks.map.get(&key) else {
                 continue;
             };
             let v = self.copy_out(s)?;
             self.below.put(key, &v)?;
-            let len = v.len() as u64;
-            if let Some(s) = st.clock.map.get_mut(&key) {
-                s.dirty = false;
-            }
-            st.dirty -= len;
+            st.blocks.mark_clean(key);
         }
         drop(st);
         self.below.settle()
     }
 
     fn status(&self) -> TierStatus {
-        let st = self.state.read();
-        self.counters
-            .snapshot("vram", st.buddy.capacity(), st.used, st.dirty)
+        self.state.read().blocks.status("vram", &self.counters)
     }
 
     fn statuses(&self) -> Vec<TierStatus> {
@@ -492,6 +447,6 @@ impl Tier for VramTier {
     }
 
     fn index_bytes(&self) -> u64 {
-        self.state.read().clock.table_bytes() + self.below.index_bytes()
+        self.state.read().blocks.table_bytes() + self.below.index_bytes()
     }
 }
