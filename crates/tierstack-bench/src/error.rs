@@ -99,6 +99,27 @@ pub enum BenchError {
     /// The worker failed.
     #[error("the worker failed: {0}")]
     WorkerFailed(String),
+    /// `bench mem` was given `--` with no program after it.
+    #[error("no program after `--`: give one, e.g. `-- python3 sim.py`")]
+    NoProgram,
+    /// The measured program ran past its bound and was stopped.
+    #[error("the program ran longer than {seconds} s under {engine} and was stopped: give a larger --timeout or a smaller problem")]
+    ProgramTimeout {
+        /// The engine it ran under.
+        engine: String,
+        /// The bound.
+        seconds: u64,
+    },
+    /// The measured program exited with a failure.
+    #[error("the program exited with status {exit} under {engine}: {stderr}")]
+    ProgramFailed {
+        /// The engine it ran under.
+        engine: String,
+        /// Its exit status (128 + signal when killed).
+        exit: i32,
+        /// The end of its standard error.
+        stderr: String,
+    },
     /// The worker's report is not JSON of a report.
     #[error("worker output: {0}")]
     WorkerOutput(#[source] serde_json::Error),

@@ -9,6 +9,7 @@ pub mod io;
 pub mod mem;
 pub mod meta;
 pub mod plot;
+pub mod program;
 pub mod table;
 pub mod vram;
 

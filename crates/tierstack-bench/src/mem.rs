@@ -32,7 +32,7 @@ pub fn cancel_on(flag: std::sync::Arc<AtomicBool>) {
     let _ = CANCEL.set(flag);
 }
 
-fn cancelled() -> bool {
+pub(crate) fn cancelled() -> bool {
     CANCEL.get().is_some_and(|f| f.load(Relaxed))
 }
 
@@ -528,10 +528,17 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, BenchError> {
 }
 
 /// Swap file and memory cgroup for the kernel-swap engine; removed on drop.
-struct SwapSetup {
+pub(crate) struct SwapSetup {
     swapfile: PathBuf,
     swapped_on: bool,
     cgroup: Option<PathBuf>,
+}
+
+impl SwapSetup {
+    /// The swap file.
+    pub(crate) fn swapfile(&self) -> &Path {
+        &self.swapfile
+    }
 }
 
 impl Drop for SwapSetup {
@@ -580,7 +587,7 @@ fn sh(cmd: &mut Command, what: &str) -> Result<(), BenchError> {
 
 /// Creates the swap file (size bytes, written out: swap files may not have holes), turns it
 /// on and makes a memory cgroup limited to `limit` bytes. Returns the cgroup.procs path.
-fn kernel_swap_setup(
+pub(crate) fn kernel_swap_setup(
     dir: &Path,
     size: u64,
     limit: u64,

@@ -1,5 +1,6 @@
 //! `tierstack bench mem` (pmbench method) and its hidden worker.
 
+use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -11,20 +12,20 @@ use tierstack_bench::{fmt_size, parse_size, plot};
 #[derive(Args)]
 pub struct BenchMemArgs {
     /// Bytes the measured program maps and touches.
-    #[arg(long, default_value = "1536M")]
+    #[arg(long, default_value = "1536M", conflicts_with = "cmd")]
     map: String,
     /// DRAM budget (the memory cgroup limit for kernel-swap).
     #[arg(long, default_value = "512M")]
     dram: String,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "cmd")]
     threads: usize,
     /// Share of reads: 0 to 1, or a percentage (50 = half).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, conflicts_with = "cmd")]
     read_ratio: f64,
     /// uniform, linear, zipf or butterfly (page pairs i, i + 2^k, k sweeping: FFT-like).
-    #[arg(long, default_value = "uniform")]
+    #[arg(long, default_value = "uniform", conflicts_with = "cmd")]
     pattern: String,
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, conflicts_with = "cmd")]
     seconds: f64,
     /// tierstack (userfaultfd region over an array in --dir), tierstack-dram (the same region
     /// over a store that keeps every page in DRAM: the fault path without the disk; that DRAM
@@ -39,7 +40,7 @@ pub struct BenchMemArgs {
     compare: bool,
     /// What each page holds: one-word (one word per page, pmbench's way), random (does not
     /// compress) or floats (a smooth field of doubles, as a simulation's state).
-    #[arg(long, default_value = "one-word")]
+    #[arg(long, default_value = "one-word", conflicts_with = "cmd")]
     fill: String,
     /// With --compare: do not run kernel swap with zswap (by default it runs where the host
     /// lets the switch be set).
@@ -50,7 +51,7 @@ pub struct BenchMemArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     repeat: u32,
     /// Draw the read and write latency histograms of every engine that ran into this PNG.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cmd")]
     plot: Option<PathBuf>,
     /// With --plot: draw from saved `bench mem --json` output (a report or the --compare
     /// object) instead of running a benchmark; `-` reads standard input.
@@ -63,7 +64,7 @@ pub struct BenchMemArgs {
     /// RAID level of the tierstack engine's four file drives. 5 by default: what `tierstack
     /// run --dir` makes (the engine uses run's own constructor and budget rule); 0 is like a
     /// swap file without redundancy (seed 000 swaps to an mdadm RAID 0).
-    #[arg(long, default_value = "5")]
+    #[arg(long, default_value = "5", conflicts_with = "cmd")]
     level: String,
     /// A VRAM tier of this size on GPU --gpu between the tierstack engine's DRAM and its
     /// array, as `tierstack run --vram` makes (outside --dram). Default: none.
@@ -78,6 +79,20 @@ pub struct BenchMemArgs {
     /// Print one JSON object on stdout (with --compare: tierstack, kernel_swap, ratio).
     #[arg(long)]
     json: bool,
+    /// With a program: size of kernel swap's swap file in --dir (written out: swap files may
+    /// not have holes); it must hold what the program pages out.
+    #[arg(long, default_value = "4G", requires = "cmd")]
+    swap: String,
+    /// With a program: the most one run may take, in seconds; the program is stopped after
+    /// it (a line every 30 s says how long it has run).
+    #[arg(long, default_value_t = 3600, requires = "cmd", value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    timeout: u64,
+    /// Your own program instead of the synthetic workload: timed under `tierstack run --dram
+    /// D --dir DIR` at run's defaults and under kernel swap (plain and with zswap) given the
+    /// same memory (the program's peak RSS under tierstack), e.g. `tierstack bench mem
+    /// --compare --dram 48M -- python3 sim.py`.
+    #[arg(last = true, value_name = "CMD")]
+    cmd: Vec<OsString>,
 }
 
 pub fn bench(a: BenchMemArgs) -> Result<()> {
@@ -88,6 +103,9 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     let dram = parse_size(&a.dram).map_err(anyhow::Error::msg)?;
     // Ctrl-C and SIGTERM stop the run and put back the swap file, cgroup and zswap switch.
     mem::cancel_on(crate::stage_cmd::cancel_flag()?);
+    if !a.cmd.is_empty() {
+        return bench_program(&a, dram);
+    }
     if map < 4096 {
         bail!(
             "--map {} is smaller than one 4 KiB page: use e.g. --map 1536M",
@@ -266,14 +284,15 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
                 println!("(median of {repeat} rounds each)");
             }
             println!("ratio (tierstack / kernel-swap accesses/s): {ratio:.2}");
-            match (ratio_zswap, &zswap_error) {
-                (Some(rz), _) => println!("ratio (tierstack / kernel-swap with zswap): {rz:.2}"),
-                (None, Some(e)) => println!("kernel swap with zswap: failed: {e}"),
-                (None, None) if a.no_zswap => println!("kernel swap with zswap: not run (--no-zswap)"),
-                (None, None) => println!(
-                    "kernel swap with zswap: not run (no writable /sys/module/zswap/parameters/enabled)"
-                ),
-            }
+            println!(
+                "{}",
+                zswap_line(
+                    ratio_zswap,
+                    &zswap_error,
+                    a.no_zswap,
+                    "tierstack / kernel-swap with zswap"
+                )
+            );
         }
         let mut all = vec![t, k];
         all.extend(z);
@@ -313,6 +332,19 @@ impl Zswap {
     }
 }
 
+/// The comparison's line about kernel swap with zswap: its ratio (`what`), or why there is none.
+fn zswap_line(ratio: Option<f64>, error: &Option<String>, no_zswap: bool, what: &str) -> String {
+    match (ratio, error) {
+        (Some(r), _) => format!("ratio ({what}): {r:.2}"),
+        (None, Some(e)) => format!("kernel swap with zswap: failed: {e}"),
+        (None, None) if no_zswap => "kernel swap with zswap: not run (--no-zswap)".into(),
+        (None, None) => {
+            "kernel swap with zswap: not run (no writable /sys/module/zswap/parameters/enabled)"
+                .into()
+        }
+    }
+}
+
 /// The run with the median accesses/s (the lower middle one of an even count).
 fn median_run(mut runs: Vec<mem::MemReport>) -> mem::MemReport {
     runs.sort_by(|a, b| a.accesses_per_s.total_cmp(&b.accesses_per_s));
@@ -343,5 +375,168 @@ pub fn worker(spec: &str) -> Result<()> {
     let spec: WorkerSpec = serde_json::from_str(spec)?;
     let r = mem::run_worker(&spec).map_err(anyhow::Error::msg)?;
     println!("{}", serde_json::to_string(&r)?);
+    Ok(())
+}
+
+/// `bench mem [--compare] -- CMD`: the user's program under `tierstack run` and kernel swap.
+fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
+    use tierstack_bench::program::{self, ProgramSpec};
+    if dram == 0 {
+        bail!("--dram must be above 0: use e.g. --dram 512M");
+    }
+    let engine = a.engine.as_str();
+    if !a.compare && !matches!(engine, "tierstack" | "kernel-swap") {
+        bail!("--engine {engine} does not run a program: use --compare, --engine tierstack or --engine kernel-swap");
+    }
+    let swap_bytes = parse_size(&a.swap).map_err(|e| anyhow::anyhow!("--swap: {e}"))?;
+    if swap_bytes < 64 << 20 {
+        bail!("--swap {} is too small: give at least 64M", a.swap);
+    }
+    // `run` flags that depart from its defaults, passed on and printed.
+    let mut run_flags = Vec::new();
+    let page = parse_size(&a.page).map_err(anyhow::Error::msg)?;
+    if page != parse_size(tierstack_mem::setup::DEFAULT_PAGE_ARG).unwrap_or(4096) {
+        run_flags.extend(["--page".to_string(), a.page.clone()]);
+    }
+    if a.no_compress {
+        run_flags.push("--no-compress".into());
+    }
+    if let Some(v) = &a.vram {
+        run_flags.extend([
+            "--vram".to_string(),
+            v.clone(),
+            "--gpu".into(),
+            a.gpu.to_string(),
+        ]);
+    }
+    let spec = ProgramSpec {
+        cmd: a.cmd.clone(),
+        dram,
+        dir: a.dir.clone(),
+        run_flags,
+        swap_bytes,
+        timeout: std::time::Duration::from_secs(a.timeout),
+    };
+    let exe = std::env::current_exe()?;
+    let shown: Vec<String> = a
+        .cmd
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .collect();
+    let run_line = format!(
+        "tierstack run --dram {} --dir {}{}{} -- {}",
+        a.dram,
+        a.dir.display(),
+        if spec.run_flags.is_empty() { "" } else { " " },
+        spec.run_flags.join(" "),
+        shown.join(" ")
+    );
+    let one = |engine: &str, limit: u64| {
+        program::run_program(&exe, engine, &spec, limit).map_err(anyhow::Error::msg)
+    };
+    if !a.compare {
+        let r = one(engine, dram)?;
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            print!("{}{}", program::HEADER, program::render(&r));
+        }
+        return Ok(());
+    }
+    let repeat = a.repeat as usize;
+    let zswap = if a.no_zswap { None } else { Zswap::find() };
+    let mut zswap_error: Option<String> = None;
+    let (mut ts, mut ks, mut zs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rounds = Vec::new();
+    for i in 0..repeat {
+        if !a.json {
+            eprintln!("round {} of {repeat}: {run_line}", i + 1);
+        }
+        let t = one("tierstack", dram)?;
+        // Kernel swap gets the memory the program had under tierstack: its peak RSS.
+        let limit = t.peak_rss_bytes.max(dram);
+        let k = one("kernel-swap", limit)?;
+        let mut round = vec![t.wall_s, k.wall_s];
+        if let (Some(z), None) = (&zswap, &zswap_error) {
+            match z.with_enabled(|| program::run_program(&exe, "kernel-swap", &spec, limit)) {
+                Ok(mut r) => {
+                    r.engine = "kernel-swap-zswap".into();
+                    round.push(r.wall_s);
+                    zs.push(r);
+                }
+                Err(e @ tierstack_bench::BenchError::Cancelled) => {
+                    return Err(anyhow::Error::msg(e))
+                }
+                Err(e) => zswap_error = Some(e.to_string()),
+            }
+        }
+        rounds.push(round);
+        ts.push(t);
+        ks.push(k);
+    }
+    let same_output = ts
+        .iter()
+        .chain(&ks)
+        .chain(&zs)
+        .all(|r| r.output_hash == ts[0].output_hash);
+    let t = program::median(ts).ok_or_else(|| anyhow::anyhow!("no tierstack run"))?;
+    let k = program::median(ks).ok_or_else(|| anyhow::anyhow!("no kernel-swap run"))?;
+    let z = if zswap_error.is_none() {
+        program::median(zs)
+    } else {
+        None
+    };
+    // Above 1: tierstack finished sooner.
+    let ratio_of = |o: &program::ProgramReport| o.wall_s / t.wall_s.max(1e-9);
+    let ratio = ratio_of(&k);
+    let ratio_zswap = z.as_ref().map(ratio_of);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"program": shown, "run": run_line, "departures": spec.run_flags,
+                "tierstack": t, "kernel_swap": k, "kernel_swap_zswap": z,
+                "ratio": ratio, "ratio_zswap": ratio_zswap, "zswap_error": zswap_error,
+                "same_output": same_output, "repeat": repeat, "rounds_wall_s": rounds})
+        );
+    } else {
+        println!("{run_line}");
+        if !spec.run_flags.is_empty() {
+            println!(
+                "departures from run's defaults: {}",
+                spec.run_flags.join(" ")
+            );
+        }
+        print!(
+            "{}{}{}",
+            program::HEADER,
+            program::render(&t),
+            program::render(&k)
+        );
+        if let Some(z) = &z {
+            print!("{}", program::render(z));
+        }
+        if repeat > 1 {
+            println!("(median of {repeat} rounds each)");
+        }
+        println!("kernel swap's memory: the program's peak RSS under tierstack run");
+        println!("ratio (kernel-swap wall time / tierstack wall time): {ratio:.2}");
+        println!(
+            "{}",
+            zswap_line(
+                ratio_zswap,
+                &zswap_error,
+                a.no_zswap,
+                "kernel-swap with zswap / tierstack"
+            )
+        );
+        println!(
+            "output: {}",
+            if same_output {
+                "the same under every engine and round"
+            } else {
+                "differs between engines or rounds (a program that prints times does; see --json output_tail)"
+            }
+        );
+    }
     Ok(())
 }

@@ -393,6 +393,8 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "bytes_paged_out": g("bytes_out"),
                 "store_fault_p50_us": st.fault_quantile_us(0.5),
                 "store_fault_p99_us": st.fault_quantile_us(0.99),
+                "compressed_hits": g("compressed_hits"),
+                "compressed_bytes": g("compressed_bytes"),
                 "engine": st.engine,
             })
         );

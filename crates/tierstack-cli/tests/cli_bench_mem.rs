@@ -3,6 +3,16 @@
 mod common;
 use common::{ts, uffd_usable};
 
+/// Held by the tests that set the host's zswap switch or count the benchmark's cgroups:
+/// both are global, and tests of one binary run at the same time.
+static HOST_SWITCHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn host_switches() -> std::sync::MutexGuard<'static, ()> {
+    HOST_SWITCHES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn dram_engine_reports_pmbench_figures() {
     let o = ts(&[
@@ -96,6 +106,7 @@ fn kernel_swap_engine_swaps_and_cleans_up() {
 #[test]
 fn sigterm_during_a_comparison_puts_everything_back() {
     use std::time::{Duration, Instant};
+    let _switches = host_switches();
     if !rustix::process::geteuid().is_root() {
         eprintln!("SKIP sigterm_during_a_comparison_puts_everything_back: needs root");
         return;
@@ -356,6 +367,7 @@ fn plot_draws_a_png_of_the_histograms() {
 
 #[test]
 fn compare_with_repeat_reports_each_engines_median() {
+    let _switches = host_switches();
     if !uffd_usable() {
         return;
     }
@@ -431,4 +443,174 @@ fn fills_run() {
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
         assert!(v["accesses"].as_u64().unwrap_or(0) > 0, "{fill}: {v}");
     }
+}
+
+/// Whether the test can run programs under `run` and kernel swap; says so when it cannot.
+fn root_and_uffd(test: &str) -> bool {
+    let ok = rustix::process::geteuid().is_root() && uffd_usable();
+    if !ok {
+        eprintln!("SKIP {test}: needs root and userfaultfd");
+    }
+    ok
+}
+
+/// The user's own program (`bench mem --compare -- CMD`): timed under `tierstack run` and
+/// under kernel swap with the memory the program had under tierstack, plain and with zswap;
+/// each engine really paged or swapped, every engine printed the same, and the swap file,
+/// the swap area, the cgroup and the zswap switch are as before.
+#[test]
+fn a_program_is_compared_under_run_and_kernel_swap() {
+    let _switches = host_switches();
+    if !root_and_uffd("a_program_is_compared_under_run_and_kernel_swap") {
+        return;
+    }
+    let zswap = "/sys/module/zswap/parameters/enabled";
+    let zswap_before = std::fs::read_to_string(zswap).ok();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().to_str().expect("utf8");
+    let prog = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/programs/sparse_pages.py"
+    );
+    let o = ts(&[
+        "bench",
+        "mem",
+        "--compare",
+        "--dram",
+        "64M",
+        "--dir",
+        dir,
+        "--swap",
+        "512M",
+        "--json",
+        "--",
+        "python3",
+        prog,
+        "192",
+    ]);
+    if swap_unavailable(&o, "a_program_is_compared_under_run_and_kernel_swap") {
+        return;
+    }
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let t = &j["tierstack"];
+    let k = &j["kernel_swap"];
+    assert_eq!(t["engine"], "tierstack");
+    assert_eq!(k["engine"], "kernel-swap");
+    // The program ran to the end under both and printed the same.
+    assert_eq!(t["output_tail"], "ok 49152", "{j}");
+    assert_eq!(j["same_output"], true, "{j}");
+    assert!(t["wall_s"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(k["wall_s"].as_f64().unwrap_or(0.0) > 0.0);
+    // tierstack's figure comes from `run` itself, at its defaults: it paged.
+    assert!(
+        j["departures"].as_array().is_some_and(|d| d.is_empty()),
+        "{j}"
+    );
+    assert!(t["run"]["faults"].as_u64().unwrap_or(0) > 0, "{j}");
+    assert_eq!(t["memory_bytes"].as_u64(), Some(64 << 20));
+    // Kernel swap got the program's peak RSS under run, and swapped.
+    let peak = t["peak_rss_bytes"].as_u64().unwrap_or(0);
+    assert!(peak > 64 << 20, "{j}");
+    assert_eq!(k["memory_bytes"].as_u64(), Some(peak), "{j}");
+    assert!(k["swap_peak_bytes"].as_u64().unwrap_or(0) > 0, "{j}");
+    let ratio = j["ratio"].as_f64().unwrap_or(0.0);
+    let expect = k["wall_s"].as_f64().unwrap_or(0.0) / t["wall_s"].as_f64().unwrap_or(1.0);
+    assert!((ratio - expect).abs() < 1e-6, "{j}");
+    // zswap, where the switch could be set: its pool held the swapped pages compressed.
+    if !j["kernel_swap_zswap"].is_null() {
+        let z = &j["kernel_swap_zswap"];
+        assert_eq!(z["engine"], "kernel-swap-zswap");
+        assert!(z["zswap"]["stored_bytes"].as_u64().unwrap_or(0) > 0, "{j}");
+        assert!(z["zswap"]["ratio"].as_f64().unwrap_or(0.0) > 4.0, "{j}");
+    }
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).expect("dir").count(),
+        0,
+        "files left behind"
+    );
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    assert!(!swaps.contains(dir), "swap still on: {swaps}");
+    assert_eq!(std::fs::read_to_string(zswap).ok(), zswap_before);
+}
+
+/// A program that fails or runs past `--timeout` ends the benchmark with one line, and a
+/// program that outlives its bound is stopped.
+#[test]
+fn a_failing_or_endless_program_gets_one_line() {
+    use std::time::{Duration, Instant};
+    if !root_and_uffd("a_failing_or_endless_program_gets_one_line") {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().to_str().expect("utf8");
+    let o = ts(&[
+        "bench",
+        "mem",
+        "--engine",
+        "tierstack",
+        "--dram",
+        "64M",
+        "--dir",
+        dir,
+        "--",
+        "false",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("exited with status 1 under tierstack"),
+        "{err}"
+    );
+    let mark = format!("{}", std::process::id());
+    let t0 = Instant::now();
+    let o = ts(&[
+        "bench",
+        "mem",
+        "--engine",
+        "kernel-swap",
+        "--dram",
+        "64M",
+        "--dir",
+        dir,
+        "--swap",
+        "64M",
+        "--timeout",
+        "2",
+        "--",
+        "sleep",
+        "600",
+        &mark,
+    ]);
+    if swap_unavailable(&o, "a_failing_or_endless_program_gets_one_line") {
+        return;
+    }
+    assert!(!o.status.success());
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("ran longer than 2 s under kernel-swap"),
+        "{err}"
+    );
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &format!("sleep 600 {mark}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(!left, "the program outlived its bound");
+    assert_eq!(std::fs::read_dir(tmp.path()).expect("dir").count(), 0);
+    // Flags of the synthetic workload do not apply to a program.
+    let o = ts(&[
+        "bench",
+        "mem",
+        "--compare",
+        "--pattern",
+        "linear",
+        "--",
+        "true",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--pattern"));
 }
