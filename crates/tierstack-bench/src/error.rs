@@ -110,6 +110,15 @@ pub enum BenchError {
         /// The bound.
         seconds: u64,
     },
+    /// Kernel swap could not give the program memory: its cgroup stayed in the OOM state
+    /// (where the OOM killer would end it), and it was stopped.
+    #[error("the program ran out of memory under {engine} after {seconds} s (its cgroup stayed in the OOM state: the kernel could not swap fast enough, the OOM killer would have ended it)")]
+    ProgramOutOfMemory {
+        /// The engine it ran under.
+        engine: String,
+        /// When it was stopped, seconds after its start.
+        seconds: u64,
+    },
     /// The measured program exited with a failure.
     #[error("the program exited with status {exit} under {engine}: {stderr}")]
     ProgramFailed {

@@ -539,6 +539,11 @@ impl SwapSetup {
     pub(crate) fn swapfile(&self) -> &Path {
         &self.swapfile
     }
+
+    /// The memory cgroup, once made.
+    pub(crate) fn cgroup(&self) -> Option<&Path> {
+        self.cgroup.as_deref()
+    }
 }
 
 impl Drop for SwapSetup {

@@ -83,11 +83,12 @@ pub struct ProgramReport {
 }
 
 /// Runs the program once under `engine` (`tierstack`, `kernel-swap`; `limit` is the cgroup
-/// limit of kernel swap). The caller sets the zswap switch for a zswap run and names the
-/// report.
+/// limit of kernel swap) and names the report and the progress lines `name` (the caller sets
+/// the zswap switch for a `kernel-swap-zswap` run).
 pub fn run_program(
     exe: &Path,
     engine: &str,
+    name: &str,
     spec: &ProgramSpec,
     limit: u64,
 ) -> Result<ProgramReport, BenchError> {
@@ -121,6 +122,14 @@ pub fn run_program(
         o => return Err(BenchError::UnknownEngine(o.to_string())),
     };
     let swapfile = setup.as_ref().map(|s| s.swapfile().to_path_buf());
+    // v1: the group waits in the OOM state instead of being killed (`oom_control`); a group
+    // that stays there has run out of memory for good (with v2 the kernel kills the program).
+    let oom_control = setup
+        .as_ref()
+        .and_then(|s| s.cgroup())
+        .map(|cg| cg.join("memory.oom_control"))
+        .filter(|p| p.exists());
+    let mut oom_since: Option<Instant> = None;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -141,14 +150,30 @@ pub fn run_program(
         if start.elapsed() > spec.timeout {
             stop(&mut child);
             return Err(BenchError::ProgramTimeout {
-                engine: engine.to_string(),
+                engine: name.to_string(),
                 seconds: spec.timeout.as_secs(),
             });
         }
         seen.sample(child.id(), swapfile.as_deref());
+        let oom = oom_control
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .is_some_and(|t| under_oom(&t));
+        match (oom, oom_since) {
+            (false, _) => oom_since = None,
+            (true, None) => oom_since = Some(Instant::now()),
+            (true, Some(t)) if t.elapsed() >= OOM_GRACE => {
+                stop(&mut child);
+                return Err(BenchError::ProgramOutOfMemory {
+                    engine: name.to_string(),
+                    seconds: start.elapsed().as_secs(),
+                });
+            }
+            (true, Some(_)) => {}
+        }
         if Instant::now() >= next_note {
             eprintln!(
-                "bench mem: {engine}: the program has run {:.0} s (bound {} s; Ctrl-C stops it)",
+                "bench mem: {name}: the program has run {:.0} s (bound {} s; Ctrl-C stops it)",
                 start.elapsed().as_secs_f64(),
                 spec.timeout.as_secs()
             );
@@ -173,13 +198,13 @@ pub fn run_program(
         .unwrap_or(seen.hwm);
     if exit != 0 {
         return Err(BenchError::ProgramFailed {
-            engine: engine.to_string(),
+            engine: name.to_string(),
             exit,
             stderr: last_words(&err),
         });
     }
     Ok(ProgramReport {
-        engine: engine.to_string(),
+        engine: name.to_string(),
         wall_s,
         exit,
         peak_rss_bytes,
@@ -190,6 +215,17 @@ pub fn run_program(
         output_hash: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&out)),
         run,
     })
+}
+
+/// How long a kernel-swap group may stay in the OOM state before the run counts as out of
+/// memory (the OOM killer would have ended it).
+const OOM_GRACE: Duration = Duration::from_secs(20);
+
+/// Whether a v1 `memory.oom_control` says the group is in the OOM state now.
+fn under_oom(oom_control: &str) -> bool {
+    oom_control
+        .lines()
+        .any(|l| l.split_whitespace().eq(["under_oom", "1"]))
 }
 
 /// The run with the median wall time (the lower middle one of an even count).
@@ -396,6 +432,13 @@ mod tests {
             Some(2048 * 1024)
         );
         assert_eq!(swap_used(swaps, Path::new("/tmp/other")), None);
+    }
+
+    #[test]
+    fn reads_the_oom_state() {
+        assert!(under_oom("oom_kill_disable 1\nunder_oom 1\noom_kill 0\n"));
+        assert!(!under_oom("oom_kill_disable 1\nunder_oom 0\noom_kill 0\n"));
+        assert!(!under_oom(""));
     }
 
     #[test]

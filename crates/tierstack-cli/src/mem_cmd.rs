@@ -432,7 +432,7 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
         shown.join(" ")
     );
     let one = |engine: &str, limit: u64| {
-        program::run_program(&exe, engine, &spec, limit).map_err(anyhow::Error::msg)
+        program::run_program(&exe, engine, engine, &spec, limit).map_err(anyhow::Error::msg)
     };
     if !a.compare {
         let r = one(engine, dram)?;
@@ -445,6 +445,9 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
     }
     let repeat = a.repeat as usize;
     let zswap = if a.no_zswap { None } else { Zswap::find() };
+    // A peer that fails (out of memory, past --timeout) is reported, not the end of the
+    // comparison; a cancel is.
+    let mut kernel_error: Option<String> = None;
     let mut zswap_error: Option<String> = None;
     let (mut ts, mut ks, mut zs) = (Vec::new(), Vec::new(), Vec::new());
     let mut rounds = Vec::new();
@@ -455,24 +458,35 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
         let t = one("tierstack", dram)?;
         // Kernel swap gets the memory the program had under tierstack: its peak RSS.
         let limit = t.peak_rss_bytes.max(dram);
-        let k = one("kernel-swap", limit)?;
-        let mut round = vec![t.wall_s, k.wall_s];
-        if let (Some(z), None) = (&zswap, &zswap_error) {
-            match z.with_enabled(|| program::run_program(&exe, "kernel-swap", &spec, limit)) {
-                Ok(mut r) => {
-                    r.engine = "kernel-swap-zswap".into();
-                    round.push(r.wall_s);
-                    zs.push(r);
+        let mut round = vec![Some(t.wall_s)];
+        let mut peer = |name: &str, error: &mut Option<String>, runs: &mut Vec<_>| {
+            let r = match (name, &zswap) {
+                (_, _) if error.is_some() => return Ok(()),
+                ("kernel-swap", _) => program::run_program(&exe, "kernel-swap", name, &spec, limit),
+                (_, Some(z)) => {
+                    z.with_enabled(|| program::run_program(&exe, "kernel-swap", name, &spec, limit))
+                }
+                (_, None) => return Ok(()),
+            };
+            match r {
+                Ok(r) => {
+                    round.push(Some(r.wall_s));
+                    runs.push(r);
                 }
                 Err(e @ tierstack_bench::BenchError::Cancelled) => {
                     return Err(anyhow::Error::msg(e))
                 }
-                Err(e) => zswap_error = Some(e.to_string()),
+                Err(e) => {
+                    round.push(None);
+                    *error = Some(e.to_string());
+                }
             }
-        }
+            Ok(())
+        };
+        peer("kernel-swap", &mut kernel_error, &mut ks)?;
+        peer("kernel-swap-zswap", &mut zswap_error, &mut zs)?;
         rounds.push(round);
         ts.push(t);
-        ks.push(k);
     }
     let same_output = ts
         .iter()
@@ -480,7 +494,11 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
         .chain(&zs)
         .all(|r| r.output_hash == ts[0].output_hash);
     let t = program::median(ts).ok_or_else(|| anyhow::anyhow!("no tierstack run"))?;
-    let k = program::median(ks).ok_or_else(|| anyhow::anyhow!("no kernel-swap run"))?;
+    let k = if kernel_error.is_none() {
+        program::median(ks)
+    } else {
+        None
+    };
     let z = if zswap_error.is_none() {
         program::median(zs)
     } else {
@@ -488,14 +506,15 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
     };
     // Above 1: tierstack finished sooner.
     let ratio_of = |o: &program::ProgramReport| o.wall_s / t.wall_s.max(1e-9);
-    let ratio = ratio_of(&k);
+    let ratio = k.as_ref().map(ratio_of);
     let ratio_zswap = z.as_ref().map(ratio_of);
     if a.json {
         println!(
             "{}",
             serde_json::json!({"program": shown, "run": run_line, "departures": spec.run_flags,
                 "tierstack": t, "kernel_swap": k, "kernel_swap_zswap": z,
-                "ratio": ratio, "ratio_zswap": ratio_zswap, "zswap_error": zswap_error,
+                "ratio": ratio, "ratio_zswap": ratio_zswap,
+                "kernel_swap_error": kernel_error, "zswap_error": zswap_error,
                 "same_output": same_output, "repeat": repeat, "rounds_wall_s": rounds})
         );
     } else {
@@ -506,20 +525,20 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
                 spec.run_flags.join(" ")
             );
         }
-        print!(
-            "{}{}{}",
-            program::HEADER,
-            program::render(&t),
-            program::render(&k)
-        );
-        if let Some(z) = &z {
-            print!("{}", program::render(z));
+        print!("{}{}", program::HEADER, program::render(&t));
+        for r in k.iter().chain(&z) {
+            print!("{}", program::render(r));
         }
         if repeat > 1 {
             println!("(median of {repeat} rounds each)");
         }
         println!("kernel swap's memory: the program's peak RSS under tierstack run");
-        println!("ratio (kernel-swap wall time / tierstack wall time): {ratio:.2}");
+        match (ratio, &kernel_error) {
+            (Some(r), _) => {
+                println!("ratio (kernel-swap wall time / tierstack wall time): {r:.2}")
+            }
+            (None, e) => println!("kernel swap: failed: {}", e.as_deref().unwrap_or("no run")),
+        }
         println!(
             "{}",
             zswap_line(
