@@ -217,6 +217,7 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, BenchError>
         tierstack_mem::setup::store_bytes_for(&t.dir, map),
         level,
         t.page,
+        t.dram,
     )?;
     let drives = TempDrives(paths);
     let compress = !t.no_compress;

@@ -131,6 +131,20 @@ pub fn engine_config(
 /// two busy at most, and the 11 MiB go to resident pages.
 pub const STRIPES_IN_FLIGHT: usize = 2;
 
+/// Below this `--dram`, the paging array writes one stripe at a time ([`stripes_in_flight`]).
+pub const SMALL_BUDGET: u64 = 256 << 20;
+
+/// Stripes in flight for a process with `dram` bytes: [`STRIPES_IN_FLIGHT`], or one under
+/// [`SMALL_BUDGET`], where a third stripe image (5.4 MiB) would be a tenth or more of the
+/// budget (the seed's simulator at `--dram 48M` had 25-28 MiB for resident pages).
+pub fn stripes_in_flight(dram: u64) -> usize {
+    if dram < SMALL_BUDGET {
+        1
+    } else {
+        STRIPES_IN_FLIGHT
+    }
+}
+
 /// The RAID level `run` pages to.
 pub const LEVEL: Level = Level::Raid5;
 /// Drives of the array `run` makes.
@@ -151,15 +165,16 @@ pub fn split_budget(dram: u64, stripe_buffers: u64, page: usize) -> (u64, u64) {
     (store_dram, budget)
 }
 
-/// Creates the paging array: `level` over [`DRIVES`] file drives `dir/prefix-d0..` sized so
-/// that the data drives hold `store_bytes` (plus room to clean). Returns the array and the
-/// drive paths (the caller decides when the names go).
+/// Creates the paging array of a process with `dram` bytes: `level` over [`DRIVES`] file
+/// drives `dir/prefix-d0..` sized so that the data drives hold `store_bytes` (plus room to
+/// clean). Returns the array and the drive paths (the caller decides when the names go).
 pub fn create_array(
     dir: &Path,
     prefix: &str,
     store_bytes: u64,
     level: Level,
     page: usize,
+    dram: u64,
 ) -> Result<(Array, Vec<PathBuf>)> {
     let paths: Vec<PathBuf> = (0..DRIVES)
         .map(|i| dir.join(format!("{prefix}d{i}")))
@@ -178,7 +193,7 @@ pub fn create_array(
         size: Some((store_bytes / data_drives).max(64 << 20) + (64 << 20)),
     };
     let opts = ArrayOptions {
-        stripes_in_flight: STRIPES_IN_FLIGHT,
+        stripes_in_flight: stripes_in_flight(dram),
         ..ArrayOptions::default()
     };
     let array = Array::create(&paths, &params, &opts).map_err(|e| {
@@ -273,7 +288,8 @@ mod tests {
     #[test]
     fn builds_a_raid5_store() {
         let t = tempfile::tempdir().expect("tempdir");
-        let (a, paths) = create_array(t.path(), "x-", 256 << 20, LEVEL, 64 << 10).expect("array");
+        let (a, paths) =
+            create_array(t.path(), "x-", 256 << 20, LEVEL, 64 << 10, 1 << 30).expect("array");
         assert_eq!(paths.len(), DRIVES);
         assert_eq!(a.status().level, 5);
         let (store, o) = store_and_options(a, 256 << 20, 64 << 10, None, true).expect("store");

@@ -163,7 +163,7 @@ pub(crate) fn take_over(old: &Arc<Engine>) -> Result<Engine, PreloadError> {
         .map_err(PreloadError::ParentArray)?;
     let mut snapshots = vec![Arc::new(view)];
     snapshots.extend(old.snapshots.iter().cloned());
-    let array = own_array(&old.dir, old.page)?;
+    let array = own_array(&old.dir, old.page, old.dram)?;
     let engine = build_engine(
         Arc::new(array),
         snapshots,

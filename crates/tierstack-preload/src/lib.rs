@@ -223,15 +223,25 @@ fn paging_dir() -> Option<std::path::PathBuf> {
 
 /// Makes this process's own paging array: RAID 5 of four sparse file drives in
 /// `dir/<pid>/`, whose names go at once (nothing is left behind at exit, even by `kill -9`).
-fn own_array(dir: &std::path::Path, page: usize) -> Result<tierstack_array::Array, PreloadError> {
+fn own_array(
+    dir: &std::path::Path,
+    page: usize,
+    dram: u64,
+) -> Result<tierstack_array::Array, PreloadError> {
     let dir = dir.join(std::process::id().to_string());
     std::fs::create_dir_all(&dir).map_err(|source| PreloadError::CreateDir {
         path: dir.clone(),
         source,
     })?;
     let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(tierstack_mem::setup::DEFAULT_STORE);
-    let made =
-        tierstack_mem::setup::create_array(&dir, "", store, tierstack_mem::setup::LEVEL, page);
+    let made = tierstack_mem::setup::create_array(
+        &dir,
+        "",
+        store,
+        tierstack_mem::setup::LEVEL,
+        page,
+        dram,
+    );
     for i in 0..tierstack_mem::setup::DRIVES {
         let _ = std::fs::remove_file(dir.join(format!("d{i}")));
     }
@@ -268,7 +278,7 @@ fn start() -> Result<Engine, PreloadError> {
         let dir = paging_dir().ok_or(PreloadError::NotSet(
             "neither TIERSTACK_DIR nor TIERSTACK_ARRAY",
         ))?;
-        (own_array(&dir, page)?, dir)
+        (own_array(&dir, page, dram)?, dir)
     };
     let vram = env_size(b"TIERSTACK_VRAM\0").map(|bytes| tierstack_mem::setup::Vram {
         gpu: env_size(b"TIERSTACK_GPU\0").unwrap_or(0) as u32,
