@@ -16,8 +16,11 @@
 //!   did not change since is dropped from DRAM for free and found here again.
 //! - [`Tier::index_bytes`] includes the arena's extent and the map: a paging process charges
 //!   them to its DRAM budget like the array's index, so the tier grows only as far as its
-//!   pages shrink resident memory, and an incompressible working set leaves it empty. The
-//!   extent does not shrink when pages leave (the memory stays the process's).
+//!   pages shrink resident memory, and an incompressible working set leaves it empty. What is
+//!   charged is the arena's 4 KiB pages that hold memory: when the pages in use fall under
+//!   half of those (a working set that stopped compressing), the free blocks of 4 KiB or more
+//!   are given back to the kernel (`MADV_DONTNEED`) and no longer charged, so a phase that
+//!   compressed does not keep the budget after it.
 //! - After a run of [`GIVE_UP_AFTER`] pages that did not compress, only one page in
 //!   [`GIVE_UP_AFTER`] is tried, the rest go below as they are: a working set that does not
 //!   compress does not pay an attempt (1 to 6 µs of CPU per 4 KiB) per page.
@@ -120,6 +123,23 @@ impl Arena {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
+    /// Gives the memory of `at..at + len` back to the kernel (page-aligned, inside the arena,
+    /// holding no block in use); those bytes read as zeros afterwards.
+    fn discard_range(&mut self, at: usize, len: usize) {
+        if at.is_multiple_of(4096) && len.is_multiple_of(4096) && at + len <= self.len {
+            // SAFETY: a page-aligned range inside the arena's own mapping; `&mut self` means
+            // no borrow of its bytes is alive, and the caller gives only free blocks, which
+            // no slot reads.
+            let _ = unsafe {
+                rustix::mm::madvise(
+                    self.ptr.as_ptr().add(at).cast(),
+                    len,
+                    rustix::mm::Advice::LinuxDontNeed,
+                )
+            };
+        }
+    }
+
     /// Gives the arena's memory back to the kernel; its bytes read as zeros afterwards.
     fn discard(&mut self) {
         if self.len > 0 {
@@ -150,12 +170,63 @@ struct State {
     arena: Arena,
     /// The compressed pages' blocks of the arena.
     blocks: Blocks,
-    /// The end of the furthest block ever taken: the part of the arena that holds memory.
+    /// The end of the furthest block ever taken.
     extent: u64,
+    /// The arena's 4 KiB pages written since they were last given back, one bit each.
+    touched: Vec<u64>,
+    /// How many bits of `touched` are set: the arena's memory, which the tier charges.
+    touched_pages: u64,
+    /// Forgotten blocks since the last look at whether to give memory back.
+    forgets: u32,
     next_seq: u64,
 }
 
 impl State {
+    /// Marks the arena's pages under `at..end` as holding memory.
+    fn touch(&mut self, at: u64, end: u64) {
+        for p in at / 4096..end.div_ceil(4096) {
+            let (w, b) = ((p / 64) as usize, p % 64);
+            if w >= self.touched.len() {
+                self.touched.resize(w + 1, 0);
+            }
+            if self.touched[w] & (1 << b) == 0 {
+                self.touched[w] |= 1 << b;
+                self.touched_pages += 1;
+            }
+        }
+    }
+
+    /// Forgets `key`'s block; now and then, when the blocks in use take less than half of the
+    /// arena's memory, gives the free blocks of 4 KiB or more back to the kernel.
+    fn forget(&mut self, key: PageKey) -> Option<Block> {
+        let b = self.blocks.forget(key)?;
+        self.forgets += 1;
+        if self.forgets >= TRIM_EVERY && self.blocks.used < self.touched_pages * 4096 / 2 {
+            self.forgets = 0;
+            self.trim();
+        }
+        Some(b)
+    }
+
+    /// Gives every free block of 4 KiB or more that holds memory back to the kernel.
+    fn trim(&mut self) {
+        for (at, order) in self.blocks.buddy.free_blocks(12) {
+            let (first, end) = (at / 4096, (at + (1 << order)) / 4096);
+            let mut held = false;
+            for p in first..end {
+                let (w, b) = ((p / 64) as usize, p % 64);
+                if self.touched.get(w).is_some_and(|x| x & (1 << b) != 0) {
+                    self.touched[w] &= !(1 << b);
+                    self.touched_pages -= 1;
+                    held = true;
+                }
+            }
+            if held {
+                self.arena.discard_range(at as usize, 1 << order);
+            }
+        }
+    }
+
     fn bytes(&self, s: &Block) -> &[u8] {
         &self.arena.bytes()[s.at as usize..s.at as usize + s.stored as usize]
     }
@@ -174,6 +245,9 @@ pub struct CompressedTier {
     /// Compression attempts that failed.
     rejected: AtomicU64,
 }
+
+/// Forgotten blocks between two looks at whether to give arena memory back.
+const TRIM_EVERY: u32 = 256;
 
 /// The largest per-thread buffer the encoder keeps.
 const SCRATCH_MAX: usize = 17 << 10;
@@ -230,6 +304,9 @@ impl CompressedTier {
                 arena,
                 blocks: Blocks::new(buddy),
                 extent: 0,
+                touched: Vec::new(),
+                touched_pages: 0,
+                forgets: 0,
                 next_seq: 0,
             }),
             counters: TierCounters::default(),
@@ -297,7 +374,7 @@ impl CompressedTier {
     fn enter(&self, key: PageKey, data: &[u8], len: usize) -> Result<bool> {
         let mut guard = self.state.write();
         let st = &mut *guard;
-        st.blocks.forget(key);
+        st.forget(key);
         let order = st.blocks.buddy.order_of(data.len() as u64);
         let at = loop {
             if let Some(at) = st.blocks.buddy.alloc(order) {
@@ -309,6 +386,7 @@ impl CompressedTier {
         };
         st.arena.bytes_mut()[at as usize..at as usize + data.len()].copy_from_slice(data);
         st.extent = st.extent.max(at + data.len() as u64);
+        st.touch(at, at + data.len() as u64);
         st.next_seq += 1;
         let seq = st.next_seq;
         st.blocks.insert(
@@ -350,7 +428,7 @@ impl Tier for CompressedTier {
             }
         }
         // The older version here must not be read any more.
-        self.state.write().blocks.forget(key);
+        self.state.write().forget(key);
         self.below.put(key, data)
     }
 
@@ -391,7 +469,7 @@ impl Tier for CompressedTier {
     }
 
     fn remove(&self, key: PageKey) -> Result<bool> {
-        let here = self.state.write().blocks.forget(key).is_some();
+        let here = self.state.write().forget(key).is_some();
         Ok(self.below.remove(key)? || here)
     }
 
@@ -426,6 +504,8 @@ impl Tier for CompressedTier {
         st.blocks = Blocks::new(Buddy::with_min_order(st.arena.len as u64, MIN_BLOCK_ORDER));
         st.arena.discard();
         st.extent = 0;
+        st.touched.clear();
+        st.touched_pages = 0;
         drop(st);
         self.below.release_memory();
     }
@@ -443,11 +523,11 @@ impl Tier for CompressedTier {
         v
     }
 
-    /// The arena's extent (rounded up to 4 KiB pages), the tier's tables and the indexes of
-    /// the tiers below: DRAM of the process that a paging budget must cover.
+    /// The arena's pages that hold memory, the tier's tables and the indexes of the tiers
+    /// below: DRAM of the process that a paging budget must cover.
     fn index_bytes(&self) -> u64 {
         let st = self.state.read();
-        st.extent.next_multiple_of(4096) + st.blocks.table_bytes() + self.below.index_bytes()
+        st.touched_pages * 4096 + st.blocks.table_bytes() + self.below.index_bytes()
     }
 }
 
@@ -551,6 +631,47 @@ mod tests {
         for i in 0..200u64 {
             assert_eq!(t.get((2, i)).expect("get"), Some(word_page(i)), "page {i}");
         }
+    }
+
+    /// A phase that compressed, then the same pages rewritten with data that does not: the
+    /// arena's memory goes back to the kernel and is no longer charged; pages that compress
+    /// later are kept again and read back whole.
+    #[test]
+    fn memory_of_a_phase_that_compressed_is_given_back() {
+        let (t, _b) = tier(8 << 20);
+        // Pages of varied words: each takes a 2 KiB block or less.
+        let page = |i: u64| -> Vec<u8> {
+            (0..512u64)
+                .flat_map(|j| (i * 7 + j % 16).to_le_bytes())
+                .collect()
+        };
+        for i in 0..2048u64 {
+            t.put((3, i), &page(i)).expect("put");
+        }
+        let arena = |t: &CompressedTier| t.state.read().touched_pages * 4096;
+        let full = arena(&t);
+        assert!(full >= 200 << 10, "{full}");
+        for i in 0..2048u64 {
+            t.put((3, i), &random_page(i)).expect("put");
+        }
+        let after = arena(&t);
+        assert!(after < full / 4, "{full} -> {after}");
+        // What is charged is what holds memory.
+        assert_eq!(t.index_bytes(), after + t.state.read().blocks.table_bytes());
+        for i in 0..2048u64 {
+            assert_eq!(
+                t.get((3, i)).expect("get"),
+                Some(random_page(i)),
+                "page {i}"
+            );
+        }
+        for i in 0..64u64 {
+            t.put((4, i), &page(i)).expect("put");
+        }
+        for i in 0..64u64 {
+            assert_eq!(t.get((4, i)).expect("get"), Some(page(i)), "page {i}");
+        }
+        assert!(arena(&t) > after);
     }
 
     #[test]

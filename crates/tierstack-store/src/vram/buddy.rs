@@ -89,6 +89,13 @@ impl Buddy {
         self.free[o].insert(at);
     }
 
+    /// The free blocks of `min_order` or larger, as (offset, order).
+    pub fn free_blocks(&self, min_order: u32) -> Vec<(u64, u32)> {
+        (min_order as usize..ORDERS)
+            .flat_map(|o| self.free[o].iter().map(move |&at| (at, o as u32)))
+            .collect()
+    }
+
     /// Bytes free.
     pub fn free_bytes(&self) -> u64 {
         self.free
