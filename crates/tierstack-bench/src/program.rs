@@ -183,8 +183,9 @@ pub fn run_program(
     };
     let wall_s = start.elapsed().as_secs_f64();
     drop(setup);
-    let out = out.join().unwrap_or_default();
-    let err = err.join().unwrap_or_default();
+    // A process the program left behind may hold its pipes open: wait 10 s for them at most.
+    let out = join_within(out, Duration::from_secs(10));
+    let err = join_within(err, Duration::from_secs(10));
     let exit = exit_code(status);
     let run = if engine == "tierstack" {
         last_json_line(&err)
@@ -226,16 +227,6 @@ fn under_oom(oom_control: &str) -> bool {
     oom_control
         .lines()
         .any(|l| l.split_whitespace().eq(["under_oom", "1"]))
-}
-
-/// The run with the median wall time (the lower middle one of an even count).
-pub fn median(mut runs: Vec<ProgramReport>) -> Option<ProgramReport> {
-    if runs.is_empty() {
-        return None;
-    }
-    runs.sort_by(|a, b| a.wall_s.total_cmp(&b.wall_s));
-    let mid = (runs.len() - 1) / 2;
-    Some(runs.swap_remove(mid))
 }
 
 /// Text of one report: a table row.
@@ -317,6 +308,20 @@ fn drain<R: Read + Send + 'static>(
         }
         kept
     })
+}
+
+/// What a [`drain`] thread read, once its pipe closes or `bound` has passed (then what is
+/// lost is only the figure's output check: the thread is left to end with the pipe).
+fn join_within(h: std::thread::JoinHandle<Vec<u8>>, bound: Duration) -> Vec<u8> {
+    let end = Instant::now() + bound;
+    while !h.is_finished() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if h.is_finished() {
+        h.join().unwrap_or_default()
+    } else {
+        Vec::new()
+    }
 }
 
 fn exit_code(st: std::process::ExitStatus) -> i32 {
@@ -462,24 +467,5 @@ mod tests {
     fn tails_start_at_a_line() {
         assert_eq!(tail(b"one\ntwo\nthree\n", 9), "three");
         assert_eq!(tail(b"short\n", 100), "short");
-    }
-
-    #[test]
-    fn median_is_the_middle_wall_time() {
-        let r = |w: f64| ProgramReport {
-            engine: "tierstack".into(),
-            wall_s: w,
-            exit: 0,
-            peak_rss_bytes: 0,
-            memory_bytes: 0,
-            swap_peak_bytes: 0,
-            zswap: ZswapPeak::default(),
-            output_tail: String::new(),
-            output_hash: String::new(),
-            run: None,
-        };
-        let m = median(vec![r(3.0), r(1.0), r(2.0)]).map(|m| m.wall_s);
-        assert_eq!(m, Some(2.0));
-        assert!(median(Vec::new()).is_none());
     }
 }

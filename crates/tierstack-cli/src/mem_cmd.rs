@@ -255,9 +255,17 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
                 None => serde_json::json!([t.accesses_per_s, k.accesses_per_s]),
             })
             .collect();
-        let t = median_run(ts);
-        let k = median_run(ks);
-        let z = (!zs.is_empty() && zswap_error.is_none()).then(|| median_run(zs));
+        let median_run = |runs| {
+            tierstack_bench::median_by(runs, |r: &mem::MemReport| r.accesses_per_s)
+                .ok_or_else(|| anyhow::anyhow!("no run"))
+        };
+        let t = median_run(ts)?;
+        let k = median_run(ks)?;
+        let z = if zswap_error.is_none() {
+            median_run(zs).ok()
+        } else {
+            None
+        };
         let ratio_of = |o: &mem::MemReport| {
             if o.accesses_per_s > 0.0 {
                 t.accesses_per_s / o.accesses_per_s
@@ -343,13 +351,6 @@ fn zswap_line(ratio: Option<f64>, error: &Option<String>, no_zswap: bool, what: 
                 .into()
         }
     }
-}
-
-/// The run with the median accesses/s (the lower middle one of an even count).
-fn median_run(mut runs: Vec<mem::MemReport>) -> mem::MemReport {
-    runs.sort_by(|a, b| a.accesses_per_s.total_cmp(&b.accesses_per_s));
-    let mid = (runs.len() - 1) / 2;
-    runs.swap_remove(mid)
 }
 
 /// `--plot FILE --from-json JSON`: redraws a plot from saved `--json` output.
@@ -459,32 +460,32 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
         // Kernel swap gets the memory the program had under tierstack: its peak RSS.
         let limit = t.peak_rss_bytes.max(dram);
         let mut round = vec![Some(t.wall_s)];
-        let mut peer = |name: &str, error: &mut Option<String>, runs: &mut Vec<_>| {
-            let r = match (name, &zswap) {
-                (_, _) if error.is_some() => return Ok(()),
-                ("kernel-swap", _) => program::run_program(&exe, "kernel-swap", name, &spec, limit),
-                (_, Some(z)) => {
-                    z.with_enabled(|| program::run_program(&exe, "kernel-swap", name, &spec, limit))
+        // A kernel-swap run, with zswap on where `z` is given.
+        let mut peer =
+            |z: Option<&Zswap>, name: &str, error: &mut Option<String>, runs: &mut Vec<_>| {
+                if error.is_some() {
+                    return Ok(());
                 }
-                (_, None) => return Ok(()),
+                let run = || program::run_program(&exe, "kernel-swap", name, &spec, limit);
+                match z.map_or_else(run, |z| z.with_enabled(run)) {
+                    Ok(r) => {
+                        round.push(Some(r.wall_s));
+                        runs.push(r);
+                    }
+                    Err(e @ tierstack_bench::BenchError::Cancelled) => {
+                        return Err(anyhow::Error::msg(e))
+                    }
+                    Err(e) => {
+                        round.push(None);
+                        *error = Some(e.to_string());
+                    }
+                }
+                Ok(())
             };
-            match r {
-                Ok(r) => {
-                    round.push(Some(r.wall_s));
-                    runs.push(r);
-                }
-                Err(e @ tierstack_bench::BenchError::Cancelled) => {
-                    return Err(anyhow::Error::msg(e))
-                }
-                Err(e) => {
-                    round.push(None);
-                    *error = Some(e.to_string());
-                }
-            }
-            Ok(())
-        };
-        peer("kernel-swap", &mut kernel_error, &mut ks)?;
-        peer("kernel-swap-zswap", &mut zswap_error, &mut zs)?;
+        peer(None, "kernel-swap", &mut kernel_error, &mut ks)?;
+        if let Some(z) = &zswap {
+            peer(Some(z), "kernel-swap-zswap", &mut zswap_error, &mut zs)?;
+        }
         rounds.push(round);
         ts.push(t);
     }
@@ -493,14 +494,15 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
         .chain(&ks)
         .chain(&zs)
         .all(|r| r.output_hash == ts[0].output_hash);
-    let t = program::median(ts).ok_or_else(|| anyhow::anyhow!("no tierstack run"))?;
+    let median = |runs| tierstack_bench::median_by(runs, |r: &program::ProgramReport| r.wall_s);
+    let t = median(ts).ok_or_else(|| anyhow::anyhow!("no tierstack run"))?;
     let k = if kernel_error.is_none() {
-        program::median(ks)
+        median(ks)
     } else {
         None
     };
     let z = if zswap_error.is_none() {
-        program::median(zs)
+        median(zs)
     } else {
         None
     };
