@@ -847,3 +847,63 @@ fn pairs_two_pages_apart_are_read_ahead_as_a_stream() {
     );
     assert!(r.error().is_none(), "{:?}", r.error());
 }
+
+/// Fresh memory a program reads before it writes (zero fills), and pages it changed that
+/// come back from the store, take (almost) no write-protect faults on their next write; once
+/// the program only reads, pages leave again without being written out. Every value is kept.
+#[test]
+fn written_pages_come_back_writable_and_readers_write_nothing() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let pager = pager_of(st, 4096, 4 << 20, None);
+    let r = pager.map(24 << 20, 4096).expect("region");
+    let mem = words_of(&r);
+    let wpp = 4096 / 8;
+    let pages = mem.len() / wpp;
+    // A fixed random order of the pages: no stream for the read-ahead to follow.
+    let mut order: Vec<usize> = (0..pages).collect();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..pages).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let value = |p: usize, round: u64| (p as u64) << 16 | round;
+    let before = pager.counters().snapshot();
+    // Read, then write: first on fresh memory, then twice on pages that went to the store.
+    for round in 0..3u64 {
+        for &p in &order {
+            let want = if round == 0 { 0 } else { value(p, round - 1) };
+            assert_eq!(mem[p * wpp + 7], want, "page {p} round {round}");
+            mem[p * wpp + 7] = value(p, round);
+        }
+    }
+    let written = pager.counters().snapshot();
+    assert!(pager.error().is_none(), "{:?}", pager.error());
+    let wp = written.wp_faults - before.wp_faults;
+    assert!(
+        wp < 3 * pages as u64 / 10,
+        "{wp} write-protect faults for {} page writes: {written:?}",
+        3 * pages
+    );
+    // Then only reads: after the first pass the pages leave without a write.
+    for _ in 0..2 {
+        for &p in &order {
+            assert_eq!(mem[p * wpp + 7], value(p, 2), "page {p}");
+        }
+    }
+    let mid = pager.counters().snapshot();
+    for &p in &order {
+        assert_eq!(mem[p * wpp + 7], value(p, 2), "page {p}");
+    }
+    let end = pager.counters().snapshot();
+    assert!(pager.error().is_none(), "{:?}", pager.error());
+    let out = (end.bytes_out - mid.bytes_out) / 4096;
+    let evicted = end.evictions - mid.evictions;
+    assert!(
+        evicted > pages as u64 / 2 && out < evicted / 10,
+        "last read-only pass: {evicted} evictions, {out} pages written: {end:?}"
+    );
+}

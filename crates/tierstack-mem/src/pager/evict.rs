@@ -255,23 +255,23 @@ impl Inner {
             if same && !keep_run[k] {
                 // What the store holds already: dropped without a write.
                 self.counters.clean_drops.fetch_add(1, Relaxed);
-                written.push((i, Some(PageState::Stored)));
+                written.push((i, Some(PageState::Stored), false));
                 continue;
             }
             if bytes.iter().all(|&b| b == 0) {
                 let _ = self.store.remove((core.obj, i as u64));
-                written.push((i, Some(PageState::Zero)));
+                written.push((i, Some(PageState::Zero), false));
             } else {
                 match self.store.put_owned((core.obj, i as u64), bytes) {
                     Ok(()) => {
                         self.counters.bytes_out.fetch_add(page as u64, Relaxed);
-                        written.push((i, Some(PageState::Stored)));
+                        written.push((i, Some(PageState::Stored), true));
                     }
                     Err(e) => {
                         self.fail(format!(
                             "cannot write a page out ({e}); it stays in DRAM over the budget"
                         ));
-                        written.push((i, None));
+                        written.push((i, None, false));
                     }
                 }
             }
@@ -290,7 +290,7 @@ impl Inner {
         {
             let mut st = core.st.lock();
             if st.dead {
-                for &(i, s) in &written {
+                for &(i, s, _) in &written {
                     if s == Some(PageState::Stored) {
                         let _ = self.store.remove((core.obj, i as u64));
                     }
@@ -303,7 +303,7 @@ impl Inner {
                     .store(h.saturating_sub(clean.len() as u32), Relaxed);
             }
             gone.extend_from_slice(&clean);
-            for &(i, s) in &written {
+            for &(i, s, _) in &written {
                 if s.is_some() {
                     gone.push(i);
                 } else {
@@ -329,10 +329,12 @@ impl Inner {
             }
             for &i in &clean {
                 st.pages[i] = st.backed[i];
+                st.wrote[i] = false;
                 self.counters.clean_drops.fetch_add(1, Relaxed);
             }
-            for &(i, s) in &written {
+            for &(i, s, changed) in &written {
                 if let Some(s) = s {
+                    st.wrote[i] = changed;
                     if s == PageState::Zero {
                         self.counters.zero_evictions.fetch_add(1, Relaxed);
                     }

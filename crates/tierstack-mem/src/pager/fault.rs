@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::uffd::{Event, FaultKind};
 use parking_lot::Mutex;
 
-use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX, WRITE_HEAT_ON};
+use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX};
 use super::{fatal, Inner};
 
 /// How a page was mapped, and so how its eviction learns whether it was written.
@@ -274,17 +274,15 @@ impl Inner {
             PageState::Evicting => return,
             PageState::Zero => {
                 self.charge(page as u64);
-                // A private zero-filled page rather than the shared zero page: it can be
-                // write-protected atomically (tracked clean on a read) and a write does not
-                // take one copy-on-write fault per 4 KiB afterwards.
-                let tracked = self.place(pa, &self.zeros, !write);
+                // A private zero-filled page rather than the shared zero page, mapped
+                // writable and counted dirty: memory a program touches for the first time is
+                // nearly always memory it is about to write, and a write-protected page would
+                // cost that write a fault served here (with a TLB shootdown to lift the
+                // protection). An eviction that finds the page still all zeros drops it
+                // without a write.
+                self.place(pa, &self.zeros, false);
                 self.counters.zero_fills.fetch_add(1, Relaxed);
-                let placed = if tracked {
-                    Placed::Tracked
-                } else {
-                    Placed::Dirty
-                };
-                self.mark_resident(core, &mut st, idx, PageState::Zero, placed);
+                self.mark_resident(core, &mut st, idx, PageState::Zero, Placed::Dirty);
                 let pf = self.stream(&mut st, idx);
                 drop(st);
                 let _ = self.uffd.wake(pa, page);
@@ -330,13 +328,14 @@ impl Inner {
         self.counters
             .bytes_in
             .fetch_add((run.len() * page) as u64, Relaxed);
-        // A read of a page of a region being written maps it writable and hashed: its first
-        // write then costs no write-protect fault.
+        // A read of a page of a region being written, or of a page changed during its last
+        // stay in memory, maps it writable and hashed: its first write then costs no
+        // write-protect fault.
         let placed = if write {
             self.place(pa, &data[0], false);
             Placed::Dirty
         } else {
-            let hashed = core.write_heat.load(Relaxed) >= WRITE_HEAT_ON;
+            let hashed = core.map_writable(&run[..1]);
             self.place_clean(pa, &data[0], hashed)
         };
         // The rest of the run in one call.

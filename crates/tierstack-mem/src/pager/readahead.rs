@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::fault::{page_hash, Placed};
-use super::region::{PageState, RState, RegionCore, WRITE_HEAT_ON};
+use super::region::{PageState, RState, RegionCore};
 use super::Inner;
 
 /// Largest prefetch window, in bytes (at least 16 pages).
@@ -243,10 +243,10 @@ impl Inner {
 
     /// Maps the adjacent pages `idxs` of `core` with contents `data` in one call (page by page
     /// where part of the range exists already): write-protected (tracked), or, while the
-    /// region is being written (its write heat at least [`WRITE_HEAT_ON`]), writable with
-    /// each page's hash, so that a stream that writes takes no write-protect fault per page
-    /// and its eviction still skips the pages it did not change. Returns how each page was
-    /// mapped.
+    /// region is being written (its write heat at least `WRITE_HEAT_ON`) or where one of
+    /// the pages was changed during its last stay in memory, writable with each page's
+    /// hash, so that a stream that writes takes no write-protect fault per page and its
+    /// eviction still skips the pages it did not change. Returns how each page was mapped.
     pub(super) fn place_run(
         &self,
         core: &RegionCore,
@@ -254,7 +254,7 @@ impl Inner {
         data: &[Vec<u8>],
     ) -> Vec<Placed> {
         let page = self.page;
-        let hashed = core.write_heat.load(Relaxed) >= WRITE_HEAT_ON;
+        let hashed = core.map_writable(idxs);
         let Some(&first) = idxs.first() else {
             return Vec::new();
         };

@@ -42,6 +42,11 @@ pub(super) struct RState {
     pub(super) backed: Vec<PageState>,
     /// In the clock queue.
     pub(super) queued: Vec<bool>,
+    /// The page was changed during its last stay in memory (written out with new contents
+    /// at its eviction). Read back, it is mapped writable and hashed rather than
+    /// write-protected: a page a program wrote is likely written again (a state vector that
+    /// every gate updates), and its first write then costs no write-protect fault.
+    pub(super) wrote: Vec<bool>,
     /// Resident pages mapped writable although they may never be written (along a stream
     /// that writes): the hash of the contents the store holds for them. Eviction
     /// write-protects them like dirty pages, compares, and drops an unchanged one without a
@@ -103,6 +108,23 @@ pub(super) struct RegionCore {
     pub(super) base: usize,
     pub(super) len: usize,
     pub(super) st: Mutex<RState>,
+}
+
+impl RegionCore {
+    /// Whether pages `idxs` read from the store are mapped writable and hashed rather than
+    /// write-protected: while the region is hot, or, while it has any write heat left, where
+    /// one of them was changed during its last stay in memory (a program that stopped
+    /// writing cools the region within a few dozen evictions, and its pages go back to being
+    /// tracked). Takes the region's lock.
+    pub(super) fn map_writable(&self, idxs: &[usize]) -> bool {
+        let heat = self.write_heat.load(Relaxed);
+        heat >= WRITE_HEAT_ON
+            || heat > 0 && {
+                let st = self.st.lock();
+                idxs.iter()
+                    .any(|&j| st.wrote.get(j).copied().unwrap_or(false))
+            }
+    }
 }
 
 /// A mapping paged by a [`Pager`]. Dropping it unmaps it and removes its pages from the store.
@@ -198,6 +220,7 @@ pub(super) fn map_region(
             dirty: vec![false; npages],
             backed: vec![PageState::Zero; npages],
             queued: vec![false; npages],
+            wrote: vec![false; npages],
             hashes: std::collections::HashMap::new(),
             resident: 0,
             streams: [Stream::default(); STREAMS],
@@ -245,6 +268,7 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
             dirty: o.dirty.clone(),
             backed: o.backed.clone(),
             queued: vec![false; o.pages.len()],
+            wrote: o.wrote.clone(),
             // The child's store copy is its own: its writable pages count as dirty.
             hashes: std::collections::HashMap::new(),
             resident: 0,
