@@ -158,7 +158,11 @@ pub fn chunk_for(page: usize) -> usize {
 /// How `dram` is split: (the store's DRAM tier, the regions' budget), given the array's
 /// stripe buffers and the page size.
 pub fn split_budget(dram: u64, stripe_buffers: u64, page: usize) -> (u64, u64) {
-    let store_dram = (dram / 64).clamp(4 << 20, 64 << 20);
+    // A sixty-fourth of the budget, at least 1 MiB and four pages: under small budgets every
+    // MiB the write buffer does not need holds resident pages instead (qrack_qft.py 23 under
+    // `--dram 48M`: 1 MiB instead of 4 left 36 MiB to pages instead of 33 and ran 8 % faster).
+    let floor = (1u64 << 20).max(4 * page as u64);
+    let store_dram = (dram / 64).clamp(floor, 64 << 20);
     let budget = dram
         .saturating_sub(store_dram + stripe_buffers)
         .max(4 * page as u64);
@@ -281,6 +285,9 @@ mod tests {
         // Small budgets keep four pages; large ones cap the store's DRAM at 64 MiB.
         assert_eq!(split_budget(8 << 20, 28 << 20, 4096).1, 4 * 4096);
         assert_eq!(split_budget(64 << 30, 0, 4096).0, 64 << 20);
+        // Small budgets: a write buffer of 1 MiB, or four pages of a large page size.
+        assert_eq!(split_budget(48 << 20, 0, 4096).0, 1 << 20);
+        assert_eq!(split_budget(48 << 20, 0, 1 << 20).0, 4 << 20);
         assert_eq!(chunk_for(4096), 64 << 10);
         assert_eq!(chunk_for(256 << 10), 256 << 10);
     }
