@@ -75,6 +75,9 @@ fn attr(ino: u64, mode: u32, nlink: u32) -> Vec<u8> {
     a
 }
 
+/// Whether INIT offers the kernel FUSE over io_uring (mode `uring`).
+static URING: AtomicBool = AtomicBool::new(false);
+
 /// Counters of what each path served.
 #[derive(Default)]
 struct Served {
@@ -92,7 +95,7 @@ fn handle(opcode: u32, nodeid: u64, init: &[u8], name: &[u8]) -> Option<(i32, Ve
             let minor = u32_at(init, 4).min(42);
             let max_readahead = u32_at(init, 8);
             let flags2_in = u32_at(init, 16);
-            let uring = std::env::var_os("EXP_URING").is_some();
+            let uring = URING.load(Ordering::Relaxed);
             let mut out = Vec::with_capacity(64);
             for v in [7u32, minor, max_readahead, FUSE_INIT_EXT | FUSE_MAX_PAGES] {
                 out.extend_from_slice(&v.to_le_bytes());
@@ -269,7 +272,9 @@ fn serve_ring(fd: i32, qid: usize, entries: usize, served: &Served) -> io::Resul
             .map_err(|_| io::Error::other("submission queue full"))?;
     }
     ring.submit()?;
-    if std::env::var_os("EXP_DEBUG").is_some() {
+    // `EXP_DEBUG=1` prints each request served from the ring.
+    let debug = std::env::var_os("EXP_DEBUG").is_some();
+    if debug {
         eprintln!("ring {qid}: registered {entries}");
     }
     loop {
@@ -297,7 +302,7 @@ fn serve_ring(fd: i32, qid: usize, entries: usize, served: &Served) -> io::Resul
             let commit_id = u64_at(hdr, 256 + 8);
             let payload_sz = u32_at(hdr, 256 + 16) as usize;
             served.ring.fetch_add(1, Ordering::Relaxed);
-            if std::env::var_os("EXP_DEBUG").is_some() {
+            if debug {
                 eprintln!("ring {qid}: op {opcode} unique {unique} node {nodeid} commit {commit_id} payload {payload_sz}");
             }
             let (error, out) = handle(
@@ -361,9 +366,7 @@ fn main() -> io::Result<()> {
         .map(|s| s.parse().map_err(io::Error::other))
         .transpose()?
         .unwrap_or(200_000);
-    if mode == "uring" {
-        std::env::set_var("EXP_URING", "1");
-    }
+    URING.store(mode == "uring", Ordering::Relaxed);
     let dev = CString::new("/dev/fuse").map_err(io::Error::other)?;
     // SAFETY: opening a device by a NUL-terminated path.
     let raw = unsafe { libc::open(dev.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };

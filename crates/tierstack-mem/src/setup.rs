@@ -6,8 +6,8 @@
 //!   a third of the store plus 64 MiB of room for the log's cleaner), or a given array. The
 //!   chunk is at least the page (a page is one request to one drive), 64 KiB to 1 MiB.
 //! - The budget: `--dram` covers everything tierstack holds for the process. The store's own
-//!   DRAM tier (a write buffer in front of the array) takes 1/64 of it, at least 4 MiB and at
-//!   most 64 MiB; the array's stripe buffers (an open stripe and those in flight) come out of
+//!   DRAM tier (a write buffer in front of the array) takes 1/64 of it, at least 1 MiB (and
+//!   four pages) and at most 64 MiB; the array's stripe buffers (an open stripe and those in flight) come out of
 //!   it too; the rest, at least four pages, is the budget of the regions' resident pages.
 //! - The compressed tier (`tierstack_store::CompressedTier`, on unless `--no-compress`): pages
 //!   the store's DRAM tier evicts stay in process memory LZ4-compressed when they compress to

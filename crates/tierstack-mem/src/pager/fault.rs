@@ -312,6 +312,10 @@ impl Inner {
             st.pages[j] = PageState::Loading;
         }
         self.charge((run.len() * page) as u64);
+        // Read (not written) pages of a region being written, or changed during their last
+        // stay in memory, are mapped writable and hashed: their first write then costs no
+        // write-protect fault. Decided here, under the lock the fault holds anyway.
+        let hashed = core.writable(&st, &run);
         drop(st);
         let t0 = Instant::now();
         busy.store(true, Release);
@@ -328,19 +332,15 @@ impl Inner {
         self.counters
             .bytes_in
             .fetch_add((run.len() * page) as u64, Relaxed);
-        // A read of a page of a region being written, or of a page changed during its last
-        // stay in memory, maps it writable and hashed: its first write then costs no
-        // write-protect fault.
         let placed = if write {
             self.place(pa, &data[0], false);
             Placed::Dirty
         } else {
-            let hashed = core.map_writable(&run[..1]);
             self.place_clean(pa, &data[0], hashed)
         };
         // The rest of the run in one call.
         let rest = if run.len() > 1 {
-            self.place_run(core, &run[1..], &data[1..])
+            self.place_run(core, &run[1..], &data[1..], hashed)
         } else {
             Vec::new()
         };

@@ -237,24 +237,23 @@ impl Inner {
         self.counters
             .bytes_in
             .fetch_add((data.len() * page) as u64, Relaxed);
-        let placed = self.place_run(core, &job.idxs, &data);
+        let placed = self.place_run(core, &job.idxs, &data, core.map_writable(&job.idxs));
         self.finish_loads(core, &job.idxs, PageState::Stored, &placed);
     }
 
     /// Maps the adjacent pages `idxs` of `core` with contents `data` in one call (page by page
-    /// where part of the range exists already): write-protected (tracked), or, while the
-    /// region is being written (its write heat at least `WRITE_HEAT_ON`) or where one of
-    /// the pages was changed during its last stay in memory, writable with each page's
-    /// hash, so that a stream that writes takes no write-protect fault per page and its
-    /// eviction still skips the pages it did not change. Returns how each page was mapped.
+    /// where part of the range exists already): write-protected (tracked), or, when `hashed`
+    /// (see [`RegionCore::writable`]), writable with each page's hash, so that a stream that
+    /// writes takes no write-protect fault per page and its eviction still skips the pages it
+    /// did not change. Returns how each page was mapped.
     pub(super) fn place_run(
         &self,
         core: &RegionCore,
         idxs: &[usize],
         data: &[Vec<u8>],
+        hashed: bool,
     ) -> Vec<Placed> {
         let page = self.page;
-        let hashed = core.map_writable(idxs);
         let Some(&first) = idxs.first() else {
             return Vec::new();
         };

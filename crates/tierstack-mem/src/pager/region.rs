@@ -115,15 +115,21 @@ impl RegionCore {
     /// write-protected: while the region is hot, or, while it has any write heat left, where
     /// one of them was changed during its last stay in memory (a program that stopped
     /// writing cools the region within a few dozen evictions, and its pages go back to being
-    /// tracked). Takes the region's lock.
-    pub(super) fn map_writable(&self, idxs: &[usize]) -> bool {
+    /// tracked). `st` is this region's state, locked by the caller.
+    pub(super) fn writable(&self, st: &RState, idxs: &[usize]) -> bool {
         let heat = self.write_heat.load(Relaxed);
         heat >= WRITE_HEAT_ON
-            || heat > 0 && {
-                let st = self.st.lock();
-                idxs.iter()
+            || heat > 0
+                && idxs
+                    .iter()
                     .any(|&j| st.wrote.get(j).copied().unwrap_or(false))
-            }
+    }
+
+    /// As [`RegionCore::writable`], taking the region's lock (only when the heat leaves the
+    /// answer to the pages' history).
+    pub(super) fn map_writable(&self, idxs: &[usize]) -> bool {
+        let heat = self.write_heat.load(Relaxed);
+        heat >= WRITE_HEAT_ON || heat > 0 && self.writable(&self.st.lock(), idxs)
     }
 }
 
