@@ -5,6 +5,7 @@
 # Python process. Needs root, fio and python3. Usage: smallio.sh [WORKDIR]
 # FAST=DIR puts the mount's fast tier elsewhere (e.g. WORKDIR on a slow file system, FAST on
 # the local disk: the mount then fronts a slow backing, the plain folder is that slow one).
+# MOUNT_ARGS="..." adds flags to `tierstack mount` (e.g. --transport dev); they are printed.
 set -euo pipefail
 T=${TIERSTACK:-$(dirname "$0")/../../target/release/tierstack}
 W=${1:-/tmp/ts-smallio}
@@ -48,7 +49,8 @@ PY
 # for some seconds after fio's files are deleted its creates run at a tenth of their rate.
 read -r pc ps pu < <(meta "$W/plain/m"); p1=$(fio4k "$W/plain"); p2=$(fio4k "$W/plain" --fsync=64); pf=$(fsync64 "$W/plain")
 F=${FAST:-$W/fast}
-"$T" mount "$W/back" "$W/mnt" --dir "$F" >/dev/null
+"$T" mount "$W/back" "$W/mnt" --dir "$F" ${MOUNT_ARGS:-} >/dev/null
+echo "mount flags: ${MOUNT_ARGS:-(defaults)}; transport: $("$T" status "$W/mnt" --json | python3 -c 'import json,sys; print(json.load(sys.stdin).get("transport","?"))')"
 # A new mount conditions its fast tier's drives while idle (a few seconds): wait, so that it
 # does not share the disk with the measurements.
 for _ in $(seq 600); do

@@ -25,6 +25,18 @@ pub enum Mode {
     Async,
 }
 
+/// How FUSE requests reach the mount daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// FUSE over io_uring where the kernel offers it (Linux 6.14+ with
+    /// /sys/module/fuse/parameters/enable_uring set to Y), else /dev/fuse.
+    Auto,
+    /// FUSE over io_uring, or fail.
+    Uring,
+    /// /dev/fuse only (read and write by the daemon's threads).
+    Dev,
+}
+
 #[derive(Args)]
 pub struct MountArgs {
     /// The backing directory (on the parallel file system).
@@ -79,6 +91,11 @@ pub struct MountArgs {
     /// of the daemon. Off by itself on a machine with one CPU.
     #[arg(long)]
     pub no_poll: bool,
+    /// How requests reach the daemon. With io_uring each CPU's requests are answered by a
+    /// thread on that CPU, without a read or write of /dev/fuse or a wake-up of another CPU:
+    /// small operations (create, stat, unlink) cost less.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub transport: TransportArg,
     /// Serve Prometheus metrics at ADDR:PORT (`GET /metrics`), from the mount daemon.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
@@ -315,6 +332,11 @@ pub fn mount(a: MountArgs) -> Result<()> {
         gpu: a.gpu,
         direct_writes: !a.cached_writes,
         poll: !a.no_poll,
+        transport: match a.transport {
+            TransportArg::Auto => tierstack_fs::uring::Transport::Auto,
+            TransportArg::Uring => tierstack_fs::uring::Transport::Uring,
+            TransportArg::Dev => tierstack_fs::uring::Transport::Dev,
+        },
     };
     if let Some(m) = &a.metrics {
         crate::metrics::check_addr(m)?;
@@ -469,6 +491,9 @@ fn print_status(s: &MountStatus) {
                 ", going on when idle"
             }
         );
+    }
+    if !s.transport.is_empty() {
+        println!("transport   {}", s.transport);
     }
     if s.polled_ms > 0 || s.polling {
         println!(

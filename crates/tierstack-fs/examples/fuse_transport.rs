@@ -18,20 +18,35 @@
 //! one JSON line. It is a measurement, not part of the product:
 //! the mount does not speak io_uring (the `fuser` crate does not).
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use tierstack_fs::uring::{cmd, pin, with_len, CMD_COMMIT_AND_FETCH, CMD_REGISTER, HEADER};
 
 const FUSE_LOOKUP: u32 = 1;
 const FUSE_FORGET: u32 = 2;
 const FUSE_GETATTR: u32 = 3;
+const FUSE_SETATTR: u32 = 4;
+const FUSE_UNLINK: u32 = 10;
+const FUSE_OPEN: u32 = 14;
+const FUSE_WRITE: u32 = 16;
+const FUSE_RELEASE: u32 = 18;
+const FUSE_GETXATTR: u32 = 22;
+const FUSE_FLUSH: u32 = 25;
 const FUSE_INIT: u32 = 26;
+const FUSE_CREATE: u32 = 35;
 const FUSE_BATCH_FORGET: u32 = 42;
+
+/// What the mount's INIT asks for (`fuse.rs`): async reads, atomic O_TRUNC, big writes,
+/// no umask, writeback cache, parallel directory operations, killpriv v2, POSIX ACLs.
+const MOUNT_FLAGS: u32 =
+    1 | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 16) | (1 << 18) | (1 << 20) | (1 << 28);
 
 const FUSE_INIT_EXT: u32 = 1 << 30;
 const FUSE_MAX_PAGES: u32 = 1 << 22;
@@ -40,10 +55,6 @@ const FUSE_OVER_IO_URING_HI: u32 = 1 << 9;
 
 const IN_HEADER: usize = 40;
 const MAX_WRITE: u32 = 128 * 1024;
-/// `struct fuse_uring_req_header`: in/out header (128), op header (128), ring entry (32).
-const URING_HEADER: usize = 128 + 128 + 32;
-const URING_CMD_REGISTER: u32 = 1;
-const URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 
 fn u32_at(b: &[u8], off: usize) -> u32 {
     let mut a = [0u8; 4];
@@ -58,10 +69,10 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
 }
 
 /// `struct fuse_attr` (88 bytes).
-fn attr(ino: u64, mode: u32, nlink: u32) -> Vec<u8> {
+fn attr(ino: u64, mode: u32, nlink: u32, size: u64) -> Vec<u8> {
     let mut a = Vec::with_capacity(88);
     a.extend_from_slice(&ino.to_le_bytes());
-    a.extend_from_slice(&100u64.to_le_bytes()); // size
+    a.extend_from_slice(&size.to_le_bytes());
     a.extend_from_slice(&8u64.to_le_bytes()); // blocks
     for _ in 0..3 {
         a.extend_from_slice(&1_700_000_000u64.to_le_bytes());
@@ -77,6 +88,13 @@ fn attr(ino: u64, mode: u32, nlink: u32) -> Vec<u8> {
 
 /// Whether INIT offers the kernel FUSE over io_uring (mode `uring`).
 static URING: AtomicBool = AtomicBool::new(false);
+/// `FUSE_TRANSPORT_LIKE_MOUNT=1`: INIT asks for what the mount asks for (writeback cache,
+/// POSIX ACLs, so `default_permissions`, ...) and entries and attributes are cached for an
+/// hour, as the mount's are: the kernel then sends the requests it sends the mount.
+static LIKE_MOUNT: AtomicBool = AtomicBool::new(false);
+
+/// Requests served, by opcode.
+static BY_OPCODE: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 
 /// Counters of what each path served.
 #[derive(Default)]
@@ -87,17 +105,81 @@ struct Served {
     initialized: AtomicBool,
 }
 
+/// The names in the root directory: name -> (inode, size). `f1` exists from the start.
+struct Names {
+    by_name: HashMap<Vec<u8>, (u64, u64)>,
+    next: u64,
+}
+
+fn names() -> &'static Mutex<Names> {
+    static NAMES: OnceLock<Mutex<Names>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut by_name = HashMap::new();
+        by_name.insert(b"f1".to_vec(), (2, 100));
+        Mutex::new(Names { by_name, next: 3 })
+    })
+}
+
+/// Seconds the kernel may cache entries and attributes (0: attributes never cached).
+fn ttls() -> (u64, u64) {
+    if LIKE_MOUNT.load(Ordering::Relaxed) {
+        (3600, 3600)
+    } else {
+        (3600, 0)
+    }
+}
+
+/// `struct fuse_entry_out` for `ino` (0: a negative entry).
+fn entry(ino: u64, size: u64) -> Vec<u8> {
+    let (entry_valid, attr_valid) = ttls();
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(&ino.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes()); // generation
+    out.extend_from_slice(&entry_valid.to_le_bytes());
+    out.extend_from_slice(&attr_valid.to_le_bytes());
+    out.extend_from_slice(&[0u8; 8]);
+    out.extend(attr(ino, libc::S_IFREG | 0o644, 1, size));
+    out
+}
+
+/// The fixed-size argument that precedes a request's payload on `/dev/fuse` (over io_uring
+/// it comes in the op header instead).
+fn op_header_len(opcode: u32) -> usize {
+    match opcode {
+        FUSE_GETATTR => 16,
+        FUSE_SETATTR => 88,
+        FUSE_OPEN => 8,
+        FUSE_WRITE => 40,
+        FUSE_RELEASE | FUSE_FLUSH => 24,
+        FUSE_GETXATTR => 8,
+        FUSE_CREATE => 16,
+        _ => 0,
+    }
+}
+
 /// The file system: returns `Some((error, reply payload))`, or `None` when the kernel
-/// expects no reply.
-fn handle(opcode: u32, nodeid: u64, init: &[u8], name: &[u8]) -> Option<(i32, Vec<u8>)> {
+/// expects no reply. `hdr` is the request's fixed argument, `payload` what follows it (a
+/// name, or a write's data).
+fn handle(opcode: u32, nodeid: u64, hdr: &[u8], payload: &[u8]) -> Option<(i32, Vec<u8>)> {
+    if let Some(c) = BY_OPCODE.get(opcode as usize) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+    let name = payload.split(|&c| c == 0).next().unwrap_or_default();
+    let like_mount = LIKE_MOUNT.load(Ordering::Relaxed);
+    let mut ns = names().lock().unwrap_or_else(|p| p.into_inner());
     match opcode {
         FUSE_INIT => {
-            let minor = u32_at(init, 4).min(42);
-            let max_readahead = u32_at(init, 8);
-            let flags2_in = u32_at(init, 16);
+            let minor = u32_at(hdr, 4).min(42);
+            let max_readahead = u32_at(hdr, 8);
+            let flags_in = u32_at(hdr, 12);
+            let flags2_in = u32_at(hdr, 16);
             let uring = URING.load(Ordering::Relaxed);
+            let mut flags = FUSE_INIT_EXT | FUSE_MAX_PAGES;
+            if like_mount {
+                flags |= flags_in & MOUNT_FLAGS;
+            }
             let mut out = Vec::with_capacity(64);
-            for v in [7u32, minor, max_readahead, FUSE_INIT_EXT | FUSE_MAX_PAGES] {
+            for v in [7u32, minor, max_readahead, flags] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
             out.extend_from_slice(&16u16.to_le_bytes()); // max_background
@@ -116,31 +198,74 @@ fn handle(opcode: u32, nodeid: u64, init: &[u8], name: &[u8]) -> Option<(i32, Ve
             Some((0, out))
         }
         FUSE_LOOKUP => {
-            let name = name.split(|&c| c == 0).next().unwrap_or_default();
-            if nodeid != 1 || name.first() != Some(&b'f') {
+            if nodeid != 1 {
                 return Some((-libc::ENOENT, Vec::new()));
             }
-            let ino = 2 + name.len() as u64;
-            let mut out = Vec::with_capacity(128);
-            out.extend_from_slice(&ino.to_le_bytes());
-            out.extend_from_slice(&0u64.to_le_bytes()); // generation
-            out.extend_from_slice(&3600u64.to_le_bytes()); // entry_valid
-            out.extend_from_slice(&0u64.to_le_bytes()); // attr_valid: never cached
-            out.extend_from_slice(&[0u8; 8]);
-            out.extend(attr(ino, libc::S_IFREG | 0o644, 1));
+            if !like_mount && name.first() == Some(&b'f') {
+                return Some((0, entry(2 + name.len() as u64, 100)));
+            }
+            match ns.by_name.get(name) {
+                Some(&(ino, size)) => Some((0, entry(ino, size))),
+                // A negative entry the kernel keeps, as the mount answers.
+                None if like_mount => Some((0, entry(0, 0))),
+                None => Some((-libc::ENOENT, Vec::new())),
+            }
+        }
+        FUSE_CREATE => {
+            let ino = ns.next;
+            ns.next += 1;
+            ns.by_name.insert(name.to_vec(), (ino, 0));
+            // A write-only create is a direct handle, as the mount's (`refresh.rs`):
+            // FOPEN_DIRECT_IO | FOPEN_PARALLEL_DIRECT_WRITES.
+            let direct = like_mount && u32_at(hdr, 0) as i32 & libc::O_ACCMODE == libc::O_WRONLY;
+            let mut out = entry(ino, 0);
+            out.extend_from_slice(&ino.to_le_bytes()); // fh
+            out.extend_from_slice(&(if direct { 1u32 | 64 } else { 0 }).to_le_bytes());
+            out.extend_from_slice(&[0u8; 4]); // backing_id
             Some((0, out))
         }
-        FUSE_GETATTR => {
-            let mode = if nodeid == 1 {
-                libc::S_IFDIR | 0o755
+        FUSE_OPEN => {
+            let mut out = nodeid.to_le_bytes().to_vec();
+            out.extend_from_slice(&[0u8; 8]);
+            Some((0, out))
+        }
+        FUSE_WRITE => {
+            let (off, size) = (u64_at(hdr, 8), u32_at(hdr, 16));
+            if let Some(e) = ns.by_name.values_mut().find(|e| e.0 == nodeid) {
+                e.1 = e.1.max(off + size as u64);
+            }
+            Some((
+                0,
+                size.to_le_bytes()
+                    .iter()
+                    .chain(&[0u8; 4])
+                    .copied()
+                    .collect(),
+            ))
+        }
+        FUSE_UNLINK => match ns.by_name.remove(name) {
+            Some(_) => Some((0, Vec::new())),
+            None => Some((-libc::ENOENT, Vec::new())),
+        },
+        FUSE_GETATTR | FUSE_SETATTR => {
+            let (mode, nlink, size) = if nodeid == 1 {
+                (libc::S_IFDIR | 0o755, 2, 4096)
             } else {
-                libc::S_IFREG | 0o644
+                let size = ns
+                    .by_name
+                    .values()
+                    .find(|e| e.0 == nodeid)
+                    .map_or(100, |e| e.1);
+                (libc::S_IFREG | 0o644, 1, size)
             };
             let mut out = Vec::with_capacity(104);
-            out.extend_from_slice(&[0u8; 16]); // attr_valid 0
-            out.extend(attr(nodeid, mode, if nodeid == 1 { 2 } else { 1 }));
+            out.extend_from_slice(&ttls().1.to_le_bytes());
+            out.extend_from_slice(&[0u8; 8]);
+            out.extend(attr(nodeid, mode, nlink, size));
             Some((0, out))
         }
+        FUSE_RELEASE => Some((0, Vec::new())),
+        FUSE_GETXATTR => Some((-libc::ENODATA, Vec::new())),
         FUSE_FORGET | FUSE_BATCH_FORGET => None,
         _ => Some((-libc::ENOSYS, Vec::new())),
     }
@@ -179,8 +304,10 @@ fn serve_legacy(fd: i32, spin: bool, served: &Served) -> io::Result<()> {
         let unique = u64_at(req, 8);
         let nodeid = u64_at(req, 16);
         let body = &req[IN_HEADER..];
+        let (hdr, payload) = body.split_at(op_header_len(opcode).min(body.len()));
+        let hdr = if opcode == FUSE_INIT { body } else { hdr };
         served.legacy.fetch_add(1, Ordering::Relaxed);
-        if let Some((error, payload)) = handle(opcode, nodeid, body, body) {
+        if let Some((error, payload)) = handle(opcode, nodeid, hdr, payload) {
             let r = reply_bytes(unique, error, &payload);
             // SAFETY: `r` is a live buffer of the length passed.
             let w = unsafe { libc::write(fd, r.as_ptr().cast(), r.len()) };
@@ -200,32 +327,11 @@ fn serve_legacy(fd: i32, spin: bool, served: &Served) -> io::Result<()> {
     }
 }
 
-fn pin(cpu: usize) -> io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// One ring entry: the header and payload buffers the kernel writes requests into.
 struct Entry {
     header: Box<[u64]>,
     payload: Box<[u8]>,
     iov: Box<[libc::iovec; 2]>,
-}
-
-/// `struct fuse_uring_cmd_req` in the SQE's 80-byte command area.
-fn uring_cmd(qid: u16, commit_id: u64) -> [u8; 80] {
-    let mut cmd = [0u8; 80];
-    cmd[8..16].copy_from_slice(&commit_id.to_le_bytes());
-    cmd[16..18].copy_from_slice(&qid.to_le_bytes());
-    cmd
 }
 
 /// Serve queue `qid` (the requests of callers running on CPU `qid`) over io_uring.
@@ -240,12 +346,12 @@ fn serve_ring(fd: i32, qid: usize, entries: usize, served: &Served) -> io::Resul
         .build(16)?;
     let mut ents: Vec<Entry> = (0..entries)
         .map(|_| {
-            let mut header = vec![0u64; URING_HEADER / 8].into_boxed_slice();
+            let mut header = vec![0u64; HEADER / 8].into_boxed_slice();
             let mut payload = vec![0u8; MAX_WRITE as usize].into_boxed_slice();
             let iov = Box::new([
                 libc::iovec {
                     iov_base: header.as_mut_ptr().cast(),
-                    iov_len: URING_HEADER,
+                    iov_len: HEADER,
                 },
                 libc::iovec {
                     iov_base: payload.as_mut_ptr().cast(),
@@ -260,8 +366,8 @@ fn serve_ring(fd: i32, qid: usize, entries: usize, served: &Served) -> io::Resul
         })
         .collect();
     for (i, e) in ents.iter().enumerate() {
-        let sqe = opcode::UringCmd80::new(types::Fd(fd), URING_CMD_REGISTER)
-            .cmd(uring_cmd(qid as u16, 0))
+        let sqe = opcode::UringCmd80::new(types::Fd(fd), CMD_REGISTER)
+            .cmd(cmd(qid as u16, 0))
             .addr(Some(e.iov.as_ptr() as u64))
             .build()
             .user_data(i as u64);
@@ -293,9 +399,8 @@ fn serve_ring(fd: i32, qid: usize, entries: usize, served: &Served) -> io::Resul
             let e = &mut ents[i as usize];
             // SAFETY: the kernel completed this entry's command: until it is committed,
             // the buffers are ours alone; u64 -> u8 view of the same allocation.
-            let hdr: &mut [u8] = unsafe {
-                std::slice::from_raw_parts_mut(e.header.as_mut_ptr().cast(), URING_HEADER)
-            };
+            let hdr: &mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(e.header.as_mut_ptr().cast(), HEADER) };
             let opcode = u32_at(hdr, 4);
             let unique = u64_at(hdr, 8);
             let nodeid = u64_at(hdr, 16);
@@ -315,25 +420,14 @@ fn serve_ring(fd: i32, qid: usize, entries: usize, served: &Served) -> io::Resul
             hdr[..16].copy_from_slice(&reply_bytes(unique, error, &[])[..16]);
             e.payload[..out.len()].copy_from_slice(&out);
             hdr[256 + 16..256 + 20].copy_from_slice(&(out.len() as u32).to_le_bytes());
-            let sqe = opcode::UringCmd80::new(types::Fd(fd), URING_CMD_COMMIT_AND_FETCH)
-                .cmd(uring_cmd(qid as u16, commit_id))
+            let sqe = opcode::UringCmd80::new(types::Fd(fd), CMD_COMMIT_AND_FETCH)
+                .cmd(cmd(qid as u16, commit_id))
                 .build()
                 .user_data(i);
             // SAFETY: as above; the entry's buffers stay alive.
             unsafe { ring.submission().push(&sqe) }
                 .map_err(|_| io::Error::other("submission queue full"))?;
         }
-    }
-}
-
-/// Sets `sqe->len` (the io-uring crate's `UringCmd80` has no setter for it).
-fn with_len(sqe: squeue::Entry128, len: u32) -> squeue::Entry128 {
-    // SAFETY: `Entry128` is `repr(C)`: a 64-byte `io_uring_sqe` then 64 bytes; `len` is
-    // the u32 at byte offset 24 of the SQE; both types are plain bytes of the same size.
-    unsafe {
-        let mut raw: [u8; 128] = std::mem::transmute(sqe);
-        raw[24..28].copy_from_slice(&len.to_le_bytes());
-        std::mem::transmute::<[u8; 128], squeue::Entry128>(raw)
     }
 }
 
@@ -367,6 +461,10 @@ fn main() -> io::Result<()> {
         .transpose()?
         .unwrap_or(200_000);
     URING.store(mode == "uring", Ordering::Relaxed);
+    LIKE_MOUNT.store(
+        std::env::var_os("FUSE_TRANSPORT_LIKE_MOUNT").is_some_and(|v| v == "1"),
+        Ordering::Relaxed,
+    );
     let dev = CString::new("/dev/fuse").map_err(io::Error::other)?;
     // SAFETY: opening a device by a NUL-terminated path.
     let raw = unsafe { libc::open(dev.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -454,6 +552,18 @@ fn main() -> io::Result<()> {
     }
     // SAFETY: NUL-terminated path.
     unsafe { libc::umount2(tgt.as_ptr(), libc::MNT_DETACH) };
+    let by_opcode: Vec<String> = BY_OPCODE
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.load(Ordering::Relaxed) > 0)
+        .map(|(op, c)| format!("\"{op}\":{}", c.load(Ordering::Relaxed)))
+        .collect();
+    eprintln!(
+        "{{\"requests_by_opcode\":{{{}}},\"legacy_total\":{},\"ring_total\":{}}}",
+        by_opcode.join(","),
+        served.legacy.load(Ordering::Relaxed),
+        served.ring.load(Ordering::Relaxed)
+    );
     println!(
         "{{\"mode\":\"{mode}\",\"calls\":{calls},\"mount_us_per_stat\":{mount_us:.2},\"reference_us_per_stat\":{reference_us:.2},\"ratio\":{:.3},\"served_legacy\":{},\"served_ring\":{}}}",
         reference_us / mount_us,

@@ -1,4 +1,7 @@
-//! The FUSE side: a `fuser::Filesystem` over [`Core`].
+//! The FUSE side: the file system's operations over [`Core`] ([`TierFs::serve`], one
+//! decoded request [`Op`] in, one [`Out`] answer back), and the `fuser::Filesystem` that
+//! carries them over `/dev/fuse`. [`crate::uring`] carries the same operations over the
+//! kernel's io_uring queues.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -20,7 +23,10 @@ use crate::refresh::{is_direct, open_flags, Refresher, STALE_NS};
 /// the namespace it shows.
 const TTL: Duration = Duration::from_secs(3600);
 
-/// The mounted file system handed to `fuser`: every operation is served by the core.
+/// The mounted file system: every operation is served by the core, whichever transport
+/// carries it (`fuser`'s `/dev/fuse` threads, and the io_uring queues of [`crate::uring`]
+/// when the kernel offers them; each transport holds a clone).
+#[derive(Clone)]
 pub struct TierFs {
     /// The file system's state: namespace, file contents, journal.
     pub core: Arc<Core>,
@@ -29,6 +35,8 @@ pub struct TierFs {
     pub direct_writes: bool,
     /// Drops the kernel's entries of files written by such handles.
     pub refresh: Arc<Refresher>,
+    /// FUSE over io_uring, when the mount asks for it (see [`crate::uring`]).
+    pub ring: Option<Arc<crate::uring::Ring>>,
 }
 
 fn st(ns: i64) -> SystemTime {
@@ -97,25 +105,6 @@ fn err(e: i32) -> Errno {
     Errno::from_i32(e)
 }
 
-/// Answers a request that returns nothing.
-fn empty<E: Into<i32>>(reply: ReplyEmpty, r: std::result::Result<(), E>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(err(e.into())),
-    }
-}
-
-/// Answers getxattr/listxattr: the size when asked for it (`size` 0), else the bytes, or
-/// ERANGE when they do not fit.
-fn xattr_reply(reply: ReplyXattr, size: u32, r: std::result::Result<Vec<u8>, i32>) {
-    match r {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(err(libc::ERANGE)),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(err(e)),
-    }
-}
-
 fn tot(t: Option<TimeOrNow>) -> Option<Option<SystemTime>> {
     t.map(|t| match t {
         TimeOrNow::SpecificTime(s) => Some(s),
@@ -152,6 +141,569 @@ impl TierFs {
     }
 }
 
+/// Who asked: the caller's user and group ids, from the request's header.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caller {
+    /// The caller's effective user id.
+    pub uid: u32,
+    /// The caller's effective group id.
+    pub gid: u32,
+}
+
+/// A file-system request, decoded from whichever transport carried it (`fuser`'s
+/// `/dev/fuse` loop or the io_uring queues of [`crate::uring`]). Names and data borrow the
+/// request's buffer.
+/// The fields are named as in the FUSE protocol; each variant's doc says what it asks.
+#[derive(Debug)]
+#[allow(missing_docs)]
+pub enum Op<'a> {
+    /// Look `name` up in directory `parent`.
+    Lookup { parent: u64, name: &'a [u8] },
+    /// The attributes of `ino`.
+    Getattr { ino: u64 },
+    /// Change attributes (each `Some` is set; a time of `Some(None)` is "now"); `fh`: the
+    /// handle the kernel wrote through, if any.
+    Setattr {
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<Option<SystemTime>>,
+        mtime: Option<Option<SystemTime>>,
+        fh: Option<u64>,
+    },
+    /// A symlink's target.
+    Readlink { ino: u64 },
+    /// Make a node of type and mode `mode` (a regular file, FIFO, socket or device).
+    Mknod {
+        parent: u64,
+        name: &'a [u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    },
+    /// Make a directory.
+    Mkdir {
+        parent: u64,
+        name: &'a [u8],
+        mode: u32,
+        umask: u32,
+    },
+    /// Remove a name that is not a directory.
+    Unlink { parent: u64, name: &'a [u8] },
+    /// Remove an empty directory.
+    Rmdir { parent: u64, name: &'a [u8] },
+    /// Make symlink `name` pointing at `target`.
+    Symlink {
+        parent: u64,
+        name: &'a [u8],
+        target: &'a [u8],
+    },
+    /// Rename (`flags`: `RENAME_NOREPLACE`, ...).
+    Rename {
+        parent: u64,
+        name: &'a [u8],
+        newparent: u64,
+        newname: &'a [u8],
+        flags: u32,
+    },
+    /// Add hard link `newname` to `ino`.
+    Link {
+        ino: u64,
+        newparent: u64,
+        newname: &'a [u8],
+    },
+    /// Open a file with open(2) `flags`.
+    Open { ino: u64, flags: i32 },
+    /// Read up to `size` bytes at `offset`.
+    Read { ino: u64, offset: u64, size: u32 },
+    /// Write `data` at `offset` through handle `fh`; `kill_suidgid`: the kernel asks for
+    /// set-ID bits to be cleared.
+    Write {
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &'a [u8],
+        kill_suidgid: bool,
+    },
+    /// A `close` of handle `fh`.
+    Flush { ino: u64, fh: u64 },
+    /// The last close of handle `fh`.
+    Release { ino: u64, fh: u64 },
+    /// Make the file durable.
+    Fsync { ino: u64 },
+    /// Open a directory.
+    Opendir { ino: u64 },
+    /// Entries of a directory after position `offset`, at most `size` bytes of them.
+    Readdir { ino: u64, offset: u64, size: u32 },
+    /// Make a directory durable.
+    Fsyncdir { ino: u64 },
+    /// The file system's sizes.
+    Statfs,
+    /// Create and open a file.
+    Create {
+        parent: u64,
+        name: &'a [u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    },
+    /// Set extended attribute `name` (`flags`: `XATTR_CREATE`, `XATTR_REPLACE`).
+    Setxattr {
+        ino: u64,
+        name: &'a [u8],
+        value: &'a [u8],
+        flags: i32,
+    },
+    /// Read extended attribute `name` (`size` 0: its size).
+    Getxattr { ino: u64, name: &'a [u8], size: u32 },
+    /// List the extended attributes (`size` 0: the list's size).
+    Listxattr { ino: u64, size: u32 },
+    /// Remove extended attribute `name`.
+    Removexattr { ino: u64, name: &'a [u8] },
+}
+
+impl Op<'_> {
+    /// The operation's name in `status --json` (see [`crate::opstats::OPS`]).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Lookup { .. } => "lookup",
+            Op::Getattr { .. } => "getattr",
+            Op::Setattr { .. } => "setattr",
+            Op::Readlink { .. } => "readlink",
+            Op::Mknod { .. } => "mknod",
+            Op::Mkdir { .. } => "mkdir",
+            Op::Unlink { .. } => "unlink",
+            Op::Rmdir { .. } => "rmdir",
+            Op::Symlink { .. } => "symlink",
+            Op::Rename { .. } => "rename",
+            Op::Link { .. } => "link",
+            Op::Open { .. } => "open",
+            Op::Read { .. } => "read",
+            Op::Write { .. } => "write",
+            Op::Flush { .. } => "flush",
+            Op::Release { .. } => "release",
+            Op::Fsync { .. } => "fsync",
+            Op::Opendir { .. } => "opendir",
+            Op::Readdir { .. } => "readdir",
+            Op::Fsyncdir { .. } => "fsyncdir",
+            Op::Statfs => "statfs",
+            Op::Create { .. } => "create",
+            Op::Setxattr { .. } => "setxattr",
+            Op::Getxattr { .. } => "getxattr",
+            Op::Listxattr { .. } => "listxattr",
+            Op::Removexattr { .. } => "removexattr",
+        }
+    }
+}
+
+/// The file system's sizes, as statfs(2) reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Statfs {
+    /// Blocks of `bsize` bytes in all.
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Free blocks for unprivileged users.
+    pub bavail: u64,
+    /// Block size.
+    pub bsize: u32,
+    /// Longest name.
+    pub namelen: u32,
+}
+
+/// What an operation answers, whichever transport carries it back.
+#[derive(Debug)]
+pub enum Out {
+    /// A directory entry (kept by the kernel for [`TTL`]).
+    Entry(Attr),
+    /// A name that is not there, kept by the kernel as a negative entry.
+    Negative,
+    /// Attributes (kept for [`TTL`]).
+    Attr(Attr),
+    /// Bytes: a read's data, a symlink's target, an extended attribute or their list.
+    Data(Vec<u8>),
+    /// The size an extended attribute (or their list) would take.
+    Size(u32),
+    /// Done, nothing to return.
+    Empty,
+    /// An opened handle and its `FOPEN_*` flags.
+    Open(u64, FopenFlags),
+    /// A created and opened file.
+    Created(Attr, u64, FopenFlags),
+    /// Bytes written.
+    Written(u32),
+    /// The file system's sizes.
+    Statfs(Statfs),
+    /// Directory entries: (inode, position after the entry, type, name).
+    Dir(Vec<(u64, u64, Kind, Vec<u8>)>),
+}
+
+/// An operation's answer: [`Out`] or an errno.
+pub type Answer = std::result::Result<Out, i32>;
+
+impl TierFs {
+    /// Serves `op` for `caller` and sends the answer with `send`, then does what must follow
+    /// the reply (see [`TierFs::answer`]).
+    pub fn serve(&self, op: Op<'_>, caller: Caller, send: impl FnOnce(Answer)) {
+        let (r, then) = self.answer(op, caller);
+        send(r);
+        self.after_reply(then);
+    }
+
+    /// What must happen once the reply is with the kernel: the inode whose kernel entries are
+    /// to be dropped (see `refresh`), if any. Until the kernel has a release's reply, the
+    /// pending release holds the inode, which would then outlive its entries with the
+    /// open's mtime.
+    pub fn after_reply(&self, then: Option<u64>) {
+        if let Some(ino) = then {
+            self.refresh.drop_entries(ino);
+        }
+    }
+
+    /// The answer to `op` for `caller`, and the inode whose kernel entries are to be dropped
+    /// once the answer is sent ([`TierFs::after_reply`]). Timed in `status --json`'s `ops`.
+    pub fn answer(&self, op: Op<'_>, caller: Caller) -> (Answer, Option<u64>) {
+        let _t = self.core.ops.time(op.name());
+        let core = &self.core;
+        let r: Answer = match op {
+            Op::Lookup { parent, name } => match core.lookup(parent, name) {
+                Ok(a) => Ok(Out::Entry(a)),
+                // A name that is not there, in a directory that exists and is loaded: a
+                // negative entry (node 0) the kernel keeps for TTL, so a program that probes
+                // the same missing paths again (an interpreter's module search, a build's
+                // header search) is answered from the dentry cache. Safe because every
+                // change to the namespace after a directory is loaded goes through this
+                // kernel mount (creates, renames and links replace the negative entry there).
+                Err(libc::ENOENT) if core.is_dir(parent) => Ok(Out::Negative),
+                Err(e) => Err(e),
+            },
+            Op::Getattr { ino } => core.getattr(ino).map(Out::Attr),
+            Op::Setattr {
+                ino,
+                mode,
+                uid,
+                gid,
+                size,
+                atime,
+                mtime,
+                fh,
+            } => {
+                // Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing privileges to us: a
+                // chown of a file clears set-ID (as the kernel's chown does, for anyone), a
+                // truncate by an unprivileged user too; both drop file capabilities.
+                let chown = (uid.is_some() || gid.is_some()) && mode.is_none();
+                let killed = if chown || size.is_some() {
+                    core.kill_priv(ino, chown || caller.uid != 0)
+                } else {
+                    Ok(())
+                };
+                // Only times, through a handle: the kernel writing back the times it keeps in
+                // writeback-cache mode (a program's utimes carries no handle). They may
+                // predate a direct write it never saw (see `refresh`).
+                let from_kernel = fh.is_some()
+                    && mode.is_none()
+                    && uid.is_none()
+                    && gid.is_none()
+                    && size.is_none();
+                killed
+                    .and_then(|()| {
+                        core.setattr(ino, mode, uid, gid, size, atime, mtime, from_kernel)
+                    })
+                    .map(Out::Attr)
+            }
+            Op::Readlink { ino } => core.readlink(ino).map(Out::Data),
+            Op::Mknod {
+                parent,
+                name,
+                mode,
+                umask,
+                rdev,
+            } => {
+                if mode & libc::S_IFMT == libc::S_IFREG {
+                    core.create(
+                        parent,
+                        name,
+                        self.masked(parent, mode, umask),
+                        caller.uid,
+                        caller.gid,
+                        false,
+                    )
+                } else if matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK)
+                    && caller.uid != 0
+                {
+                    // As on ext4: device nodes need CAP_MKNOD.
+                    Err(libc::EPERM)
+                } else {
+                    core.mknod(
+                        parent,
+                        name,
+                        (mode & libc::S_IFMT) | (self.masked(parent, mode, umask) & 0o7777),
+                        rdev as u64,
+                        caller.uid,
+                        caller.gid,
+                    )
+                }
+                .map(Out::Entry)
+            }
+            Op::Mkdir {
+                parent,
+                name,
+                mode,
+                umask,
+            } => core
+                .mkdir(
+                    parent,
+                    name,
+                    self.masked(parent, mode, umask),
+                    caller.uid,
+                    caller.gid,
+                )
+                .map(Out::Entry),
+            Op::Unlink { parent, name } => core.unlink(parent, name, false).map(|()| Out::Empty),
+            Op::Rmdir { parent, name } => core.unlink(parent, name, true).map(|()| Out::Empty),
+            Op::Symlink {
+                parent,
+                name,
+                target,
+            } => core
+                .symlink(parent, name, target, caller.uid, caller.gid)
+                .map(Out::Entry),
+            Op::Rename {
+                parent,
+                name,
+                newparent,
+                newname,
+                flags,
+            } => {
+                let r = core.rename(parent, name, newparent, newname, flags);
+                // A file written through a direct handle and renamed right after its close
+                // (write a temporary name, then rename: the checkpoint writer's way): the
+                // invalidation queued at its release may have named the old entry before the
+                // rename moved it. Queued again for the new name; the kernel applies it once
+                // the rename holds the directories no longer.
+                let then = r
+                    .is_ok()
+                    .then(|| core.direct_written_at(newparent, newname))
+                    .flatten();
+                return (r.map(|()| Out::Empty), then);
+            }
+            Op::Link {
+                ino,
+                newparent,
+                newname,
+            } => core.link(ino, newparent, newname).map(Out::Entry),
+            Op::Open { ino, flags } => {
+                // Before anything that may wait: the kernel's copy of the times is never
+                // older than this by more than a tick of its coarse clock (see
+                // `Core::setattr`).
+                let started = now_ns();
+                // FUSE_ATOMIC_O_TRUNC: the truncate of open(O_TRUNC) arrives here (the kernel
+                // checked write permission). Like the truncate it replaces, it clears
+                // privileges.
+                let truncated = if flags & libc::O_TRUNC != 0 {
+                    core.kill_priv(ino, caller.uid != 0).and_then(|()| {
+                        core.setattr(ino, None, None, None, Some(0), None, None, false)
+                            .map(|_| ())
+                    })
+                } else {
+                    Ok(())
+                };
+                truncated.and_then(|()| core.open(ino)).map(|()| {
+                    let (fh, f) = open_flags(flags, false, self.direct_writes, started);
+                    Out::Open(fh.0, f)
+                })
+            }
+            Op::Read { ino, offset, size } => core.read(ino, offset, size).map(Out::Data),
+            Op::Write {
+                ino,
+                fh,
+                offset,
+                data,
+                kill_suidgid,
+            } => {
+                let kill = caller.uid != 0 || kill_suidgid;
+                core.write(ino, offset, data, kill, is_direct(Some(FileHandle(fh))))
+                    .map(|n| Out::Written(n as u32))
+            }
+            // Answered ENOSYS, once: the kernel then stops sending FLUSH at every `close` (one
+            // round trip fewer per close; `fuse_flush` still writes the cached pages back and
+            // reports their errors to `close`). What a flush would do happens at the last
+            // close (`release`): the inode row and the queueing of the drain; the journal
+            // promises nothing at a `close` that no `fsync` covered (README, Guarantees). No
+            // POSIX locks are kept here (the kernel keeps them), so no lock owner needs the
+            // flush either.
+            Op::Flush { ino, fh } => {
+                let r = core.flush_handle(ino);
+                if r.is_ok() {
+                    self.refresh_times(ino, FileHandle(fh));
+                }
+                r.and(Err(libc::ENOSYS))
+            }
+            Op::Release { ino, fh } => {
+                // The entries are dropped after the reply (`after_reply`). With another handle
+                // still open (a reader that opened the file meanwhile) the last release drops
+                // them instead (`Node::kernel_stale`).
+                let r = core.release(ino, is_direct(Some(FileHandle(fh))));
+                if let Err(e) = r {
+                    // The kernel does not pass a release's error on (the close has returned).
+                    tracing::warn!(
+                        "release of inode {ino}: {}",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                }
+                return (r.map(|_| Out::Empty), (r == Ok(true)).then_some(ino));
+            }
+            Op::Fsync { ino } | Op::Fsyncdir { ino } => core.fsync(ino).map(|()| Out::Empty),
+            Op::Opendir { ino } => match core.getattr(ino) {
+                Ok(a) if a.kind == Kind::Dir => Ok(Out::Open(0, FopenFlags::empty())),
+                Ok(_) => Err(libc::ENOTDIR),
+                Err(e) => Err(e),
+            },
+            Op::Readdir { ino, offset, .. } => core.readdir(ino, offset).map(|ents| {
+                Out::Dir(
+                    ents.into_iter()
+                        .zip(offset + 1..)
+                        .map(|((i, k, name), pos)| (i, pos, k, name))
+                        .collect(),
+                )
+            }),
+            Op::Statfs => {
+                let bsize = 4096u64;
+                let (blocks, bfree) = match rustix::fs::statvfs(&core.backing) {
+                    Ok(s) => (
+                        s.f_blocks * s.f_frsize / bsize,
+                        s.f_bavail * s.f_frsize / bsize,
+                    ),
+                    Err(_) => (0, 0),
+                };
+                Ok(Out::Statfs(Statfs {
+                    blocks,
+                    bfree,
+                    bavail: bfree,
+                    bsize: bsize as u32,
+                    namelen: 255,
+                }))
+            }
+            Op::Create {
+                parent,
+                name,
+                mode,
+                umask,
+                flags,
+            } => {
+                let started = now_ns();
+                core.create(
+                    parent,
+                    name,
+                    self.masked(parent, mode, umask),
+                    caller.uid,
+                    caller.gid,
+                    true,
+                )
+                .map(|a| {
+                    let (fh, f) = open_flags(flags, true, self.direct_writes, started);
+                    Out::Created(a, fh.0, f)
+                })
+            }
+            Op::Setxattr {
+                ino,
+                name,
+                value,
+                flags,
+            } => core
+                .setxattr(ino, name, Some(value), flags)
+                .map(|()| Out::Empty),
+            Op::Getxattr { ino, name, size } => xattr_out(size, core.getxattr(ino, name)),
+            Op::Listxattr { ino, size } => xattr_out(size, core.listxattr(ino)),
+            Op::Removexattr { ino, name } => core.setxattr(ino, name, None, 0).map(|()| Out::Empty),
+        };
+        (r, None)
+    }
+}
+
+/// getxattr/listxattr: the size when asked for it (`size` 0), else the bytes, or ERANGE when
+/// they do not fit.
+fn xattr_out(size: u32, r: std::result::Result<Vec<u8>, i32>) -> Answer {
+    match r {
+        Ok(v) if size == 0 => Ok(Out::Size(v.len() as u32)),
+        Ok(v) if v.len() > size as usize => Err(libc::ERANGE),
+        Ok(v) => Ok(Out::Data(v)),
+        Err(e) => Err(e),
+    }
+}
+
+/// The caller of a `fuser` request.
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+/// An answer that is not of the kind the request expects: a bug, answered EIO.
+fn mismatch(op: &str, out: &Out) -> i32 {
+    tracing::error!("{op}: unexpected answer {out:?}");
+    libc::EIO
+}
+
+/// Sends an entry answer through `fuser`.
+fn send_entry(reply: ReplyEntry, r: Answer) {
+    match r {
+        Ok(Out::Entry(a)) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        Ok(Out::Negative) => reply.entry(&TTL, &negative_entry(), Generation(0)),
+        Ok(o) => reply.error(err(mismatch("entry", &o))),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+/// Sends an attributes answer through `fuser`.
+fn send_attr(reply: ReplyAttr, r: Answer) {
+    match r {
+        Ok(Out::Attr(a)) => reply.attr(&TTL, &fattr(&a)),
+        Ok(o) => reply.error(err(mismatch("attr", &o))),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+/// Sends an answer with nothing in it through `fuser`.
+fn send_empty(reply: ReplyEmpty, r: Answer) {
+    match r {
+        Ok(Out::Empty) => reply.ok(),
+        Ok(o) => reply.error(err(mismatch("empty", &o))),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+/// Sends a data answer through `fuser`.
+fn send_data(reply: ReplyData, r: Answer) {
+    match r {
+        Ok(Out::Data(v)) => reply.data(&v),
+        Ok(o) => reply.error(err(mismatch("data", &o))),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+/// Sends an extended-attribute answer through `fuser`.
+fn send_xattr(reply: ReplyXattr, r: Answer) {
+    match r {
+        Ok(Out::Size(n)) => reply.size(n),
+        Ok(Out::Data(v)) => reply.data(&v),
+        Ok(o) => reply.error(err(mismatch("xattr", &o))),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+/// Sends an open answer through `fuser`.
+fn send_open(reply: ReplyOpen, r: Answer) {
+    match r {
+        Ok(Out::Open(fh, f)) => reply.opened(FileHandle(fh), f),
+        Ok(o) => reply.error(err(mismatch("open", &o))),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
 impl fuser::Filesystem for TierFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(PAGE as u32);
@@ -172,24 +724,23 @@ impl fuser::Filesystem for TierFs {
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         // open(O_TRUNC) truncates in the open request instead of a separate setattr.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // FUSE over io_uring (`crate::uring`), when asked for and the kernel offers it.
+        if let Some(ring) = &self.ring {
+            let offered = ring.wanted()
+                && config
+                    .add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING)
+                    .is_ok();
+            ring.negotiated(offered);
+        }
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _t = self.core.ops.time("lookup");
-        match self.core.lookup(parent.0, name.as_bytes()) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
-            // A name that is not there, in a directory that exists and is loaded: a negative
-            // entry (node 0) the kernel keeps for TTL, so a program that probes the same
-            // missing paths again (an interpreter's module search, a build's header search)
-            // is answered from the dentry cache. Safe because every change to the namespace
-            // after a directory is loaded goes through this kernel mount (creates, renames
-            // and links replace the negative entry there).
-            Err(libc::ENOENT) if self.core.is_dir(parent.0) => {
-                reply.entry(&TTL, &negative_entry(), Generation(0))
-            }
-            Err(e) => reply.error(err(e)),
-        }
+        let op = Op::Lookup {
+            parent: parent.0,
+            name: name.as_bytes(),
+        };
+        self.serve(op, caller(_req), |r| send_entry(reply, r))
     }
 
     /// The kernel evicted the inode: no copy of its times is left in the kernel.
@@ -197,12 +748,10 @@ impl fuser::Filesystem for TierFs {
         self.core.forget_kernel_copy(ino.0);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _t = self.core.ops.time("getattr");
-        match self.core.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
-            Err(e) => reply.error(err(e)),
-        }
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.serve(Op::Getattr { ino: ino.0 }, caller(req), |r| {
+            send_attr(reply, r)
+        })
     }
 
     fn setattr(
@@ -223,43 +772,23 @@ impl fuser::Filesystem for TierFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let _t = self.core.ops.time("setattr");
-        // Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing privileges to us: a chown
-        // of a file clears set-ID (as the kernel's chown does, for anyone), a truncate by an
-        // unprivileged user too; both drop file capabilities.
-        let chown = (uid.is_some() || gid.is_some()) && mode.is_none();
-        if chown || size.is_some() {
-            if let Err(e) = self.core.kill_priv(ino.0, chown || req.uid() != 0) {
-                reply.error(err(e));
-                return;
-            }
-        }
-        // Only times, through a handle: the kernel writing back the times it keeps in
-        // writeback-cache mode (a program's utimes carries no handle). They may predate a
-        // direct write it never saw (see `refresh`).
-        let from_kernel =
-            fh.is_some() && mode.is_none() && uid.is_none() && gid.is_none() && size.is_none();
-        match self.core.setattr(
-            ino.0,
+        let op = Op::Setattr {
+            ino: ino.0,
             mode,
             uid,
             gid,
             size,
-            tot(atime),
-            tot(mtime),
-            from_kernel,
-        ) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
-            Err(e) => reply.error(err(e)),
-        }
+            atime: tot(atime),
+            mtime: tot(mtime),
+            fh: fh.map(|f| f.0),
+        };
+        self.serve(op, caller(req), |r| send_attr(reply, r))
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let _t = self.core.ops.time("readlink");
-        match self.core.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(err(e)),
-        }
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.serve(Op::Readlink { ino: ino.0 }, caller(req), |r| {
+            send_data(reply, r)
+        })
     }
 
     fn mknod(
@@ -272,38 +801,19 @@ impl fuser::Filesystem for TierFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let _t = self.core.ops.time("mknod");
-        let r = if mode & libc::S_IFMT == libc::S_IFREG {
-            self.core.create(
-                parent.0,
-                name.as_bytes(),
-                self.masked(parent.0, mode, umask),
-                req.uid(),
-                req.gid(),
-                false,
-            )
-        } else if matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK) && req.uid() != 0 {
-            // As on ext4: device nodes need CAP_MKNOD.
-            Err(libc::EPERM)
-        } else {
-            self.core.mknod(
-                parent.0,
-                name.as_bytes(),
-                (mode & libc::S_IFMT) | (self.masked(parent.0, mode, umask) & 0o7777),
-                rdev as u64,
-                req.uid(),
-                req.gid(),
-            )
+        let op = Op::Mknod {
+            parent: parent.0,
+            name: name.as_bytes(),
+            mode,
+            umask,
+            rdev,
         };
-        match r {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
-            Err(e) => reply.error(err(e)),
-        }
+        self.serve(op, caller(req), |r| send_entry(reply, r))
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -311,28 +821,35 @@ impl fuser::Filesystem for TierFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let _t = self.core.ops.time("setxattr");
-        empty(
-            reply,
-            self.core
-                .setxattr(ino.0, name.as_bytes(), Some(value), flags),
-        )
+        let op = Op::Setxattr {
+            ino: ino.0,
+            name: name.as_bytes(),
+            value,
+            flags,
+        };
+        self.serve(op, caller(req), |r| send_empty(reply, r))
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let _t = self.core.ops.time("getxattr");
-        tracing::debug!("getxattr {ino:?} {name:?}");
-        xattr_reply(reply, size, self.core.getxattr(ino.0, name.as_bytes()))
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let op = Op::Getxattr {
+            ino: ino.0,
+            name: name.as_bytes(),
+            size,
+        };
+        self.serve(op, caller(req), |r| send_xattr(reply, r))
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let _t = self.core.ops.time("listxattr");
-        xattr_reply(reply, size, self.core.listxattr(ino.0))
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let op = Op::Listxattr { ino: ino.0, size };
+        self.serve(op, caller(req), |r| send_xattr(reply, r))
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _t = self.core.ops.time("removexattr");
-        empty(reply, self.core.setxattr(ino.0, name.as_bytes(), None, 0))
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let op = Op::Removexattr {
+            ino: ino.0,
+            name: name.as_bytes(),
+        };
+        self.serve(op, caller(req), |r| send_empty(reply, r))
     }
 
     fn mkdir(
@@ -344,27 +861,29 @@ impl fuser::Filesystem for TierFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let _t = self.core.ops.time("mkdir");
-        match self.core.mkdir(
-            parent.0,
-            name.as_bytes(),
-            self.masked(parent.0, mode, umask),
-            req.uid(),
-            req.gid(),
-        ) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
-            Err(e) => reply.error(err(e)),
-        }
+        let op = Op::Mkdir {
+            parent: parent.0,
+            name: name.as_bytes(),
+            mode,
+            umask,
+        };
+        self.serve(op, caller(req), |r| send_entry(reply, r))
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _t = self.core.ops.time("unlink");
-        empty(reply, self.core.unlink(parent.0, name.as_bytes(), false))
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let op = Op::Unlink {
+            parent: parent.0,
+            name: name.as_bytes(),
+        };
+        self.serve(op, caller(req), |r| send_empty(reply, r))
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _t = self.core.ops.time("rmdir");
-        empty(reply, self.core.unlink(parent.0, name.as_bytes(), true))
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let op = Op::Rmdir {
+            parent: parent.0,
+            name: name.as_bytes(),
+        };
+        self.serve(op, caller(req), |r| send_empty(reply, r))
     }
 
     fn symlink(
@@ -375,22 +894,17 @@ impl fuser::Filesystem for TierFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let _t = self.core.ops.time("symlink");
-        match self.core.symlink(
-            parent.0,
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-            req.uid(),
-            req.gid(),
-        ) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
-            Err(e) => reply.error(err(e)),
-        }
+        let op = Op::Symlink {
+            parent: parent.0,
+            name: link_name.as_bytes(),
+            target: target.as_os_str().as_bytes(),
+        };
+        self.serve(op, caller(req), |r| send_entry(reply, r))
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -398,74 +912,43 @@ impl fuser::Filesystem for TierFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let _t = self.core.ops.time("rename");
-        match self.core.rename(
-            parent.0,
-            name.as_bytes(),
-            newparent.0,
-            newname.as_bytes(),
-            flags.bits(),
-        ) {
-            Ok(()) => {
-                reply.ok();
-                // A file written through a direct handle and renamed right after its close
-                // (write a temporary name, then rename: the checkpoint writer's way): the
-                // invalidation queued at its release may have named the old entry before
-                // the rename moved it. Queued again for the new name; the kernel applies it
-                // once the rename holds the directories no longer.
-                if let Some(ino) = self.core.direct_written_at(newparent.0, newname.as_bytes()) {
-                    self.refresh.drop_entries(ino);
-                }
-            }
-            Err(e) => reply.error(err(e)),
-        }
+        let op = Op::Rename {
+            parent: parent.0,
+            name: name.as_bytes(),
+            newparent: newparent.0,
+            newname: newname.as_bytes(),
+            flags: flags.bits(),
+        };
+        self.serve(op, caller(req), |r| send_empty(reply, r))
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let _t = self.core.ops.time("link");
-        match self.core.link(ino.0, newparent.0, newname.as_bytes()) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
-            Err(e) => reply.error(err(e)),
-        }
+        let op = Op::Link {
+            ino: ino.0,
+            newparent: newparent.0,
+            newname: newname.as_bytes(),
+        };
+        self.serve(op, caller(req), |r| send_entry(reply, r))
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _t = self.core.ops.time("open");
-        // Before anything that may wait: the kernel's copy of the times is never older than
-        // this by more than a tick of its coarse clock (see `Core::setattr`).
-        let started = now_ns();
-        // FUSE_ATOMIC_O_TRUNC: the truncate of open(O_TRUNC) arrives here (the kernel checked
-        // write permission). Like the truncate it replaces, it clears privileges.
-        if flags.0 & libc::O_TRUNC != 0 {
-            let r = self.core.kill_priv(ino.0, req.uid() != 0).and_then(|()| {
-                self.core
-                    .setattr(ino.0, None, None, None, Some(0), None, None, false)
-                    .map(|_| ())
-            });
-            if let Err(e) = r {
-                reply.error(err(e));
-                return;
-            }
-        }
-        match self.core.open(ino.0) {
-            Ok(()) => {
-                let (fh, f) = open_flags(flags.0, false, self.direct_writes, started);
-                reply.opened(fh, f)
-            }
-            Err(e) => reply.error(err(e)),
-        }
+        let op = Op::Open {
+            ino: ino.0,
+            flags: flags.0,
+        };
+        self.serve(op, caller(req), |r| send_open(reply, r))
     }
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -474,11 +957,12 @@ impl fuser::Filesystem for TierFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _t = self.core.ops.time("read");
-        match self.core.read(ino.0, offset, size) {
-            Ok(v) => reply.data(&v),
-            Err(e) => reply.error(err(e)),
-        }
+        let op = Op::Read {
+            ino: ino.0,
+            offset,
+            size,
+        };
+        self.serve(op, caller(req), |r| send_data(reply, r))
     }
 
     fn write(
@@ -493,43 +977,38 @@ impl fuser::Filesystem for TierFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let _t = self.core.ops.time("write");
-        let kill = req.uid() != 0 || write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let direct = is_direct(Some(fh));
-        match self.core.write(ino.0, offset, data, kill, direct) {
-            Ok(n) => reply.written(n as u32),
+        let op = Op::Write {
+            ino: ino.0,
+            fh: fh.0,
+            offset,
+            data,
+            kill_suidgid: write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+        };
+        self.serve(op, caller(req), |r| match r {
+            Ok(Out::Written(n)) => reply.written(n),
+            Ok(o) => reply.error(err(mismatch("write", &o))),
             Err(e) => reply.error(err(e)),
-        }
+        })
     }
 
-    /// Answered ENOSYS, once: the kernel then stops sending FLUSH at every `close` (one
-    /// round trip fewer per close; `fuse_flush` still writes the cached pages back and
-    /// reports their errors to `close`). What a flush would do happens at the last close
-    /// (`release`): the inode row and the queueing of the drain; the journal promises
-    /// nothing at a `close` that no `fsync` covered (README, Guarantees). No POSIX locks are
-    /// kept here (the kernel keeps them), so no lock owner needs the flush either.
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let _t = self.core.ops.time("flush");
-        let r = self.core.flush_handle(ino.0);
-        if r.is_ok() {
-            self.refresh_times(ino.0, fh);
-        }
-        match r {
-            Ok(()) => reply.error(Errno::ENOSYS),
-            Err(e) => reply.error(err(e)),
-        }
+        let op = Op::Flush {
+            ino: ino.0,
+            fh: fh.0,
+        };
+        self.serve(op, caller(req), |r| send_empty(reply, r))
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -537,95 +1016,80 @@ impl fuser::Filesystem for TierFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _t = self.core.ops.time("release");
-        // The entries are dropped after the reply: until the kernel has it, the pending
-        // release holds the inode, which would then outlive its entries with the open's
-        // mtime (the kernel's end of the release drops that hold when the reply is written).
-        // With another handle still open (a reader that opened the file meanwhile) the last
-        // release drops them instead (`Node::kernel_stale`).
-        let r = self.core.release(ino.0, is_direct(Some(fh)));
-        if let Err(e) = r {
-            // The kernel does not pass a release's error on (the close has returned).
-            tracing::warn!(
-                "release of inode {}: {}",
-                ino.0,
-                std::io::Error::from_raw_os_error(e)
-            );
-        }
-        empty(reply, r.map(|_| ()));
-        if r == Ok(true) {
-            self.refresh.drop_entries(ino.0);
-        }
+        let op = Op::Release {
+            ino: ino.0,
+            fh: fh.0,
+        };
+        self.serve(op, caller(req), |r| send_empty(reply, r))
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _t = self.core.ops.time("fsync");
-        empty(reply, self.core.fsync(ino.0))
+        self.serve(Op::Fsync { ino: ino.0 }, caller(req), |r| {
+            send_empty(reply, r)
+        })
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _t = self.core.ops.time("opendir");
-        match self.core.getattr(ino.0) {
-            Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Ok(_) => reply.error(Errno::ENOTDIR),
-            Err(e) => reply.error(err(e)),
-        }
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.serve(Op::Opendir { ino: ino.0 }, caller(req), |r| {
+            send_open(reply, r)
+        })
     }
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _t = self.core.ops.time("readdir");
-        match self.core.readdir(ino.0, offset) {
-            Ok(ents) => {
-                let mut pos = offset;
-                for (i, k, name) in ents {
-                    pos += 1;
+        let op = Op::Readdir {
+            ino: ino.0,
+            offset,
+            size: u32::MAX,
+        };
+        self.serve(op, caller(req), |r| match r {
+            Ok(Out::Dir(ents)) => {
+                for (i, pos, k, name) in ents {
                     if reply.add(INodeNo(i), pos, ft(k), OsStr::from_bytes(&name)) {
                         break;
                     }
                 }
                 reply.ok();
             }
+            Ok(o) => reply.error(err(mismatch("readdir", &o))),
             Err(e) => reply.error(err(e)),
-        }
+        })
     }
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _t = self.core.ops.time("fsyncdir");
-        empty(reply, self.core.fsync(ino.0))
+        self.serve(Op::Fsyncdir { ino: ino.0 }, caller(req), |r| {
+            send_empty(reply, r)
+        })
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let _t = self.core.ops.time("statfs");
-        let bsize = 4096u64;
-        let (blocks, bfree) = match rustix::fs::statvfs(&self.core.backing) {
-            Ok(s) => (
-                s.f_blocks * s.f_frsize / bsize,
-                s.f_bavail * s.f_frsize / bsize,
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.serve(Op::Statfs, caller(req), |r| match r {
+            Ok(Out::Statfs(s)) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, 0, 0, s.bsize, s.namelen, s.bsize,
             ),
-            Err(_) => (0, 0),
-        };
-        reply.statfs(blocks, bfree, bfree, 0, 0, bsize as u32, 255, bsize as u32);
+            Ok(o) => reply.error(err(mismatch("statfs", &o))),
+            Err(e) => reply.error(err(e)),
+        })
     }
 
     fn create(
@@ -638,21 +1102,19 @@ impl fuser::Filesystem for TierFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let _t = self.core.ops.time("create");
-        let started = now_ns();
-        match self.core.create(
-            parent.0,
-            name.as_bytes(),
-            self.masked(parent.0, mode, umask),
-            req.uid(),
-            req.gid(),
-            true,
-        ) {
-            Ok(a) => {
-                let (fh, f) = open_flags(flags, true, self.direct_writes, started);
-                reply.created(&TTL, &fattr(&a), Generation(0), fh, f)
+        let op = Op::Create {
+            parent: parent.0,
+            name: name.as_bytes(),
+            mode,
+            umask,
+            flags,
+        };
+        self.serve(op, caller(req), |r| match r {
+            Ok(Out::Created(a, fh, f)) => {
+                reply.created(&TTL, &fattr(&a), Generation(0), FileHandle(fh), f)
             }
+            Ok(o) => reply.error(err(mismatch("create", &o))),
             Err(e) => reply.error(err(e)),
-        }
+        })
     }
 }

@@ -5,7 +5,9 @@
 //!   contents (pages in the tiered store over a base file in BACKING); backpressure.
 //! * [`db`]: the SQLite namespace journal and inode table.
 //! * [`drain`]: the drainer that replays the journal to BACKING.
-//! * [`fuse`]: the `fuser::Filesystem` over the core.
+//! * [`fuse`]: the file system's operations over the core, and the `fuser::Filesystem`
+//!   that carries them over `/dev/fuse`.
+//! * [`uring`]: FUSE over io_uring, the same operations through the kernel's per-CPU queues.
 //! * [`mount`]: the mount daemon, its control socket and the client side of it.
 
 #![warn(missing_docs)]
@@ -22,6 +24,7 @@ pub mod opstats;
 pub mod poll;
 pub mod refresh;
 pub mod stage;
+pub mod uring;
 
 pub use error::{FsError, Result};
 pub use mount::{MountSpec, MountStatus};

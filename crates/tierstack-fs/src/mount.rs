@@ -64,6 +64,10 @@ pub struct MountSpec {
     /// [`crate::poll`]); false, or a machine with one CPU: every FUSE thread sleeps.
     #[serde(default = "yes")]
     pub poll: bool,
+    /// How requests reach the daemon: FUSE over io_uring where the kernel offers it, or
+    /// `/dev/fuse` (see [`crate::uring`]).
+    #[serde(default)]
+    pub transport: crate::uring::Transport,
 }
 
 fn yes() -> bool {
@@ -166,6 +170,9 @@ pub struct MountStatus {
     /// Milliseconds spent polling the device since the mount started (a CPU busy for them).
     #[serde(default)]
     pub polled_ms: u64,
+    /// How requests reach the daemon: "io_uring" or "/dev/fuse".
+    #[serde(default)]
+    pub transport: String,
 }
 
 /// A quarantined journal row, for status output.
@@ -487,6 +494,10 @@ impl Daemon {
         // The intent log of sync mode's small fsyncs, beside the journal; its records are
         // replayed whatever the mode now (they were acknowledged as durable).
         let log_path = dbp.with_extension("intent");
+        if !log_path.exists() {
+            // Made by this start: removed again if the start fails.
+            created.paths.push(log_path.clone());
+        }
         let intent = crate::intent::IntentLog::open(&log_path).map_err(io_err(&log_path))?;
         let core = Arc::new(Core::new(
             backing.clone(),
@@ -527,25 +538,56 @@ impl Daemon {
         cfg.n_threads = Some(spec.fuse_threads.max(1));
         cfg.clone_fd = true;
         let refresh = Arc::new(crate::refresh::Refresher::default());
+        let ring = crate::uring::Ring::new(spec.transport != crate::uring::Transport::Dev);
         let fs = crate::fuse::TierFs {
             core: core.clone(),
             direct_writes: spec.direct_writes,
             refresh: refresh.clone(),
+            ring: Some(ring.clone()),
         };
+        let ring_fs = fs.clone();
+        let mut dev = None;
         let session = fuser::Session::new(fs, &mp, &cfg)
             .and_then(|s| {
+                use std::os::fd::AsFd;
                 let names = core.clone();
                 refresh.start(s.notifier(), Box::new(move |ino| names.links_of(ino)))?;
                 if spec.poll && crate::poll::worth_it() {
-                    use std::os::fd::AsFd;
                     crate::poll::start(s.as_fd(), core.clone())?;
                 }
+                dev = Some(s.as_fd().try_clone_to_owned()?);
                 s.spawn()
             })
             .map_err(|e| {
                 let _ = std::fs::remove_file(&sock);
                 FsError::Config(format!("cannot mount at {}: {e}", mp.display()))
             })?;
+        // INIT is answered by the session's thread: then the io_uring queues register (or
+        // the mount goes on over /dev/fuse).
+        if let Some(dev) = &dev {
+            use std::os::fd::AsFd;
+            match ring.start(dev.as_fd(), ring_fs, &mp, Duration::from_secs(10)) {
+                Ok(serving) => core.uring.store(serving, Relaxed),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&sock);
+                    drop(session);
+                    return Err(FsError::Config(format!(
+                        "FUSE over io_uring failed at {}: {e}; mount with --transport dev",
+                        mp.display()
+                    )));
+                }
+            }
+        }
+        if spec.transport == crate::uring::Transport::Uring && !core.uring.load(Relaxed) {
+            let _ = std::fs::remove_file(&sock);
+            drop(session);
+            return Err(FsError::Config(format!(
+                "--transport uring: the kernel did not offer FUSE over io_uring at {} (it needs \
+                 Linux 6.14+ and `echo Y > {}`); use --transport auto or dev",
+                mp.display(),
+                crate::uring::ENABLE_URING
+            )));
+        }
 
         tune_bdi(&mp);
         let (shutdown_tx, shutdown_rx) = mpsc::channel();
@@ -721,6 +763,12 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         conditioned: core.conditioned.load(Relaxed),
         polling: core.polling.load(Relaxed),
         polled_ms: core.polled_ms.load(Relaxed),
+        transport: if core.uring.load(Relaxed) {
+            "io_uring"
+        } else {
+            "/dev/fuse"
+        }
+        .into(),
         stuck: stuck
             .into_iter()
             .map(|r| StuckRecord {

@@ -100,7 +100,7 @@ fn govern(fd: OwnedFd, core: &Core) {
         if polling {
             core.polled_ms.fetch_add(ms.round() as u64, Relaxed);
         }
-        if rate >= POLL_RATE {
+        if rate >= POLL_RATE && !core.uring.load(Relaxed) {
             busy_until = now + QUIET_OFF;
             if !polling {
                 polling = set(true);

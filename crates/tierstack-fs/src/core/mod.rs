@@ -163,6 +163,9 @@ pub struct Core {
     pub stopping: AtomicBool,
     /// A FUSE thread polls the device now (`crate::poll`).
     pub polling: AtomicBool,
+    /// The kernel's io_uring queues carry the mount's requests (`crate::uring`): nothing
+    /// comes through `/dev/fuse` worth polling for.
+    pub uring: AtomicBool,
     /// Milliseconds a FUSE thread spent polling the device since the mount started.
     pub polled_ms: AtomicU64,
     /// The fast tier's conditioning has nothing left to do (`mount::condition_when_idle`).
@@ -245,6 +248,7 @@ impl Core {
             intent_replayed: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             polling: AtomicBool::new(false),
+            uring: AtomicBool::new(false),
             polled_ms: AtomicU64::new(0),
             conditioned: AtomicBool::new(false),
             stuck_inos: Mutex::new(Default::default()),
