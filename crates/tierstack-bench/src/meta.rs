@@ -121,6 +121,8 @@ pub struct Config {
     pub dir: PathBuf,
     /// `tierstack mount --mode` for the mount (None: the mount's default).
     pub mode: Option<String>,
+    /// `tierstack mount --transport` for the mount (None: the mount's default).
+    pub transport: Option<String>,
     /// Limit for one target's four phases: past it (or on Ctrl-C) the workers are killed and
     /// the run fails with a message, rather than wait on a hung file system.
     pub timeout: Duration,
@@ -142,6 +144,8 @@ pub struct TargetResult {
     pub unlink_per_s: f64,
     /// With the mount: seconds from the end of the unlink phase until the drain was done.
     pub drain_s: Option<f64>,
+    /// With the mount: how requests reached its daemon ("io_uring", "/dev/fuse").
+    pub transport: Option<String>,
 }
 
 /// The result of `bench meta` (its JSON output).
@@ -298,6 +302,7 @@ fn phases(
         read_per_s: rates[2],
         unlink_per_s: rates[3],
         drain_s: None,
+        transport: None,
     })
 }
 
@@ -339,6 +344,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
                 &fast,
                 crate::checkpoint::mounted::MountOpts {
                     mode: cfg.mode.as_deref(),
+                    transport: cfg.transport.as_deref(),
                     ..Default::default()
                 },
                 cancel,
@@ -347,6 +353,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
             let t0 = monotonic_ns();
             m.drain_wait(cancel, Duration::from_secs(600))?;
             r.drain_s = Some(monotonic_ns().saturating_sub(t0) as f64 / 1e9);
+            r.transport = m.transport.clone();
             m.close()?;
             Ok::<_, CheckpointError>(r)
         })();
@@ -421,6 +428,9 @@ pub fn render(r: &Report) -> String {
         out.push_str(&format!(
             "\ndrain after the unlink phase: {d:.2} s (until BACKING held the mount's end state)\n"
         ));
+    }
+    if let Some(t) = r.results.iter().find_map(|t| t.transport.as_deref()) {
+        out.push_str(&format!("the mount's FUSE transport: {t}\n"));
     }
     out
 }

@@ -34,6 +34,9 @@ pub struct BenchMetaArgs {
     /// The mount's fsync guarantee (`tierstack mount --mode`).
     #[arg(long, value_parser = ["sync", "async"])]
     pub mode: Option<String>,
+    /// The mount's transport (`tierstack mount --transport`; default: the mount's, auto).
+    #[arg(long, value_parser = ["auto", "uring", "dev"])]
+    pub transport: Option<String>,
     /// Seconds one target's four phases may take before the workers are stopped.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -53,6 +56,7 @@ pub fn bench(a: BenchMetaArgs) -> Result<()> {
         mount: a.mount,
         dir: a.dir,
         mode: a.mode,
+        transport: a.transport,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
     };
     let cancel = crate::stage_cmd::cancel_flag()?;

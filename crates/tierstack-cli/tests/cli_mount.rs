@@ -1031,6 +1031,12 @@ fn conformance_with_a_plain_folder() {
     if !can_run() {
         return;
     }
+    conformance(&[]);
+}
+
+/// Runs the conformance script in a plain folder and in a mount made with `extra` (and
+/// `--allow-other`), and compares results and, after the unmount, the backing's tree.
+fn conformance(extra: &[&str]) {
     let python = ["/usr/bin/python3", "python3"].into_iter().find(|p| {
         Command::new(p)
             .arg("-c")
@@ -1063,7 +1069,9 @@ fn conformance_with_a_plain_folder() {
     fs::set_permissions(&fx.backing, fs::Permissions::from_mode(0o755)).expect("chmod");
     fs::set_permissions(&fx.mnt, fs::Permissions::from_mode(0o755)).expect("chmod");
     let want = run_script(&[&reference]);
-    fx.mount(&["--allow-other"]);
+    let mut args = vec!["--allow-other"];
+    args.extend_from_slice(extra);
+    fx.mount(&args);
     let got = run_script(&[&fx.mnt]);
     let (w, g) = (
         want["ops"].as_array().expect("ops"),
@@ -1658,7 +1666,8 @@ fn a_request_storm_polls_and_an_idle_mount_does_not() {
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut fx = Fixture::new();
-    fx.mount(&[]);
+    // Polling is the /dev/fuse transport's (over io_uring nothing is read from the device).
+    fx.mount(&["--transport", "dev"]);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut round = 0;
     while fx.status()["polled_ms"].as_u64().unwrap_or(0) == 0 && Instant::now() < deadline {
@@ -1853,4 +1862,123 @@ fn an_idle_mount_conditions_its_drives_and_keeps_every_byte() {
     assert!(fs::read(fx.m("kept.bin")).expect("read after kill -9") == data);
     fx.umount();
     assert!(fs::read(fx.b("kept.bin")).expect("drained") == data);
+}
+
+/// The kernel's switch for FUSE over io_uring, set for the length of a test and put back as
+/// it was (tests that change it hold [`URING_SWITCH`]).
+struct UringSwitch {
+    was: String,
+}
+
+static URING_SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+impl UringSwitch {
+    /// None when this kernel has no FUSE over io_uring (before 6.14) or the switch cannot be
+    /// set here.
+    fn new() -> Option<UringSwitch> {
+        let was = fs::read_to_string(ENABLE_URING).ok()?.trim().to_string();
+        fs::write(ENABLE_URING, &was).ok()?;
+        Some(UringSwitch { was })
+    }
+
+    fn set(&self, on: bool) {
+        fs::write(ENABLE_URING, if on { "Y" } else { "N" }).expect("set enable_uring");
+    }
+}
+
+impl Drop for UringSwitch {
+    fn drop(&mut self) {
+        let _ = fs::write(ENABLE_URING, &self.was);
+    }
+}
+
+/// FUSE over io_uring (`--transport uring`): with the kernel's switch off the mount is refused
+/// with the fix and nothing is left mounted or made; a queue that cannot register aborts the
+/// connection and the mount fails instead of hanging; with the switch on, the mount serves
+/// through the queues and passes the same conformance comparison with a plain folder as the
+/// /dev/fuse transport, and an fsync'd file survives kill -9.
+#[test]
+fn io_uring_transport_conforms_and_fails_cleanly() {
+    if !can_run() {
+        return;
+    }
+    let _serial = URING_SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(switch) = UringSwitch::new() else {
+        eprintln!("SKIP: this kernel has no FUSE over io_uring ({ENABLE_URING})");
+        return;
+    };
+    // Off: refused, one line naming the switch, nothing mounted or made.
+    switch.set(false);
+    let fx = Fixture::new();
+    let o = run(&[
+        "mount",
+        fx.backing.to_str().expect("utf8"),
+        fx.mnt.to_str().expect("utf8"),
+        "--dir",
+        fx.fast.to_str().expect("utf8"),
+        "--transport",
+        "uring",
+    ]);
+    assert!(!o.status.success(), "mounted without io_uring");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("enable_uring") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    assert!(!is_mounted(&fx.mnt));
+    assert!(
+        !fx.fast.exists() || fs::read_dir(&fx.fast).expect("ls").next().is_none(),
+        "the refused mount left files in its fast tier folder"
+    );
+    // On, but the queues cannot register (injected): the start fails, nothing hangs.
+    switch.set(true);
+    let t0 = Instant::now();
+    let o = Command::new(BIN)
+        .args([
+            "mount",
+            fx.backing.to_str().expect("utf8"),
+            fx.mnt.to_str().expect("utf8"),
+            "--dir",
+            fx.fast.to_str().expect("utf8"),
+        ])
+        .env("TIERSTACK_INJECT_RING_FAILURE", "1")
+        .output()
+        .expect("run mount");
+    assert!(!o.status.success(), "a mount whose queues failed came up");
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "the failed start took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--transport dev"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!is_mounted(&fx.mnt));
+    drop(fx);
+    // On: the queues serve, and the mount behaves as over /dev/fuse.
+    conformance(&["--transport", "uring"]);
+    let mut fx = Fixture::new();
+    fx.mount(&["--transport", "uring"]);
+    assert_eq!(fx.status()["transport"], "io_uring");
+    let data = random(5 << 20, 7);
+    let mut f = File::create(fx.m("synced.bin")).expect("create");
+    f.write_all(&data).expect("write");
+    f.sync_all().expect("fsync");
+    drop(f);
+    fs::create_dir(fx.m("d")).expect("mkdir");
+    fs::write(fx.m("d/small"), b"hello").expect("write");
+    fs::rename(fx.m("d/small"), fx.m("d/renamed")).expect("rename");
+    let names: Vec<String> = fs::read_dir(fx.m("d"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["renamed"]);
+    assert!(op_count(&fx, "create") >= 2 && op_count(&fx, "rename") == 1);
+    kill_nine(&mut fx);
+    fx.mount(&["--transport", "dev"]);
+    assert!(fs::read(fx.m("synced.bin")).expect("read") == data);
+    fx.umount();
 }

@@ -265,6 +265,7 @@ fn doctor_reports_checks_as_json() {
     for name in [
         "userfaultfd",
         "fuse_device",
+        "fuse_io_uring",
         "transparent_hugepage",
         "watermark_scale_factor",
         "rcu_nocbs",

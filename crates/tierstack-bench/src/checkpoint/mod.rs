@@ -434,6 +434,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report> {
                     dram: cfg.dram.as_deref(),
                     mode: cfg.mode.as_deref(),
                     vram: cfg.vram.as_deref(),
+                    transport: None,
                 },
                 cancel,
             )?;

@@ -21,6 +21,8 @@ pub(crate) struct Mounted {
     /// Bytes of the fast tier conditioned before the benchmark went on, and how long that
     /// took (see [`Mounted::wait_conditioned`]).
     pub(crate) conditioned: (u64, f64),
+    /// How requests reach the daemon, as `status` names it ("io_uring", "/dev/fuse").
+    pub(crate) transport: Option<String>,
     active: bool,
 }
 
@@ -33,6 +35,8 @@ pub(crate) struct MountOpts<'a> {
     pub(crate) dram: Option<&'a str>,
     pub(crate) mode: Option<&'a str>,
     pub(crate) vram: Option<&'a str>,
+    /// `tierstack mount --transport`.
+    pub(crate) transport: Option<&'a str>,
 }
 
 impl Mounted {
@@ -46,7 +50,12 @@ impl Mounted {
         opts: MountOpts<'_>,
         cancel: &AtomicBool,
     ) -> Result<Mounted> {
-        let MountOpts { dram, mode, vram } = opts;
+        let MountOpts {
+            dram,
+            mode,
+            vram,
+            transport,
+        } = opts;
         let mut cmd = Command::new(exe);
         cmd.arg("mount")
             .arg(backing)
@@ -62,12 +71,16 @@ impl Mounted {
         if let Some(v) = vram {
             cmd.args(["--vram", v]);
         }
+        if let Some(t) = transport {
+            cmd.args(["--transport", t]);
+        }
         let mut me = Mounted {
             exe: exe.to_path_buf(),
             mnt: mnt.to_path_buf(),
             daemon_pid: None,
             mode: None,
             conditioned: (0, 0.0),
+            transport: None,
             active: true,
         };
         // Not cancelled halfway: its daemon would come up after the teardown. A Ctrl-C
@@ -80,6 +93,10 @@ impl Mounted {
             .or_else(|| st.pointer("/daemon/pid").and_then(|v| v.as_u64()))
             .map(|p| p as u32);
         me.mode = st.get("mode").and_then(|v| v.as_str()).map(str::to_string);
+        me.transport = st
+            .get("transport")
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
         // A Ctrl-C while it conditions ends the wait; dropping `me` unmounts.
         me.wait_conditioned(cancel)?;
         Ok(me)

@@ -601,6 +601,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
                 dram: cfg.dram.as_deref(),
                 mode: cfg.mode.as_deref(),
                 vram: None,
+                transport: None,
             },
             cancel,
         )?;
