@@ -481,6 +481,31 @@ pub fn encode(r: &Answer, limit: usize, out: &mut Vec<u8>) -> i32 {
     0
 }
 
+/// Encodes answer `r` into `buf` (the ring entry's payload buffer): the error for the
+/// answer's header and the bytes written. A read's data is copied once, straight into `buf`;
+/// other answers are built in `scratch` first (a few dozen bytes, or a directory listing).
+pub fn encode_into(
+    r: &Answer,
+    limit: usize,
+    buf: &mut [u8],
+    scratch: &mut Vec<u8>,
+) -> (i32, usize) {
+    let limit = limit.min(buf.len());
+    if let Ok(Out::Data(v)) = r {
+        if v.len() > limit {
+            return (-libc::EIO, 0);
+        }
+        buf[..v.len()].copy_from_slice(v);
+        return (0, v.len());
+    }
+    let error = encode(r, limit, scratch);
+    if scratch.len() > buf.len() {
+        return (-libc::EIO, 0);
+    }
+    buf[..scratch.len()].copy_from_slice(scratch);
+    (error, scratch.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
