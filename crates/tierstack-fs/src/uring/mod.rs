@@ -51,8 +51,10 @@ pub const CMD_COMMIT_AND_FETCH: u32 = 2;
 /// How long the queues may take to register before the connection is aborted.
 const REGISTER_WITHIN: Duration = Duration::from_secs(10);
 
-/// Where the ring stands.
+/// Where the ring stands: INIT not seen yet; INIT deciding (it asks for io_uring);
+/// agreed; refused (or not asked for, or given up on before INIT came); serving; failed.
 const PENDING: u8 = 0;
+const CLAIMED: u8 = 5;
 const AGREED: u8 = 1;
 const REFUSED: u8 = 2;
 const SERVING: u8 = 3;
@@ -75,9 +77,15 @@ impl Ring {
         })
     }
 
-    /// Whether INIT asks for io_uring.
+    /// Whether INIT asks for io_uring: when the mount wants it and [`Ring::start`] has not
+    /// given up waiting for INIT (then nobody would register the queues, and the kernel
+    /// would hold every request). INIT then reports its outcome with [`Ring::negotiated`].
     pub fn wanted(&self) -> bool {
         self.want
+            && self
+                .state
+                .compare_exchange(PENDING, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     }
 
     /// INIT's outcome: whether the kernel agreed to io_uring.
@@ -104,11 +112,22 @@ impl Ring {
         within: Duration,
     ) -> io::Result<bool> {
         let t0 = Instant::now();
-        while self.state.load(Ordering::Acquire) == PENDING {
-            if t0.elapsed() > within {
-                return Ok(false);
+        loop {
+            match self.state.load(Ordering::Acquire) {
+                PENDING if t0.elapsed() > within => {
+                    // Given up: INIT, if it still comes, will not ask for io_uring.
+                    if self
+                        .state
+                        .compare_exchange(PENDING, REFUSED, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return Ok(false);
+                    }
+                }
+                // INIT is deciding: it answers within moments.
+                PENDING | CLAIMED => std::thread::sleep(Duration::from_millis(1)),
+                _ => break,
             }
-            std::thread::sleep(Duration::from_millis(1));
         }
         if self.state.load(Ordering::Acquire) != AGREED {
             return Ok(false);
@@ -137,7 +156,6 @@ impl Ring {
         let fd = Arc::new(dev.try_clone_to_owned()?);
         let mp = Arc::new(mountpoint.to_path_buf());
         let queues = possible_cpus()?;
-        let online = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (tx, rx) = mpsc::channel();
         let mut started = 0;
         for qid in 0..queues {
@@ -145,7 +163,7 @@ impl Ring {
                 let (fd, fs, tx, mp) = (fd.clone(), fs.clone(), tx.clone(), mp.clone());
                 std::thread::Builder::new()
                     .name(format!("fuse-ring-{qid}.{t}"))
-                    .spawn(move || queue_thread(&fd, qid, qid < online, &fs, tx, &mp))?;
+                    .spawn(move || queue_thread(&fd, qid, &fs, tx, &mp))?;
                 started += 1;
             }
         }
@@ -163,7 +181,7 @@ impl Ring {
                 }
             }
         }
-        tracing::info!("FUSE over io_uring: {queues} queues, {THREADS_PER_QUEUE} entries each");
+        tracing::info!("FUSE over io_uring: {queues} queues, {THREADS_PER_QUEUE} threads each");
         Ok(())
     }
 }
@@ -300,13 +318,12 @@ impl Entry {
 fn queue_thread(
     fd: &OwnedFd,
     qid: usize,
-    online: bool,
     fs: &TierFs,
     registered: mpsc::Sender<io::Result<()>>,
     mountpoint: &PathBuf,
 ) {
     let mut reported = false;
-    let r = serve_queue(fd, qid, online, fs, &registered, &mut reported);
+    let r = serve_queue(fd, qid, fs, &registered, &mut reported);
     if let Err(e) = r {
         if reported {
             // Once the queues serve, a queue that fails must not leave its callers waiting.
@@ -323,13 +340,15 @@ fn queue_thread(
 fn serve_queue(
     fd: &OwnedFd,
     qid: usize,
-    online: bool,
     fs: &TierFs,
     registered: &mpsc::Sender<io::Result<()>>,
     reported: &mut bool,
 ) -> io::Result<()> {
-    if online {
-        pin(qid)?;
+    // On its queue's CPU, so that an answer wakes the caller there. A CPU that is offline or
+    // outside this process's CPU set cannot take it; its queue is then served from wherever
+    // the thread runs (requests only come there once the CPU is usable).
+    if let Err(e) = pin(qid) {
+        tracing::debug!("queue {qid} not pinned: {e}");
     }
     let mut policy = Policy::new();
     // The largest request: a write of `max_write` (PAGE) bytes; a read's answer of as much.
