@@ -388,6 +388,11 @@ impl Drainer {
             waiting_since = None;
             // Rows of this batch dropped with a create they cancel with.
             let mut dropped = std::collections::HashSet::new();
+            // All the rows cancelled in this batch (some may lie beyond it): deleted in one
+            // transaction once the batch is done, before the next is read. A crash before
+            // that leaves them in the journal, to be applied by the next mount (a create and
+            // its unlink: harmless).
+            let mut cancelled = Vec::new();
             for op in ops {
                 last = op.seq;
                 if dropped.remove(&op.seq) {
@@ -395,7 +400,8 @@ impl Drainer {
                 }
                 if op.kind == OpKind::Create {
                     if let Some(seqs) = self.cancel(&op) {
-                        dropped.extend(seqs);
+                        dropped.extend(seqs.iter().copied());
+                        cancelled.extend(seqs);
                         continue;
                     }
                 }
@@ -423,11 +429,36 @@ impl Drainer {
                     return;
                 }
             }
+            if !self.drop_cancelled(&cancelled) {
+                // They stay in the journal: read it from its start again (they are cancelled
+                // again, or applied if their file came back), after a pause.
+                last = 0;
+                std::thread::sleep(Duration::from_millis(500));
+            }
         }
     }
 
-    /// Drops `create` and the rows that cancel with it (see [`cancels`]) when its file is
-    /// gone now; the rows dropped.
+    /// Deletes the journal rows `seqs` (cancelled: they never reach BACKING), in one
+    /// transaction; false when that failed (they stay; logged).
+    fn drop_cancelled(&self, seqs: &[i64]) -> bool {
+        if seqs.is_empty() {
+            return true;
+        }
+        let r = self.core.db.lock().del_ops(seqs);
+        match r {
+            Ok(()) => {
+                self.cancelled_rows.fetch_add(seqs.len() as u64, Relaxed);
+                true
+            }
+            Err(e) => {
+                self.note_error("dropping cancelled journal rows", &e);
+                false
+            }
+        }
+    }
+
+    /// The rows of `create` and those that cancel with it (see [`cancels`]) when its file is
+    /// gone now: none of them is to be applied (the caller deletes them).
     fn cancel(&self, create: &JOp) -> Option<Vec<i64>> {
         let gone = self
             .core
@@ -439,22 +470,8 @@ impl Drainer {
         if !gone {
             return None;
         }
-        let mut db = self.core.db.lock();
-        let seqs = db
-            .ops_of(create.ino, create.seq)
-            .ok()
-            .and_then(|later| cancels(create, &later))?;
-        match db.del_ops(&seqs) {
-            Ok(()) => {
-                self.cancelled_rows.fetch_add(seqs.len() as u64, Relaxed);
-                Some(seqs)
-            }
-            Err(e) => {
-                drop(db);
-                self.note_error("dropping cancelled journal rows", &e);
-                None
-            }
-        }
+        let later = self.core.db.lock().ops_of(create.ino, create.seq).ok()?;
+        cancels(create, &later)
     }
 
     fn finish_row(&self, seq: i64) {
