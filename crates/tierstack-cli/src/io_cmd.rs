@@ -51,6 +51,9 @@ pub struct BenchIoArgs {
     /// The mount's fsync guarantee (`tierstack mount --mode`).
     #[arg(long, value_parser = ["sync", "async"])]
     pub mode: Option<String>,
+    /// The mount's transport (`tierstack mount --transport`; default: the mount's, auto).
+    #[arg(long, value_parser = ["auto", "uring", "dev"])]
+    pub transport: Option<String>,
     /// The mount's DRAM budget (`tierstack mount --dram`).
     #[arg(long)]
     pub dram: Option<String>,
@@ -113,6 +116,7 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
         mount_only: a.mount_only,
         dir: a.dir,
         mode: a.mode,
+        transport: a.transport,
         dram: a.dram,
         verify: a.verify,
         drop_cache: a.drop_cache,

@@ -94,6 +94,8 @@ pub struct Config {
     pub dir: PathBuf,
     /// `tierstack mount --mode`.
     pub mode: Option<String>,
+    /// `tierstack mount --transport` (None: the mount's default).
+    pub transport: Option<String>,
     /// `tierstack mount --dram`.
     pub dram: Option<String>,
     /// Check every byte read against what its writer wrote.
@@ -435,6 +437,10 @@ pub struct Report {
     /// drives written once while idle), and the seconds that took (None without --mount).
     #[serde(default)]
     pub mount_conditioned: Option<(u64, f64)>,
+    /// How the mount's requests reached its daemon ("io_uring", "/dev/fuse"; None without
+    /// --mount).
+    #[serde(default)]
+    pub mount_transport: Option<String>,
     /// Bytes each rank writes.
     pub size_per_rank: u64,
     /// Each rank had a file of its own (else one shared file).
@@ -584,6 +590,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
     }
     let mut mount_mode = None;
     let mut mount_conditioned = None;
+    let mut mount_transport = None;
     if cfg.mount {
         let backing = target.join(format!("tierstack-io-{pid}-mount"));
         mkdir(&backing)?;
@@ -601,12 +608,13 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
                 dram: cfg.dram.as_deref(),
                 mode: cfg.mode.as_deref(),
                 vram: None,
-                transport: None,
+                transport: cfg.transport.as_deref(),
             },
             cancel,
         )?;
         mount_mode = m.mode.clone().or_else(|| cfg.mode.clone());
         mount_conditioned = Some(m.conditioned);
+        mount_transport = m.transport.clone();
         env.mount = Some(m);
         targets.push(("mount", mnt));
     }
@@ -730,6 +738,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, progress: Progress) -> Result<Repo
         target: target.display().to_string(),
         mount_mode,
         mount_conditioned,
+        mount_transport,
         size_per_rank: cfg.size_per_rank,
         file_per_process: !cfg.shared,
         fsync: cfg.fsync,
@@ -870,6 +879,7 @@ mod tests {
             mount_only: false,
             dir: d.path().to_path_buf(),
             mode: None,
+            transport: None,
             dram: None,
             verify: false,
             drop_cache: false,

@@ -225,6 +225,7 @@ mod tests {
             target: "/t".into(),
             mount_mode: None,
             mount_conditioned: None,
+            mount_transport: None,
             size_per_rank: 1 << 20,
             file_per_process: true,
             fsync: true,

@@ -242,8 +242,9 @@ pub fn render(r: &Report) -> String {
                 _ => String::new(),
             };
             format!(
-                "through a tierstack mount over a subfolder of the target (mode {}{cond})",
-                r.mount_mode.as_deref().unwrap_or("default")
+                "through a tierstack mount over a subfolder of the target (mode {}, transport {}{cond})",
+                r.mount_mode.as_deref().unwrap_or("default"),
+                r.mount_transport.as_deref().unwrap_or("default")
             )
         };
         s.push_str(&format!("\n== {target}: {what}\n\n"));
