@@ -344,13 +344,7 @@ fn serve_queue(
     registered: &mpsc::Sender<io::Result<()>>,
     reported: &mut bool,
 ) -> io::Result<()> {
-    // On its queue's CPU, so that an answer wakes the caller there. A CPU that is offline or
-    // outside this process's CPU set cannot take it; its queue is then served from wherever
-    // the thread runs (requests only come there once the CPU is usable).
-    if let Err(e) = pin(qid) {
-        tracing::debug!("queue {qid} not pinned: {e}");
-    }
-    let mut policy = Policy::new();
+    let mut policy = Policy::new(qid);
     // The largest request: a write of `max_write` (PAGE) bytes; a read's answer of as much.
     // The buffers are never freed (see the registration's SAFETY note).
     let ents: Vec<&'static mut Entry> = (0..ENTRIES_PER_THREAD)
@@ -423,7 +417,7 @@ fn serve_queue(
                 }
                 return Err(io::Error::from_raw_os_error(-res));
             }
-            policy.set_idle(!heavy(e));
+            policy.set(heavy(e));
             let then = answer_entry(e, fs, &mut out);
             let commit_id = {
                 let h = e.header_bytes();
@@ -446,46 +440,77 @@ fn serve_queue(
     }
 }
 
-/// The queue threads' scheduling policy. A queue thread answers on its caller's CPU and wakes
-/// the caller there; at that moment the scheduler looks for an idle CPU for the caller, and
-/// the CPU it is on is not idle (the queue thread still runs), so it moves the caller to the
-/// other CPU, waking that one from its idle state: on this project's VM that doubled the
-/// time of a `stat`, and the caller moved on most requests. A CPU that runs only SCHED_IDLE
-/// tasks counts as idle there, so a queue thread waits and answers at SCHED_IDLE, and the
-/// caller stays. A request that may take long (a large read or write, an `fsync`) is served
-/// and answered at normal priority, so that other work on the CPU does not starve it (and
-/// large sequential reads kept up better that way: 0.85 of `/dev/fuse`'s instead of 0.6);
-/// the thread goes back to SCHED_IDLE when it next serves a small request. Measured with
-/// three CPU-bound processes per CPU,
-/// small operations ran 10-15 % slower than at normal priority and still 2-3x faster than
-/// over `/dev/fuse` (docs/BENCHMARKS.md).
+/// The queue threads' scheduling policy and CPU. A queue thread answers on its caller's CPU
+/// and wakes the caller there; at that moment the scheduler looks for an idle CPU for the
+/// caller, and the CPU it is on is not idle (the queue thread still runs), so it moves the
+/// caller to the other CPU, waking that one from its idle state: on this project's VM that
+/// doubled the time of a `stat`, and the caller moved on most requests. A CPU that runs only
+/// SCHED_IDLE tasks counts as idle there, so a queue thread waits and answers small requests
+/// at SCHED_IDLE, pinned to its queue's CPU, and the caller stays. Measured with three
+/// CPU-bound processes per CPU, small operations ran 10-15 % slower than at normal priority
+/// and still 2-3x faster than over `/dev/fuse` (docs/BENCHMARKS.md).
+///
+/// A request that may take long (a large read or write, an `fsync`) is served and answered at
+/// normal priority, so that other work on the CPU does not starve it, and on any CPU of the
+/// process: a reader's read-ahead sends its large reads to its own CPU's queue, and pinned
+/// threads then copied them on that one CPU while the other stayed idle (a single `dd` read
+/// at half the rate of `/dev/fuse`). The thread goes back to SCHED_IDLE and its CPU when it
+/// next serves a small request.
 struct Policy {
-    idle: Option<bool>,
+    cpu: usize,
+    /// The process's CPU set when the thread started (where a heavy request may run).
+    all: Option<libc::cpu_set_t>,
+    /// Serving small requests (SCHED_IDLE, pinned), heavy ones, or not set yet.
+    small: Option<bool>,
 }
 
 impl Policy {
-    fn new() -> Policy {
-        let mut p = Policy { idle: None };
-        p.set_idle(true);
+    fn new(cpu: usize) -> Policy {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set, filled by sched_getaffinity for
+        // the calling thread (0) with the size passed.
+        let all = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+                .then_some(set)
+        };
+        let mut p = Policy {
+            cpu,
+            all,
+            small: None,
+        };
+        p.set(false);
         p
     }
 
-    /// Switches the calling thread to SCHED_IDLE (`idle`) or SCHED_OTHER, if it is not
-    /// there already. A refusal leaves the policy as it was (only slower).
-    fn set_idle(&mut self, idle: bool) {
-        if self.idle == Some(idle) {
+    /// Serve the next request as a heavy one (`heavy`) or a small one, switching policy and
+    /// CPU if the thread is not there already. A refusal leaves things as they were (only
+    /// slower): a CPU that is offline or outside the process's CPU set cannot be pinned to,
+    /// and its queue is then served from wherever the thread runs.
+    fn set(&mut self, heavy: bool) {
+        let small = !heavy;
+        if self.small == Some(small) {
             return;
         }
-        let policy = if idle {
+        let policy = if small {
             libc::SCHED_IDLE
         } else {
             libc::SCHED_OTHER
         };
         let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: sets the calling thread's (0) policy from a valid `sched_param`.
-        if unsafe { libc::sched_setscheduler(0, policy, &param) } == 0 {
-            self.idle = Some(idle);
+        unsafe { libc::sched_setscheduler(0, policy, &param) };
+        if small {
+            if let Err(e) = pin(self.cpu) {
+                tracing::debug!("queue {} not pinned: {e}", self.cpu);
+            }
+        } else if let Some(all) = &self.all {
+            // SAFETY: sets the calling thread's (0) CPU set from a valid set of the size
+            // passed.
+            unsafe {
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), all);
+            }
         }
+        self.small = Some(small);
     }
 }
 
