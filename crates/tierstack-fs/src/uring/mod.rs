@@ -94,11 +94,6 @@ impl Ring {
         self.state.store(s, Ordering::Release);
     }
 
-    /// Whether the io_uring queues serve the mount's requests.
-    pub fn serving(&self) -> bool {
-        self.state.load(Ordering::Acquire) == SERVING
-    }
-
     /// Waits (at most `within`) until INIT's outcome is known; then, if the kernel agreed to
     /// io_uring, registers the queues of every possible CPU on a duplicate of the session's
     /// device `dev` and serves them with `fs`. Returns whether the queues serve. Errors: a
@@ -393,17 +388,20 @@ fn serve_queue(
     let _ = registered.send(Ok(()));
     *reported = true;
     let mut out = Vec::with_capacity(4096);
+    // The completions of one wait (reused: no allocation per request).
+    let mut done: Vec<(usize, i32)> = Vec::with_capacity(ENTRIES_PER_THREAD);
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(err) => return Err(err),
         }
-        let done: Vec<(usize, i32)> = ring
-            .completion()
-            .map(|c| (c.user_data() as usize, c.result()))
-            .collect();
-        for (i, res) in done {
+        done.clear();
+        done.extend(
+            ring.completion()
+                .map(|c| (c.user_data() as usize, c.result())),
+        );
+        for &(i, res) in &done {
             let Some(e) = ents.get_mut(i) else {
                 continue;
             };
