@@ -9,6 +9,9 @@
 //!   does);
 //! - `poll`: one thread spinning on a non-blocking `/dev/fuse` (what the mount's
 //!   `poll.rs` does while small requests come back to back);
+//! - `placed`: blocking readers pinned one to each CPU, at SCHED_IDLE (the knobs are in
+//!   [`spawn_placed`]); the twelfth session's test of where `/dev/fuse` readers should run
+//!   (docs/BENCHMARKS.md);
 //! - `uring`: FUSE over io_uring (kernel 6.14+, `fuse.enable_uring=Y`): one thread per CPU,
 //!   pinned, serving the kernel's queue for that CPU, so a request is answered on its
 //!   caller's CPU.
@@ -449,10 +452,51 @@ fn stat_loop(path: &str, calls: usize) -> io::Result<f64> {
     Ok(t.elapsed().as_secs_f64() * 1e6 / calls as f64)
 }
 
+/// A number from the environment variable `k`, or `default`.
+fn env_usize(k: &str, default: usize) -> usize {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Mode `placed`: `FT_PER_CPU` (1) blocking readers per CPU, pinned there unless `FT_PIN=0`,
+/// at SCHED_IDLE unless `FT_IDLE=0`; `FT_NORMAL` (0) more readers, unpinned at normal
+/// priority; `FT_SPIN=1`: non-blocking reads (spinning).
+fn spawn_placed(fd: i32, served: &Arc<Served>) {
+    if env_usize("FT_SPIN", 0) == 1 {
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) };
+    }
+    let spin = env_usize("FT_SPIN", 0) == 1;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (per, do_pin, do_idle) = (
+        env_usize("FT_PER_CPU", 1),
+        env_usize("FT_PIN", 1) == 1,
+        env_usize("FT_IDLE", 1) == 1,
+    );
+    for i in 0..cpus * per {
+        let s = served.clone();
+        std::thread::spawn(move || {
+            if do_pin {
+                let _ = pin(i % cpus);
+            }
+            if do_idle {
+                let param = libc::sched_param { sched_priority: 0 };
+                // SAFETY: sets the calling thread's (0) policy from a valid sched_param.
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+            }
+            if let Err(e) = serve_legacy(fd, spin, &s) {
+                eprintln!("legacy server: {e}");
+            }
+        });
+    }
+}
+
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let usage =
-        "usage: fuse_transport classic|poll|uring MOUNTPOINT [CALLS] [REFERENCE_FILE [COMMAND...]]";
+        "usage: fuse_transport classic|poll|placed|uring MOUNTPOINT [CALLS] [REFERENCE_FILE [COMMAND...]]";
     let mode = args.get(1).ok_or_else(|| io::Error::other(usage))?.clone();
     let mnt = args.get(2).ok_or_else(|| io::Error::other(usage))?.clone();
     let calls: usize = args
@@ -503,7 +547,14 @@ fn main() -> io::Result<()> {
         // SAFETY: fcntl on a descriptor we own.
         unsafe { libc::fcntl(rawfd, libc::F_SETFL, libc::O_NONBLOCK) };
     }
-    let legacy_threads = if mode == "classic" { 2 } else { 1 };
+    if mode == "placed" {
+        spawn_placed(rawfd, &served);
+    }
+    let legacy_threads = match mode.as_str() {
+        "classic" => 2,
+        "placed" => env_usize("FT_NORMAL", 0),
+        _ => 1,
+    };
     for _ in 0..legacy_threads {
         let s = served.clone();
         std::thread::spawn(move || {
