@@ -4,7 +4,9 @@
 # the mount's request sequence (FUSE_TRANSPORT_LIKE_MOUNT=1), the smallio loop through it
 # (5,000 files; 2,000 under load), readers free (classic), one spinning (poll), or placed
 # (pinned one per CPU, SCHED_IDLE or normal priority, FT_* knobs in the example); then the
-# same under three CPU-bound processes per CPU.
+# same under three CPU-bound processes per CPU. The null server runs its caller as a child (one
+# session, one autogroup); a mount's daemon runs under setsid: start the server with setsid to
+# see what a mount would get (docs/BENCHMARKS.md, twelfth session).
 cd "$(dirname "$0")/../.." || exit 1
 cargo build --release -q -p tierstack-fs --example fuse_transport || exit 1
 EX=target/release/examples/fuse_transport
