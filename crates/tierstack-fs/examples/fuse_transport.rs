@@ -460,15 +460,10 @@ fn env_usize(k: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Mode `placed`: `FT_PER_CPU` (1) blocking readers per CPU, pinned there unless `FT_PIN=0`,
-/// at SCHED_IDLE unless `FT_IDLE=0`; `FT_NORMAL` (0) more readers, unpinned at normal
-/// priority; `FT_SPIN=1`: non-blocking reads (spinning).
-fn spawn_placed(fd: i32, served: &Arc<Served>) {
-    if env_usize("FT_SPIN", 0) == 1 {
-        // SAFETY: fcntl on a descriptor we own.
-        unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) };
-    }
-    let spin = env_usize("FT_SPIN", 0) == 1;
+/// Mode `placed`: `FT_PER_CPU` (1) readers per CPU, pinned there unless `FT_PIN=0`, at
+/// SCHED_IDLE unless `FT_IDLE=0`; `spin` (`FT_SPIN=1`): the device is non-blocking and they
+/// spin. `FT_NORMAL` (0) more readers, unpinned at normal priority, are started by `main`.
+fn spawn_placed(fd: i32, spin: bool, served: &Arc<Served>) {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (per, do_pin, do_idle) = (
         env_usize("FT_PER_CPU", 1),
@@ -542,13 +537,13 @@ fn main() -> io::Result<()> {
     }
     let served = Arc::new(Served::default());
     let rawfd = fd.as_raw_fd();
-    let spin = mode == "poll";
+    let spin = mode == "poll" || (mode == "placed" && env_usize("FT_SPIN", 0) == 1);
     if spin {
         // SAFETY: fcntl on a descriptor we own.
         unsafe { libc::fcntl(rawfd, libc::F_SETFL, libc::O_NONBLOCK) };
     }
     if mode == "placed" {
-        spawn_placed(rawfd, &served);
+        spawn_placed(rawfd, spin, &served);
     }
     let legacy_threads = match mode.as_str() {
         "classic" => 2,
