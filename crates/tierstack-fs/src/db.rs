@@ -153,6 +153,9 @@ pub struct InodeRow {
     /// Where a file's drain stages its contents while it is still being written (a
     /// temporary name in BACKING holding the first `base_len` bytes).
     pub staged: Option<Vec<u8>>,
+    /// The file's allocated ranges (`core::extents::Extents::encode`); None: unknown (a
+    /// file found in BACKING and not changed since).
+    pub extents: Option<Vec<u8>>,
 }
 
 /// The journal database: one SQLite connection, in WAL mode.
@@ -190,6 +193,10 @@ impl Db {
         if !has_staged {
             conn.execute_batch("ALTER TABLE inodes ADD COLUMN staged BLOB;")?;
         }
+        // ... and before allocation tracking, the extents.
+        if conn.prepare("SELECT extents FROM inodes LIMIT 0").is_err() {
+            conn.execute_batch("ALTER TABLE inodes ADD COLUMN extents BLOB;")?;
+        }
         Ok(Db { conn, group: None })
     }
 
@@ -214,7 +221,7 @@ impl Db {
     pub fn load_inodes(&self) -> Result<Vec<InodeRow>> {
         let mut st = self.conn.prepare(
             "SELECT ino, kind, mode, uid, gid, size, atime, mtime, ctime, target, obj, has_base,
-                    base_len, bpath, loaded, dirty, staged FROM inodes",
+                    base_len, bpath, loaded, dirty, staged, extents FROM inodes",
         )?;
         let rows = st.query_map([], |r| {
             Ok(InodeRow {
@@ -235,6 +242,7 @@ impl Db {
                 loaded: r.get::<_, i64>(14)? != 0,
                 dirty: r.get::<_, i64>(15)? != 0,
                 staged: r.get(16)?,
+                extents: r.get(17)?,
             })
         })?;
         Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
@@ -457,8 +465,8 @@ impl Db {
 pub fn put_inode(tx: &Connection, r: &InodeRow) -> Result<()> {
     tx.prepare_cached(
         "INSERT OR REPLACE INTO inodes(ino, kind, mode, uid, gid, size, atime, mtime, ctime, target,
-            obj, has_base, base_len, bpath, loaded, dirty, staged)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+            obj, has_base, base_len, bpath, loaded, dirty, staged, extents)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
     )?
     .execute(params![
         r.ino as i64,
@@ -478,6 +486,7 @@ pub fn put_inode(tx: &Connection, r: &InodeRow) -> Result<()> {
         r.loaded as i64,
         r.dirty as i64,
         r.staged,
+        r.extents,
     ])?;
     Ok(())
 }

@@ -262,6 +262,13 @@ pub enum Op<'a> {
     Listxattr { ino: u64, size: u32 },
     /// Remove extended attribute `name`.
     Removexattr { ino: u64, name: &'a [u8] },
+    /// Reserve, punch or zero `length` bytes at `offset` (`fallocate(2)` `mode`).
+    Fallocate {
+        ino: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    },
 }
 
 impl Op<'_> {
@@ -294,6 +301,7 @@ impl Op<'_> {
             Op::Getxattr { .. } => "getxattr",
             Op::Listxattr { .. } => "listxattr",
             Op::Removexattr { .. } => "removexattr",
+            Op::Fallocate { .. } => "fallocate",
         }
     }
 }
@@ -556,6 +564,14 @@ impl TierFs {
                 return (r.map(|_| Out::Empty), (r == Ok(true)).then_some(ino));
             }
             Op::Fsync { ino } | Op::Fsyncdir { ino } => core.fsync(ino).map(|()| Out::Empty),
+            Op::Fallocate {
+                ino,
+                offset,
+                length,
+                mode,
+            } => core
+                .fallocate(ino, offset, length, mode)
+                .map(|()| Out::Empty),
             Op::Opendir { ino } => match core.getattr(ino) {
                 Ok(a) if a.kind == Kind::Dir => Ok(Out::Open(0, FopenFlags::empty())),
                 Ok(_) => Err(libc::ENOTDIR),
@@ -1034,6 +1050,25 @@ impl fuser::Filesystem for TierFs {
         self.serve(Op::Fsync { ino: ino.0 }, caller(req), |r| {
             send_empty(reply, r)
         })
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let op = Op::Fallocate {
+            ino: ino.0,
+            offset,
+            length,
+            mode,
+        };
+        self.serve(op, caller(req), |r| send_empty(reply, r))
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

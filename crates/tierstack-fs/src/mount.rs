@@ -717,7 +717,7 @@ impl Daemon {
         self.drainer.stop.store(true, Relaxed);
         self.core.stopping.store(true, Relaxed);
         self.core.store.flush()?;
-        self.core.db.lock().make_durable()?;
+        self.core.record_clean_stop()?;
         let _ = std::fs::remove_file(&self.sock);
         tracing::info!("unmounted {}", self.spec.mountpoint.display());
         Ok(())

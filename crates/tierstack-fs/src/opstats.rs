@@ -35,6 +35,7 @@ pub const OPS: &[&str] = &[
     "getxattr",
     "listxattr",
     "removexattr",
+    "fallocate",
 ];
 
 /// Latencies (microseconds, 3 significant digits up to 100 s) of each operation.

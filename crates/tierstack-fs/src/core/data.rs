@@ -13,7 +13,7 @@ use tierstack_store::{PageData, StoreError};
 
 use crate::error::{FsError, Result};
 
-use super::{eio, now_ns, Core, Kind, Node, Ns, PAGE, R};
+use super::{eio, now_ns, Core, Kind, Ns, PAGE, R};
 
 /// A page of a file held in the store.
 #[derive(Clone, Copy, Debug)]
@@ -64,6 +64,11 @@ pub struct FileData {
     /// The full-flush generation (`Core::flush_gen`) that `unsynced` was gathered under; a
     /// newer one makes the list stale.
     pub unsynced_gen: u64,
+    /// The allocated 4 KiB blocks (written or reserved), as ext4 would have them: `st_blocks`,
+    /// `SEEK_DATA`/`SEEK_HOLE`, and what the drain writes. None: not known yet (a file found
+    /// in BACKING; read from its base's holes at its first change, see
+    /// [`Core::ensure_extents`]).
+    pub extents: Option<super::extents::Extents>,
     /// Bytes written since that full flush, in all (may exceed the bytes of `unsynced`,
     /// which stops growing past `intent::MAX_RECORD`).
     pub unsynced_bytes: u64,
@@ -301,6 +306,9 @@ impl Core {
             p += 1;
         }
         f.size = new_size;
+        if let Some(e) = f.extents.as_mut() {
+            e.add(off, end);
+        }
         self.mark_dirty(ino, f).map_err(WriteErr::Other)
     }
 
@@ -333,6 +341,7 @@ impl Core {
         loop {
             let r = {
                 let mut f = d.lock();
+                self.ensure_extents(&mut f).map_err(eio)?;
                 let r = self.write_locked(ino, obj, &mut f, off, data);
                 if r.is_ok() {
                     self.note_unsynced(&mut f, off, data.len() as u64);
@@ -433,6 +442,14 @@ impl Core {
         let (d, obj) = self.file(ino)?;
         self.wait_space(PAGE);
         let mut f = d.lock();
+        self.ensure_extents(&mut f).map_err(eio)?;
+        // As ext4: a truncation to the size or below frees every block past it (blocks
+        // reserved past the end included); growing frees nothing.
+        if new <= f.size {
+            if let Some(e) = f.extents.as_mut() {
+                e.truncate(new);
+            }
+        }
         if new < f.size {
             let beyond: Vec<u64> = f
                 .pages
@@ -460,27 +477,166 @@ impl Core {
         Ok(())
     }
 
-    /// Copies a file's whole base into the store, so it no longer depends on BACKING's copy
-    /// (before that copy may be removed while the file lives on under another name).
-    pub(super) fn pin(&self, n: &Node, ino: u64) -> R<()> {
-        let Some(d) = &n.data else { return Ok(()) };
-        let mut f = d.lock();
+    /// Makes a file's allocation known (see [`FileData::extents`]): a file found in BACKING
+    /// gets its base's data ranges (`SEEK_DATA`/`SEEK_HOLE`) and its changed pages.
+    pub(super) fn ensure_extents(&self, f: &mut FileData) -> Result<()> {
+        if f.extents.is_some() {
+            return Ok(());
+        }
+        let mut e = super::extents::Extents::new();
+        if f.has_base && f.base_len > 0 {
+            if let Some(base) = self.base_file(f)? {
+                let path = self.bjoin(f.base_path().unwrap_or_default());
+                for (a, b) in crate::backing::data_ranges(&base, f.base_len)
+                    .map_err(crate::error::io_err(path))?
+                {
+                    e.add(a, b);
+                }
+            }
+        }
+        for (p, pg) in &f.pages {
+            if pg.dirty {
+                e.add(p * PAGE, p * PAGE + pg.len as u64);
+            }
+        }
+        f.extents = Some(e);
+        Ok(())
+    }
+
+    /// Zeros `[a, b)` of a file (within its size): pages wholly inside that hold nothing the
+    /// base does not are dropped, other bytes are overwritten with zeros.
+    fn zero_range(&self, ino: u64, obj: u64, f: &mut FileData, a: u64, b: u64) -> R<()> {
+        let b = b.min(f.size);
+        if b <= a {
+            return Ok(());
+        }
+        let mut p = a / PAGE;
+        while p * PAGE < b {
+            let pstart = p * PAGE;
+            let pend = (pstart + PAGE).min(f.size);
+            let (lo, hi) = (a.max(pstart), b.min(pend));
+            let base_here = f.has_base && pstart < f.base_len;
+            if lo == pstart && hi == pend && !base_here {
+                self.drop_page(obj, f, p).map_err(eio)?;
+            } else if f.pages.contains_key(&p) || base_here {
+                let zeros = vec![0u8; (hi - lo) as usize];
+                match self.write_locked(ino, obj, f, lo, &zeros) {
+                    Ok(()) => {}
+                    Err(WriteErr::Full) => return Err(libc::ENOSPC),
+                    Err(WriteErr::Other(e)) => return Err(eio(e)),
+                }
+            }
+            p += 1;
+        }
+        Ok(())
+    }
+
+    /// `fallocate(2)` on file `ino`: mode 0 and `FALLOC_FL_KEEP_SIZE` reserve blocks (the
+    /// size grows without KEEP_SIZE), `FALLOC_FL_PUNCH_HOLE` (with KEEP_SIZE) frees them and
+    /// reads zeros after, `FALLOC_FL_ZERO_RANGE` zeros bytes and keeps them allocated, as
+    /// ext4 does. A reserved block takes no fast-tier space (it is a hole with zeros until
+    /// written); the drain reserves it in BACKING.
+    pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: i32) -> R<()> {
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !(KEEP | PUNCH | ZERO) != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if mode & PUNCH != 0 && (mode & ZERO != 0 || mode & KEEP == 0) {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if len == 0 {
+            return Err(libc::EINVAL);
+        }
+        let end = off.checked_add(len).ok_or(libc::EFBIG)?;
+        self.touch();
+        let (d, obj) = self.file(ino)?;
+        self.wait_space(PAGE);
+        let grew = {
+            let mut f = d.lock();
+            self.ensure_extents(&mut f).map_err(eio)?;
+            if mode & (PUNCH | ZERO) != 0 {
+                self.zero_range(ino, obj, &mut f, off, end)?;
+            }
+            let grew = mode & KEEP == 0 && end > f.size;
+            if grew {
+                f.size = end;
+            }
+            if let Some(e) = f.extents.as_mut() {
+                if mode & PUNCH != 0 {
+                    e.remove(off, end);
+                } else {
+                    e.add(off, end);
+                }
+            }
+            self.mark_dirty(ino, &mut f).map_err(eio)?;
+            self.persist_content(ino, &f).map_err(eio)?;
+            grew
+        };
+        if grew || mode & (PUNCH | ZERO) != 0 {
+            let mut ns = self.ns.lock();
+            if let Some(n) = ns.nodes.get_mut(&ino) {
+                let t = now_ns();
+                n.mtime = t;
+                n.ctime = t;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the data of a file's base into the store (holes stay holes: only the pages
+    /// holding data, found with `SEEK_DATA`), so it no longer depends on BACKING's copy,
+    /// which is about to be removed while the file lives on (another hard link, an open
+    /// handle). The drainer calls it just before it removes that copy, in journal order,
+    /// so no drain of the file is in flight; the caller makes the store and the journal
+    /// durable before the removal.
+    pub fn pin_base(&self, ino: u64, obj: u64, f: &mut FileData) -> Result<()> {
         if !f.has_base {
             return Ok(());
         }
-        let npages = f.base_len.min(f.size).div_ceil(PAGE);
-        for p in 0..npages {
-            if f.pages.get(&p).is_some_and(|pg| pg.dirty) {
-                continue;
+        let len = f.base_len.min(f.size);
+        let base = match self.base_file(f) {
+            Ok(b) => b,
+            // Removed from BACKING by someone else: there is nothing left to keep.
+            Err(FsError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!(
+                    "the base of inode {ino} vanished from BACKING before it was pinned"
+                );
+                None
             }
-            if let Some(v) = self.read_page(n.obj, &mut f, p, false).map_err(eio)? {
-                self.put_page_retry(n.obj, &mut f, p, &v)?;
+            Err(e) => return Err(e),
+        };
+        if let Some(base) = base {
+            let mut p = 0;
+            while p * PAGE < len {
+                // The next page that holds data, at or after page p.
+                let Some(at) = crate::backing::next_data(&base, p * PAGE).map_err(
+                    crate::error::io_err(self.bjoin(f.base_path().unwrap_or_default())),
+                )?
+                else {
+                    break;
+                };
+                if at >= len {
+                    break;
+                }
+                p = at / PAGE;
+                if !f.pages.get(&p).is_some_and(|pg| pg.dirty) {
+                    if let Some(v) = self.read_page(obj, f, p, false)? {
+                        self.put_page_retry(obj, f, p, &v).map_err(|e| {
+                            FsError::Config(format!("pinning page {p} of inode {ino}: errno {e}"))
+                        })?;
+                    }
+                }
+                p += 1;
             }
         }
         f.has_base = false;
         f.base_fd = None;
-        self.mark_dirty(ino, &mut f).map_err(eio)?;
-        self.persist_content(ino, &f).map_err(eio)
+        f.base_blocks = 0;
+        f.staged = None;
+        self.mark_dirty(ino, f)?;
+        self.persist_content(ino, f)
     }
 
     pub(super) fn destroy(&self, ns: &mut Ns, ino: u64) {

@@ -35,6 +35,7 @@ use crate::db::{self, Db, InodeRow, OpKind};
 use crate::error::Result;
 
 mod data;
+pub mod extents;
 mod namespace;
 mod node;
 mod space;
@@ -297,6 +298,7 @@ impl Core {
                     staged: r.staged.clone(),
                     base_blocks: r.base_len.div_ceil(512),
                     min_size: r.size,
+                    extents: r.extents.as_deref().and_then(extents::Extents::decode),
                     ..Default::default()
                 }))
             });
@@ -405,6 +407,13 @@ impl Core {
                 by_obj.insert(n.obj, d.clone());
             }
         }
+        // Whether the last daemon stopped cleanly (its files' allocation recorded at exit).
+        let clean = {
+            let db = self.db.lock();
+            let c = db.meta_get("clean")?.is_some_and(|v| v == b"1");
+            db.meta_set("clean", b"0")?;
+            c
+        };
         let keys = self.array.keys_in(0, MAX_OBJECT_ID - 1);
         let mut garbage = 0;
         for k in keys {
@@ -413,6 +422,13 @@ impl Core {
                 let mut f = d.lock();
                 if k.1 * PAGE < f.size {
                     let dirty = f.dirty;
+                    // After a crash the recorded allocation may miss the last writes: a page
+                    // counts as allocated whole (never a hole where data may be).
+                    if !clean {
+                        if let Some(e) = f.extents.as_mut() {
+                            e.add(k.1 * PAGE, k.1 * PAGE + len);
+                        }
+                    }
                     f.pages.insert(
                         k.1,
                         Page {
@@ -576,14 +592,21 @@ impl Core {
                 let f = d.lock();
                 // Pages held, counted whole (O(1): getattr is hot; a page's bytes past the
                 // end of the file are capped by `most` below).
-                let held = f.pages.len() as u64 * PAGE;
-                let base = if f.has_base {
-                    (f.base_blocks * 512).min(f.base_len)
-                } else {
-                    0
-                };
-                let most = f.size.div_ceil(4096) * 8;
-                (f.size, (held + base).div_ceil(512).min(most))
+                match &f.extents {
+                    // Allocated blocks as ext4 counts them (also those reserved past the
+                    // end with FALLOC_FL_KEEP_SIZE).
+                    Some(e) => (f.size, e.bytes() / 512),
+                    None => {
+                        let held = f.pages.len() as u64 * PAGE;
+                        let base = if f.has_base {
+                            (f.base_blocks * 512).min(f.base_len)
+                        } else {
+                            0
+                        };
+                        let most = f.size.div_ceil(4096) * 8;
+                        (f.size, (held + base).div_ceil(512).min(most))
+                    }
+                }
             }
             None => (n.size, n.size.div_ceil(4096) * 8),
         };
@@ -650,12 +673,32 @@ impl Core {
         self.tx(|tx| db::put_inode(tx, &row))
     }
 
+    /// Records every file's allocation and size, then marks the stop clean: the next mount
+    /// trusts the recorded allocation (after a crash it counts each page held as
+    /// allocated whole). The daemon's last step before it exits.
+    pub fn record_clean_stop(&self) -> Result<()> {
+        let files: Vec<(u64, Arc<Mutex<FileData>>)> = {
+            let ns = self.ns.lock();
+            ns.nodes
+                .iter()
+                .filter_map(|(i, n)| n.data.clone().map(|d| (*i, d)))
+                .collect()
+        };
+        for (ino, d) in files {
+            let f = d.lock();
+            self.persist_content(ino, &f)?;
+        }
+        let mut db = self.db.lock();
+        db.meta_set("clean", b"1")?;
+        db.make_durable()
+    }
+
     fn persist_content(&self, ino: u64, f: &FileData) -> Result<()> {
         self.db_commits.fetch_add(1, Relaxed);
         let db = self.db.lock();
         db.conn
             .prepare_cached(
-                "UPDATE inodes SET size=?2, has_base=?3, base_len=?4, dirty=?5, bpath=?6, staged=?7 WHERE ino=?1",
+                "UPDATE inodes SET size=?2, has_base=?3, base_len=?4, dirty=?5, bpath=?6, staged=?7, extents=?8 WHERE ino=?1",
             )?
             .execute(rusqlite::params![
                 ino as i64,
@@ -664,7 +707,8 @@ impl Core {
                 f.base_len as i64,
                 f.dirty as i64,
                 f.bpath,
-                f.staged
+                f.staged,
+                f.extents.as_ref().map(|e| e.encode())
             ])?;
         Ok(())
     }
@@ -694,6 +738,7 @@ pub fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
         loaded: n.loaded,
         dirty: f.is_some_and(|f| f.dirty),
         staged: f.and_then(|f| f.staged.clone()),
+        extents: f.and_then(|f| f.extents.as_ref().map(|e| e.encode())),
     }
 }
 

@@ -276,6 +276,7 @@ impl Core {
         let data = (kind == Kind::File).then(|| {
             Arc::new(Mutex::new(FileData {
                 dirty: true,
+                extents: Some(super::extents::Extents::new()),
                 ..Default::default()
             }))
         });
@@ -314,7 +315,17 @@ impl Core {
         self.tx(|tx| {
             db::put_inode(tx, &row)?;
             db::add_dentry(tx, parent, name, ino)?;
-            db::push_op(tx, op, ino, &path, &target)?;
+            if op == OpKind::Mknod {
+                // The node's type goes with the device number: the drain makes the node
+                // even when it is gone from the namespace by then (a later rename or link
+                // row of it must find it in BACKING; its removal row follows).
+                let mut p2 = target.clone();
+                p2.resize(8, 0);
+                p2.extend_from_slice(&kind.mode_bits().to_le_bytes());
+                db::push_op(tx, op, ino, &path, &p2)?;
+            } else {
+                db::push_op(tx, op, ino, &path, &target)?;
+            }
             for (k, v) in &node.xattrs {
                 db::put_xattr(tx, ino, k, Some(v))?;
                 db::push_op(tx, OpKind::Xattr, ino, &path, k)?;
@@ -567,15 +578,12 @@ impl Core {
     /// Removes the link (parent, name) of `ino`; the node goes when nothing refers to it.
     /// Returns the DB work to do in the caller's transaction.
     pub(super) fn unlink_node(&self, ns: &mut Ns, parent: u64, name: &[u8], ino: u64) -> R<bool> {
-        let (remaining, open, has_base) = {
+        // A base in BACKING stays where it is until the drainer applies this removal there;
+        // it copies the base into the fast tier first if the file lives on (`pin_base`).
+        let (remaining, open) = {
             let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-            let has_base = n.data.as_ref().is_some_and(|d| d.lock().has_base);
-            (n.links.len().saturating_sub(1), n.open, has_base)
+            (n.links.len().saturating_sub(1), n.open)
         };
-        if has_base && (remaining > 0 || open > 0) {
-            let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-            self.pin(n, ino)?;
-        }
         if let Some(n) = ns.nodes.get_mut(&ino) {
             if let Some(i) = n.links.iter().position(|l| l.0 == parent && l.1 == name) {
                 n.links.remove(i);

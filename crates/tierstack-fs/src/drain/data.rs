@@ -15,11 +15,11 @@ use crate::db::JOp;
 
 use super::{tmp_name, Drainer};
 
-/// Copies the first `len` bytes of `src` to `dst` inside BACKING (`copy_file_range`, which
-/// a file system may do without moving the bytes through us; read and write where it
-/// cannot).
-pub(super) fn copy_within_backing(src: &File, dst: &File, len: u64) -> io::Result<()> {
-    let mut off = 0u64;
+/// Copies bytes `[from, len)` of `src` to the same place in `dst` inside BACKING
+/// (`copy_file_range`, which a file system may do without moving the bytes through us;
+/// read and write where it cannot).
+pub(super) fn copy_within_backing(src: &File, dst: &File, from: u64, len: u64) -> io::Result<()> {
+    let mut off = from;
     while off < len {
         let (mut i, mut o) = (off, off);
         match rustix::fs::copy_file_range(
@@ -65,6 +65,35 @@ pub(super) fn nonzero_runs(v: &[u8], block: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// Punches the parts of `[pstart, pstart + len)` in `out` that lie outside `runs`
+/// (page-relative, in order): bytes a punched or truncated range left in an earlier pass.
+fn punch_between(out: &File, pstart: u64, len: usize, runs: &[(usize, usize)]) -> io::Result<()> {
+    let mut at = 0usize;
+    let mut gaps = Vec::new();
+    for (a, b) in runs {
+        if *a > at {
+            gaps.push((at, *a));
+        }
+        at = *b;
+    }
+    if at < len {
+        gaps.push((at, len));
+    }
+    for (a, b) in gaps {
+        let r = rustix::fs::fallocate(
+            out,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            pstart + a as u64,
+            (b - a) as u64,
+        );
+        if r.is_err() {
+            // No punching there: zeros do.
+            out.write_all_at(&vec![0u8; b - a], pstart + a as u64)?;
+        }
+    }
+    Ok(())
+}
+
 impl Drainer {
     /// Drains a file's dirty pages into its staging file in BACKING (a temporary name in the
     /// directory of the file, or wherever an earlier pass staged it). While the file is still
@@ -85,7 +114,7 @@ impl Drainer {
                 _ => return Ok(()),
             }
         };
-        let (size, start_ver, staged, base) = {
+        let (size, start_ver, staged, base, ext) = {
             let mut f = d.lock();
             f.data_pending = false;
             if !f.dirty {
@@ -95,7 +124,7 @@ impl Drainer {
             let base = (f.has_base && f.staged.is_none() && f.base_len > 0)
                 .then(|| f.bpath.clone().map(|b| (b, f.base_len)))
                 .flatten();
-            (f.size, f.ver, f.staged.clone(), base)
+            (f.size, f.ver, f.staged.clone(), base, f.extents.clone())
         };
         let (dir, dname) = c.bk.parent(&op.p1)?;
         let (sdir, sname, srel) = match &staged {
@@ -128,11 +157,18 @@ impl Drainer {
             };
             if let Some((brel, blen)) = &base {
                 // The file was drained whole before: its unchanged bytes come from there.
+                // Only its allocated ranges: its holes stay holes.
                 let src = c.bk.open_file(brel, OFlags::RDONLY, 0)?;
-                copy_within_backing(&src, &file, *blen)?;
+                let ranges = match &ext {
+                    Some(e) => e.within(0, *blen),
+                    None => crate::backing::data_ranges(&src, *blen)?,
+                };
+                for (a, b) in ranges {
+                    copy_within_backing(&src, &file, a, b)?;
+                }
                 have = *blen;
             }
-            self.write_dirty(&d, obj, size, have, &file)
+            self.write_dirty(&d, obj, size, have, &file, ext.as_ref(), staged.is_some())
         })();
         let (drained, written) = match res {
             Ok(v) => v,
@@ -151,6 +187,21 @@ impl Drainer {
         } else {
             let finish = || -> io::Result<()> {
                 file.set_len(size)?;
+                // Blocks the file reserved without writing them (fallocate) are reserved in
+                // BACKING too; a BACKING that cannot reserve keeps them as holes.
+                if let Some(e) = &ext {
+                    for (a, b) in e.ranges() {
+                        let r = rustix::fs::fallocate(
+                            &file,
+                            rustix::fs::FallocateFlags::KEEP_SIZE,
+                            a,
+                            b - a,
+                        );
+                        if r.is_err() {
+                            break;
+                        }
+                    }
+                }
                 self.apply_attrs_fd(op.ino, &file)?;
                 // The renamed file replaces the old one in BACKING: it takes the extended
                 // attributes along. A BACKING without them reports it through the xattr rows.
@@ -267,6 +318,10 @@ impl Drainer {
     /// Writes the dirty pages of a file below `size` to `out`; `have`: bytes `out` already
     /// holds (an all-zero page past them is a hole and is not written). Returns the (page,
     /// version) of the pages written and the bytes written.
+    /// With the file's allocation (`ext`), only its allocated ranges are written and, where
+    /// `out` may hold older bytes (`reused`: a staging file of an earlier pass), the rest
+    /// of each page is punched; without it, all-zero blocks past `have` stay holes.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn write_dirty(
         &self,
         d: &Mutex<crate::core::FileData>,
@@ -274,6 +329,8 @@ impl Drainer {
         size: u64,
         have: u64,
         out: &File,
+        ext: Option<&crate::core::extents::Extents>,
+        reused: bool,
     ) -> io::Result<(Vec<(u64, u64)>, u64)> {
         let c = &self.core;
         let dirty: Vec<u64> = {
@@ -305,11 +362,22 @@ impl Drainer {
                 drained.push((p, ver));
             }
             let v = &page[..lim.min(page.len())];
-            // Past what `out` holds, runs of zero blocks stay holes.
-            let runs: Vec<(usize, usize)> = if p * PAGE >= have {
-                nonzero_runs(v, 4096)
-            } else {
-                vec![(0, v.len())]
+            let pstart = p * PAGE;
+            let runs: Vec<(usize, usize)> = match ext {
+                Some(e) => {
+                    let runs: Vec<(usize, usize)> = e
+                        .within(pstart, pstart + v.len() as u64)
+                        .into_iter()
+                        .map(|(a, b)| ((a - pstart) as usize, (b - pstart) as usize))
+                        .collect();
+                    if reused {
+                        punch_between(out, pstart, v.len(), &runs)?;
+                    }
+                    runs
+                }
+                // Past what `out` holds, runs of zero blocks stay holes.
+                None if pstart >= have => nonzero_runs(v, 4096),
+                None => vec![(0, v.len())],
             };
             for (a, b) in runs {
                 if let Some(r) = &self.rate {

@@ -17,6 +17,16 @@ pub(super) fn ignore(e: &io::Error, kinds: &[i32]) -> bool {
     e.raw_os_error().is_some_and(|c| kinds.contains(&c))
 }
 
+/// The file-type bits a mknod row carries after its device number (rows of older journals
+/// carry none: a FIFO stands in, only ever to be removed again).
+fn mknod_type(p2: &[u8]) -> u32 {
+    p2.get(8..12)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_le_bytes)
+        .filter(|t| [libc::S_IFIFO, libc::S_IFSOCK, libc::S_IFCHR, libc::S_IFBLK].contains(t))
+        .unwrap_or(libc::S_IFIFO)
+}
+
 pub(super) fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
 }
@@ -79,19 +89,27 @@ impl Drainer {
                 self.set_bpath(op.ino, Some(&op.p1));
             }
             OpKind::Mknod => {
-                // Deleted since: its unlink row follows and finds nothing to remove.
-                let Some((kind, a, target)) = self.attrs_of(op.ino) else {
-                    return Ok(());
-                };
                 let (d, name) = bk.parent(&op.p1)?;
-                let rdev = if op.p2.is_empty() {
-                    rdev_of(&target)
-                } else {
-                    rdev_of(&op.p2)
-                };
-                Backing::mknod(&d, name, kind.mode_bits() | (a.mode & 0o7777), rdev)?;
-                Backing::set_attrs_at(&d, name, &a, false)?;
-                self.set_bpath(op.ino, Some(&op.p1));
+                match self.attrs_of(op.ino) {
+                    Some((kind, a, target)) => {
+                        let rdev = if op.p2.is_empty() {
+                            rdev_of(&target)
+                        } else {
+                            rdev_of(&op.p2)
+                        };
+                        Backing::mknod(&d, name, kind.mode_bits() | (a.mode & 0o7777), rdev)?;
+                        Backing::set_attrs_at(&d, name, &a, false)?;
+                        self.set_bpath(op.ino, Some(&op.p1));
+                    }
+                    None => {
+                        // Gone from the namespace since, but the rows after this one (a
+                        // rename or link of the node, then its removal) act on it in
+                        // BACKING: make it as it was made (its type is in the row), owned
+                        // by nobody but root, for them to find.
+                        let ty = mknod_type(&op.p2);
+                        Backing::mknod(&d, name, ty | 0o600, rdev_of(&op.p2))?;
+                    }
+                }
             }
             OpKind::Link => {
                 let (od, oname) = bk.parent(&op.p1)?;
@@ -105,6 +123,7 @@ impl Drainer {
             OpKind::Rename => {
                 let (od, oname) = bk.parent(&op.p1)?;
                 let (nd, nname) = bk.parent(&op.p2)?;
+                self.pin_bases_under(&op.p2, Some(op.ino))?;
                 if let Err(e) = Backing::rename(&od, oname, &nd, nname) {
                     // Replayed after a crash: the rename is done already.
                     if !(e.kind() == io::ErrorKind::NotFound && Backing::stat(&nd, nname).is_ok()) {
@@ -117,12 +136,14 @@ impl Drainer {
             }
             OpKind::Unlink => {
                 let (d, name) = bk.parent(&op.p1)?;
+                self.pin_bases_under(&op.p1, None)?;
                 if let Err(e) = Backing::unlink(&d, name, false) {
                     if e.kind() != io::ErrorKind::NotFound {
                         return Err(e);
                     }
                 }
-                // A file gone for good leaves no staging file behind.
+                // A file with no name left leaves no staging file behind (one still open
+                // keeps its contents: pinned first).
                 let gone = self
                     .core
                     .ns
@@ -131,12 +152,16 @@ impl Drainer {
                     .get(&op.ino)
                     .is_none_or(|n| n.links.is_empty());
                 if gone {
+                    let (dir, _) = crate::backing::split(&op.p1);
+                    let staging = crate::core::join_rel(dir, &tmp_name(op.ino, ""));
+                    self.pin_bases_under(&staging, None)?;
                     let _ = Backing::unlink(&d, &tmp_name(op.ino, ""), false);
                 }
                 self.clear_bpaths(&op.p1, None);
             }
             OpKind::Rmdir => {
                 let (d, name) = bk.parent(&op.p1)?;
+                self.pin_bases_under(&op.p1, None)?;
                 match Backing::unlink(&d, name, true) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -196,6 +221,47 @@ impl Drainer {
             OpKind::Data => return Err(errno(libc::EINVAL)),
         }
         Ok(())
+    }
+
+    /// Before `path` is removed or replaced in BACKING: every file still in the namespace
+    /// (another name, an open handle) whose base lies there (its name in BACKING or its
+    /// staging file) gets the base's data copied into the fast tier, and that is made
+    /// durable (store and journal) before the caller touches BACKING. `except`: the node a
+    /// rename moves there (its base is at its old path).
+    pub(super) fn pin_bases_under(&self, path: &[u8], except: Option<u64>) -> io::Result<()> {
+        let victims: Vec<_> = {
+            let ns = self.core.ns.lock();
+            ns.nodes
+                .iter()
+                .filter(|(i, _)| Some(**i) != except)
+                .filter_map(|(i, n)| {
+                    let d = n.data.as_ref()?;
+                    let f = d.lock();
+                    let bp = f.base_path()?;
+                    (f.has_base && under(bp, path)).then(|| (*i, n.obj, d.clone()))
+                })
+                .collect()
+        };
+        if victims.is_empty() {
+            return Ok(());
+        }
+        for (ino, obj, d) in &victims {
+            let mut f = d.lock();
+            self.core
+                .pin_base(*ino, *obj, &mut f)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            self.pinned
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.core
+            .store
+            .flush()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.core
+            .db
+            .lock()
+            .make_durable()
+            .map_err(|e| io::Error::other(e.to_string()))
     }
 
     pub(super) fn set_bpath(&self, ino: u64, bp: Option<&[u8]>) {

@@ -136,6 +136,9 @@ pub struct Drainer {
     /// Journal rows that cancelled out before reaching BACKING (a file created and removed
     /// within one burst).
     pub cancelled_rows: AtomicU64,
+    /// Bases copied into the fast tier before their copy in BACKING was removed (a file
+    /// that lives on under another name or through an open handle).
+    pub pinned: AtomicU64,
 }
 
 fn backoff(attempt: u32) -> Duration {
@@ -164,6 +167,7 @@ impl Drainer {
             samples: Mutex::new(VecDeque::new()),
             retries: AtomicU64::new(0),
             cancelled_rows: AtomicU64::new(0),
+            pinned: AtomicU64::new(0),
         })
     }
 
