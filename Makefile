@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: build test lint fuzz demo
+.PHONY: build test lint fuzz demo churn
 
 build:
 	$(CARGO) build --release
@@ -23,3 +23,9 @@ fuzz:
 	cd fuzz && $(CARGO) +nightly fuzz run superblock -- -max_total_time=60
 	cd fuzz && $(CARGO) +nightly fuzz run summary -- -max_total_time=60
 	cd fuzz && $(CARGO) +nightly fuzz run intent -- -max_total_time=60
+
+# The long churn round (issue 35): 20,000 random operations against the mount and a plain
+# folder with kill -9 of the daemon at five random moments (override with
+# TIERSTACK_CHURN_OPS, _KILLS, _SEED, _WORKERS). Needs root and /dev/fuse.
+churn: build
+	$(CARGO) test --release -p tierstack-cli --test cli_churn -- --ignored --nocapture churn_long_with_kills

@@ -249,6 +249,13 @@ pub fn mount(a: MountArgs) -> Result<()> {
             mp.display()
         );
     }
+    if fsmount::daemon_listens(&mp) && tierstack_common::mounts::is_mounted(&mp) {
+        bail!(
+            "{} is already a tierstack mount (its daemon is busy and did not answer): run `tierstack umount {}` first",
+            mp.display(),
+            mp.display()
+        );
+    }
     fsmount::clear_stale(&mp).map_err(|e| anyhow!("{e}"))?;
     if let Some(t) = tierstack_common::mounts::mounted_type(&mp) {
         bail!(
@@ -632,25 +639,55 @@ pub(crate) fn last_error_line(text: &str) -> String {
         .to_string()
 }
 
+/// The status of the mount at `mp` for `umount`: a daemon that listens but is too busy to
+/// answer is waited for (a line every 10 s, bounded by `timeout`, default an hour); a dead
+/// one has its mount detached; no mount is "not mounted". Three different answers.
+fn status_for_umount(mp: &Path, timeout: Option<Duration>) -> Result<MountStatus> {
+    let t0 = Instant::now();
+    let limit = timeout.unwrap_or(Duration::from_secs(3600));
+    let mut said = Instant::now();
+    loop {
+        match fsmount::status(mp) {
+            Ok(s) => return Ok(s),
+            Err(e) if fsmount::daemon_listens(mp) => {
+                if t0.elapsed() > limit {
+                    bail!(
+                        "the daemon of {} is alive but has not answered for {:.0} s ({e}); nothing is lost: try `tierstack umount` again later, or see its log",
+                        mp.display(),
+                        t0.elapsed().as_secs_f64()
+                    );
+                }
+                if said.elapsed() > Duration::from_secs(10) {
+                    eprintln!(
+                        "tierstack: the daemon of {} is busy; waiting for it ({:.0} s)",
+                        mp.display(),
+                        t0.elapsed().as_secs_f64()
+                    );
+                    said = Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(_) => {
+                if fsmount::clear_stale(mp).unwrap_or(false) {
+                    bail!(
+                        "the daemon of {} was gone; detached its stale mount: mount it again with the same --dir/--array to finish the drain",
+                        mp.display()
+                    );
+                }
+                return Err(not_mounted(mp));
+            }
+        }
+    }
+}
+
 pub fn umount(a: UmountArgs) -> Result<()> {
     let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(|e| anyhow!("{e}"))?;
-    let st = match fsmount::status(&mp) {
-        Ok(s) => s,
-        Err(_) => {
-            if fsmount::clear_stale(&mp).unwrap_or(false) {
-                bail!(
-                    "the daemon of {} was gone; detached its stale mount: mount it again with the same --dir/--array to finish the drain",
-                    mp.display()
-                );
-            }
-            return Err(not_mounted(&mp));
-        }
-    };
     let timeout = a
         .timeout
         .as_deref()
         .map(|t| parse_duration("timeout", t))
         .transpose()?;
+    let st = status_for_umount(&mp, timeout)?;
     request_drain(&mp)?;
     if !a.force {
         wait_drained(&mp, timeout)?;

@@ -356,6 +356,48 @@ impl Backing {
     }
 }
 
+/// The first offset at or after `off` where `file` holds data (`SEEK_DATA`); None when only
+/// a hole follows. A file system without `SEEK_DATA` reports all of a file as data.
+pub fn next_data(file: &std::fs::File, off: u64) -> io::Result<Option<u64>> {
+    match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(off)) {
+        Ok(at) => Ok(Some(at)),
+        Err(rustix::io::Errno::NXIO) => Ok(None),
+        Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::OPNOTSUPP) => Ok(Some(off)),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// The first offset at or after `off` that is a hole in `file` (`SEEK_HOLE`; the end of the
+/// file counts as one).
+pub fn next_hole(file: &std::fs::File, off: u64) -> io::Result<u64> {
+    match rustix::fs::seek(file, rustix::fs::SeekFrom::Hole(off)) {
+        Ok(at) => Ok(at),
+        Err(rustix::io::Errno::NXIO) => Ok(off),
+        Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::OPNOTSUPP) => {
+            Ok(file.metadata()?.len().max(off))
+        }
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// The data ranges of the first `len` bytes of `file` (`SEEK_DATA`/`SEEK_HOLE`).
+pub fn data_ranges(file: &std::fs::File, len: u64) -> io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < len {
+        let Some(a) = next_data(file, off)? else {
+            break;
+        };
+        if a >= len {
+            break;
+        }
+        let b = next_hole(file, a)?.clamp(a + 1, len);
+        out.push((a, b));
+        off = b;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,46 +456,4 @@ mod tests {
             assert!(Backing::xattrs(&d, n).expect("xattrs").is_empty());
         }
     }
-}
-
-/// The first offset at or after `off` where `file` holds data (`SEEK_DATA`); None when only
-/// a hole follows. A file system without `SEEK_DATA` reports all of a file as data.
-pub fn next_data(file: &std::fs::File, off: u64) -> io::Result<Option<u64>> {
-    match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(off)) {
-        Ok(at) => Ok(Some(at)),
-        Err(rustix::io::Errno::NXIO) => Ok(None),
-        Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::OPNOTSUPP) => Ok(Some(off)),
-        Err(e) => Err(io::Error::from(e)),
-    }
-}
-
-/// The first offset at or after `off` that is a hole in `file` (`SEEK_HOLE`; the end of the
-/// file counts as one).
-pub fn next_hole(file: &std::fs::File, off: u64) -> io::Result<u64> {
-    match rustix::fs::seek(file, rustix::fs::SeekFrom::Hole(off)) {
-        Ok(at) => Ok(at),
-        Err(rustix::io::Errno::NXIO) => Ok(off),
-        Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::OPNOTSUPP) => {
-            Ok(file.metadata()?.len().max(off))
-        }
-        Err(e) => Err(io::Error::from(e)),
-    }
-}
-
-/// The data ranges of the first `len` bytes of `file` (`SEEK_DATA`/`SEEK_HOLE`).
-pub fn data_ranges(file: &std::fs::File, len: u64) -> io::Result<Vec<(u64, u64)>> {
-    let mut out = Vec::new();
-    let mut off = 0;
-    while off < len {
-        let Some(a) = next_data(file, off)? else {
-            break;
-        };
-        if a >= len {
-            break;
-        }
-        let b = next_hole(file, a)?.clamp(a + 1, len);
-        out.push((a, b));
-        off = b;
-    }
-    Ok(out)
 }

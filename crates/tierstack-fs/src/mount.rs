@@ -330,7 +330,16 @@ pub fn wait_drained(
     }
 }
 
-/// Detaches a dead tierstack FUSE mount (daemon gone) from `mountpoint`.
+/// Whether a daemon listens on the control socket of the mount at `mountpoint`
+/// (canonical): the connection is taken by the kernel even while the daemon is too busy to
+/// answer, and refused (or the socket is missing) once its process is gone. A busy daemon
+/// is never mistaken for a dead one by a timeout.
+pub fn daemon_listens(mountpoint: &Path) -> bool {
+    UnixStream::connect(socket_path(mountpoint)).is_ok()
+}
+
+/// Detaches a dead tierstack FUSE mount (no daemon listens on its socket) from
+/// `mountpoint`; a mount whose daemon is alive, however busy, is left alone.
 pub fn clear_stale(mountpoint: &Path) -> Result<bool> {
     let Some(t) = mounted_type(mountpoint) else {
         return Ok(false);
@@ -338,7 +347,7 @@ pub fn clear_stale(mountpoint: &Path) -> Result<bool> {
     if !t.starts_with("fuse") {
         return Ok(false);
     }
-    if std::fs::metadata(mountpoint).is_ok() && status(mountpoint).is_ok() {
+    if daemon_listens(mountpoint) {
         return Ok(false);
     }
     rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH).map_err(|e| {

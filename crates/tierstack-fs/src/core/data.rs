@@ -438,6 +438,18 @@ impl Core {
         f.unsynced.push((off, len));
     }
 
+    /// The next `fsync` of this file flushes everything instead of logging ranges: a change
+    /// that is not a write of bytes (a shrink, a punched or zeroed range) has no range for
+    /// the intent log to replay, and old bytes would come back after a crash.
+    fn not_loggable(&self, f: &mut FileData) {
+        if self.intent.is_none() {
+            return;
+        }
+        f.unsynced_gen = self.flush_gen.load(std::sync::atomic::Ordering::SeqCst);
+        f.unsynced.clear();
+        f.unsynced_bytes = crate::intent::MAX_RECORD + 1;
+    }
+
     pub(super) fn truncate(&self, ino: u64, new: u64) -> R<()> {
         let (d, obj) = self.file(ino)?;
         self.wait_space(PAGE);
@@ -451,6 +463,7 @@ impl Core {
             }
         }
         if new < f.size {
+            self.not_loggable(&mut f);
             let beyond: Vec<u64> = f
                 .pages
                 .range(new.div_ceil(PAGE)..)
@@ -558,6 +571,7 @@ impl Core {
             self.ensure_extents(&mut f).map_err(eio)?;
             if mode & (PUNCH | ZERO) != 0 {
                 self.zero_range(ino, obj, &mut f, off, end)?;
+                self.not_loggable(&mut f);
             }
             let grew = mode & KEEP == 0 && end > f.size;
             if grew {
