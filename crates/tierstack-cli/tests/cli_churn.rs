@@ -1155,3 +1155,45 @@ fn umount_waits_for_a_busy_daemon_and_never_detaches_it() {
     assert!(!is_mounted(&bed.mnt));
     assert_eq!(std::fs::read(bed.backing.join("f")).expect("read"), b"kept");
 }
+
+/// As on ext4, removing an entry (unlink, rmdir) or adding a hard link advances the
+/// directory's mtime and ctime, also while the kernel caches the directory's attributes.
+#[test]
+fn removing_an_entry_advances_the_directory_times() {
+    let _g = common::serial();
+    if !root_with_fuse() {
+        return;
+    }
+    let mut bed = Bed::new();
+    bed.mount();
+    let d = bed.mnt.join("d");
+    std::fs::create_dir_all(d.join("sub")).expect("mkdir");
+    std::fs::write(d.join("f"), b"x").expect("write");
+    let times = || {
+        let m = std::fs::metadata(&d).expect("stat");
+        (
+            m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+        )
+    };
+    for (what, step) in [
+        (
+            "rmdir",
+            Box::new(|| std::fs::remove_dir(d.join("sub"))) as Box<dyn Fn() -> std::io::Result<()>>,
+        ),
+        (
+            "link",
+            Box::new(|| std::fs::hard_link(d.join("f"), d.join("g"))),
+        ),
+        ("unlink", Box::new(|| std::fs::remove_file(d.join("g")))),
+    ] {
+        let (m0, c0) = times();
+        std::thread::sleep(Duration::from_millis(20));
+        step().expect(what);
+        let (m1, c1) = times();
+        assert!(m1 > m0, "{what}: the directory's mtime did not advance");
+        assert!(c1 > c0, "{what}: the directory's ctime did not advance");
+    }
+    ok(&["umount", s(&bed.mnt)]);
+    bed.pid = None;
+}

@@ -569,6 +569,7 @@ impl Core {
         ns.insert_child(newparent, newname.to_vec(), ino);
         if let Some(p) = ns.nodes.get_mut(&newparent) {
             p.mtime = t;
+            p.ctime = t;
         }
         self.wake_drainer();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
@@ -592,7 +593,10 @@ impl Core {
         }
         ns.remove_child(parent, name);
         if let Some(p) = ns.nodes.get_mut(&parent) {
-            p.mtime = now_ns();
+            // As ext4: a removed entry changes its directory's mtime and ctime.
+            let t = now_ns();
+            p.mtime = t;
+            p.ctime = t;
         }
         Ok(remaining == 0 && open == 0)
     }
@@ -734,6 +738,7 @@ impl Core {
         for d in [parent, newparent] {
             if let Some(p) = ns.nodes.get_mut(&d) {
                 p.mtime = t;
+                p.ctime = t;
             }
         }
         if let Some(n) = ns.nodes.get_mut(&src) {
