@@ -33,6 +33,67 @@ use std::time::{Duration, Instant};
 
 use common::{detach, is_mounted, ok, root_with_fuse, s, ts};
 
+/// Every operation done, in order per worker ("phase.worker.i: op -> plain / mount"), for
+/// the report of a failure: the history of the paths that differ.
+static HISTORY: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// The lines of HISTORY that name `path` (the 40 last), and where two files first differ.
+fn history_of(path: &str, a: &Path, b: &Path) -> String {
+    let h = HISTORY.lock().map(|h| h.clone()).unwrap_or_default();
+    let mut lines: Vec<String> = h
+        .into_iter()
+        .filter(|l| l.split([' ', '"', ',', '(', ')']).any(|w| w == path))
+        .collect();
+    let n = lines.len();
+    if n > 40 {
+        lines.drain(..n - 40);
+    }
+    let (x, y) = (std::fs::read(a.join(path)), std::fs::read(b.join(path)));
+    let first = match (x, y) {
+        (Ok(x), Ok(y)) => {
+            let at = x.iter().zip(&y).position(|(p, q)| p != q);
+            let end = at.map(|at| {
+                (at..x.len().min(y.len()))
+                    .find(|&i| x[i] == y[i])
+                    .unwrap_or(x.len().min(y.len()))
+            });
+            let zeros = |v: &[u8], at: usize, e: usize| v[at..e].iter().all(|&c| c == 0);
+            match (at, end) {
+                (Some(at), Some(e)) => format!(
+                    "first difference at {at}..{e} (zeros: {} / {})",
+                    zeros(&x, at, e),
+                    zeros(&y, at, e)
+                ),
+                _ => "same bytes".into(),
+            }
+        }
+        _ => "unreadable".into(),
+    };
+    format!("{path}: {first}\n  {}", lines.join("\n  "))
+}
+
+/// Panics with `what` and the differences between two trees (under `a` and `b`), with the
+/// history of the first three paths that differ; nothing when they are the same.
+fn assert_same_trees(
+    t: (&BTreeMap<String, Ent>, &BTreeMap<String, Ent>),
+    names: (&str, &str),
+    roots: (&Path, &Path),
+    what: &str,
+) {
+    let d = diff(t.0, t.1, names.0, names.1);
+    assert!(
+        d.is_empty(),
+        "{what}:\n{}\n{}",
+        d.join("\n"),
+        d.iter()
+            .take(3)
+            .filter_map(|l| l.split(':').next())
+            .map(|p| history_of(p, roots.0, roots.1))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 /// xorshift64*: reproducible from a seed, no dependency.
 struct Rng(u64);
 
@@ -876,6 +937,9 @@ fn run_phase(
                     let op = choose(&mut rng, model);
                     let want = apply(&plain, &op);
                     let got = apply(&mnt, &op);
+                    if let Ok(mut h) = HISTORY.lock() {
+                        h.push(format!("{phase}.{w}.{i}: {} -> {want:?} / {got:?}", describe(&op)));
+                    }
                     if let Ok(t) = std::env::var("TIERSTACK_CHURN_TRACE") {
                         if describe(&op).contains(&t) {
                             eprintln!("trace: worker {w} op {i}: {} -> {want:?} / {got:?}", describe(&op));
@@ -1010,7 +1074,20 @@ fn churn(default_ops: u64, default_kills: u64) {
             }
         }
         drop(sh);
+        // A drain never changes what the mount shows.
+        let (before, _) = tree(&bed.mnt);
+        ok(&["drain", s(&bed.mnt), "--wait", "--timeout", "5m"]);
+        let (after, _) = tree(&bed.mnt);
+        assert_same_trees(
+            (&before, &after),
+            ("before the drain", "after"),
+            (&bed.plain, &bed.mnt),
+            &format!("churn (seed {seed}, phase {phase}): after kill -9 and a new mount, the drain changed what the mount shows"),
+        );
         // Re-base the plain folder on what the mount shows.
+        if let Ok(mut h) = HISTORY.lock() {
+            h.push(format!("{phase}: kill -9, mount again, re-base"));
+        }
         std::fs::remove_dir_all(&bed.plain).expect("remove plain");
         let st = Command::new("cp")
             .arg("-a")
@@ -1031,11 +1108,11 @@ fn churn(default_ops: u64, default_kills: u64) {
     // The mount's view is the plain folder's.
     let (want, want_blocks) = tree(&bed.plain);
     let (view, view_blocks) = tree(&bed.mnt);
-    let d = diff(&want, &view, "plain", "mount");
-    assert!(
-        d.is_empty(),
-        "churn (seed {seed}): the mount differs from the plain folder:\n{}",
-        d.join("\n")
+    assert_same_trees(
+        (&want, &view),
+        ("plain", "mount"),
+        (&bed.plain, &bed.mnt),
+        &format!("churn (seed {seed}): the mount differs from the plain folder"),
     );
     // After a kill -9 the mount counts each page it held as allocated whole (its record of
     // the last writes' extents may be gone), and the re-based plain folder is a `cp -a` of
@@ -1083,11 +1160,11 @@ fn churn(default_ops: u64, default_kills: u64) {
             .join("\n")
     );
     let (back, back_blocks) = tree(&bed.backing);
-    let d = diff(&want, &back, "plain", "BACKING");
-    assert!(
-        d.is_empty(),
-        "churn (seed {seed}): BACKING differs from the plain folder:\n{}",
-        d.join("\n")
+    assert_same_trees(
+        (&want, &back),
+        ("plain", "BACKING"),
+        (&bed.plain, &bed.backing),
+        &format!("churn (seed {seed}): BACKING differs from the plain folder"),
     );
     let (like, like_name) = if kills == 0 {
         (want_blocks, "the plain folder")

@@ -470,6 +470,113 @@ fn kill_nine_after_fsync_loses_nothing() {
     assert!(!fx.b("ckpt/rank0.bin").exists());
 }
 
+/// After `kill -9`, the fast tier may still hold a file's page as it was before a truncation
+/// that the journal kept (the shortened page was in DRAM only): the bytes past the file's
+/// size are garbage and must read as zeros when the file grows again, by a truncation or by
+/// a write further on (churn seeds 5 and 77 found this).
+#[test]
+fn old_bytes_past_the_size_never_come_back_after_kill_nine() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&["--mode", "sync", "--drain-rate", "1"]);
+    for name in ["t", "w"] {
+        let mut f = File::create(fx.m(name)).expect("create");
+        f.write_all(&[0xab; 900]).expect("write");
+        // A truncation makes the fsync a full flush (the page reaches the array; the intent
+        // log, which would bring the fsync'd size back, is voided).
+        f.set_len(899).expect("truncate");
+        f.sync_all().expect("fsync");
+        f.set_len(600).expect("truncate");
+    }
+    // The journal's group commit (2 ms) has the new size; the shortened page is in DRAM.
+    std::thread::sleep(Duration::from_millis(200));
+    kill_nine(&mut fx);
+    fx.mount(&["--mode", "sync"]);
+    let mut want = vec![0xab; 600];
+    want.resize(5000, 0);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(fx.m("t"))
+        .expect("open");
+    f.set_len(5000).expect("grow");
+    drop(f);
+    let old_bytes = |got: &[u8]| got.iter().filter(|&&b| b == 0xab).count();
+    let got = fs::read(fx.m("t")).expect("read");
+    assert!(
+        got == want,
+        "grown by truncate: {} old bytes",
+        old_bytes(&got)
+    );
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(fx.m("w"))
+        .expect("open");
+    f.write_all_at(&[1; 8], (3 << 20) + 5)
+        .expect("write far on");
+    drop(f);
+    let got = fs::read(fx.m("w")).expect("read");
+    assert!(
+        got[..5000] == want[..],
+        "grown by a write further on: {} old bytes",
+        old_bytes(&got)
+    );
+    fx.umount();
+    assert!(
+        fs::read(fx.b("t")).expect("BACKING") == want,
+        "t in BACKING"
+    );
+    assert!(
+        fs::read(fx.b("w")).expect("BACKING")[..5000] == want[..],
+        "w in BACKING"
+    );
+}
+
+/// After `kill -9`, the journal may be behind the fast tier: a page written back to the array
+/// just before the daemon died while its file's row still said clean (the row's group commit
+/// had not run). The mount shows that page; the drain must make BACKING the same. (It used
+/// to keep the page as clean: BACKING kept the old bytes, and the mount showed them again
+/// once the page left the fast tier.) The lagging row is made here by hand.
+#[test]
+fn a_page_newer_than_the_journal_drains_after_kill_nine() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&["--mode", "sync"]);
+    let old = random(3 << 20, 31);
+    fs::write(fx.m("f"), &old).expect("write");
+    ok(&["drain", fx.mnt.to_str().expect("utf8"), "--wait"]);
+    assert!(fs::read(fx.b("f")).expect("BACKING") == old);
+    // More than the intent log takes: the fsync flushes the page to the array.
+    let new = random((1 << 20) + 4096, 32);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(fx.m("f"))
+        .expect("open");
+    f.write_all_at(&new, 0).expect("write");
+    f.sync_all().expect("fsync");
+    drop(f);
+    kill_nine(&mut fx);
+    let db = rusqlite::Connection::open(fx.fast.join("journal.db")).expect("journal");
+    let n = db.execute("UPDATE inodes SET dirty=0", []).expect("update");
+    assert!(n > 0);
+    drop(db);
+    fx.mount(&["--mode", "sync"]);
+    let mut want = old.clone();
+    want[..new.len()].copy_from_slice(&new);
+    assert!(
+        fs::read(fx.m("f")).expect("read") == want,
+        "the mount shows the fsync'd bytes"
+    );
+    fx.umount();
+    assert!(
+        fs::read(fx.b("f")).expect("BACKING") == want,
+        "BACKING holds what the mount showed"
+    );
+}
+
 /// Group commit of the namespace journal under `kill -9`: files whose directory was fsynced
 /// are there after a restart, and a burst killed mid-way leaves a consistent namespace: every
 /// file the restarted mount shows drains whole, and BACKING ends up holding exactly what the

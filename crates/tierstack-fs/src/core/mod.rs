@@ -417,13 +417,31 @@ impl Core {
         let keys = self.array.keys_in(0, MAX_OBJECT_ID - 1);
         let mut garbage = 0;
         for k in keys {
-            let len = self.array.value_len(k).unwrap_or(0) as u64;
+            let mut len = self.array.value_len(k).unwrap_or(0) as u64;
             if let Some(d) = by_obj.get(&k.0) {
                 let mut f = d.lock();
                 if k.1 * PAGE < f.size {
+                    // The page may be older than the file's size (a truncation the journal
+                    // kept while the shortened page was only in DRAM): its bytes past the
+                    // size are not the file's and would show when it grows again.
+                    let keep = f.size - k.1 * PAGE;
+                    if len > keep {
+                        if let Some(v) = self.store.get_shared(k)? {
+                            self.store
+                                .put_owned(k, v[..(keep as usize).min(v.len())].to_vec())?;
+                        }
+                        len = keep;
+                    }
+                    // After a crash the journal may be behind the array: a page written back
+                    // just before the daemon died can be newer than BACKING while its file's
+                    // row still says clean, and the recorded allocation may miss the last
+                    // writes. Every page held then counts as changed (the drain makes BACKING
+                    // what the mount shows) and allocated whole (never a hole where data
+                    // may be).
+                    if !clean {
+                        f.dirty = true;
+                    }
                     let dirty = f.dirty;
-                    // After a crash the recorded allocation may miss the last writes: a page
-                    // counts as allocated whole (never a hole where data may be).
                     if !clean {
                         if let Some(e) = f.extents.as_mut() {
                             e.add(k.1 * PAGE, k.1 * PAGE + len);
