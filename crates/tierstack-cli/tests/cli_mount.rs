@@ -577,6 +577,140 @@ fn a_page_newer_than_the_journal_drains_after_kill_nine() {
     );
 }
 
+/// `lseek(2)` with SEEK_DATA and SEEK_HOLE answers as ext4 does (the same file made in a plain
+/// folder beside), also after the drain; while a handle that may write is open the whole file
+/// counts as data (the kernel may hold pages it has not sent). `cp` of a sparse file out of
+/// the mount keeps its holes. A sparse file staged in and read back takes no fast-tier space
+/// for its holes.
+#[test]
+fn seek_data_and_seek_hole_like_ext4_and_holes_take_no_fast_tier() {
+    if !can_run() {
+        return;
+    }
+    fn seek(f: &File, off: u64, whence: i32) -> Result<u64, i32> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: lseek on an open descriptor.
+        let r = unsafe { libc::lseek(f.as_raw_fd(), off as i64, whence) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(-1))
+        } else {
+            Ok(r as u64)
+        }
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let plain = fx.backing.parent().expect("parent").join("plain");
+    fs::create_dir(&plain).expect("mkdir");
+    const M: u64 = 1 << 20;
+    let make = |p: &Path| {
+        let f = File::create(p).expect("create");
+        f.write_all_at(&[7; 4096], 0).expect("write");
+        f.write_all_at(&[8; 5000], M + 8192).expect("write");
+        f.write_all_at(&[9; 10], 3 * M).expect("write");
+        f.set_len(4 * M).expect("truncate");
+    };
+    make(&plain.join("f"));
+    make(&fx.m("f"));
+    let offsets = [
+        0,
+        100,
+        4096,
+        8191,
+        M,
+        M + 8192,
+        M + 13000,
+        M + 13192,
+        2 * M,
+        3 * M + 5,
+        4 * M - 1,
+        4 * M,
+        5 * M,
+    ];
+    let check = |label: &str| {
+        let (a, b) = (
+            File::open(plain.join("f")).expect("open"),
+            File::open(fx.m("f")).expect("open"),
+        );
+        for off in offsets {
+            for w in [libc::SEEK_DATA, libc::SEEK_HOLE] {
+                assert_eq!(
+                    seek(&b, off, w),
+                    seek(&a, off, w),
+                    "{label}: lseek({off}, {w})"
+                );
+            }
+        }
+    };
+    check("before the drain");
+    // A writer open: the whole file is data.
+    let w = OpenOptions::new()
+        .write(true)
+        .open(fx.m("f"))
+        .expect("open");
+    let r = File::open(fx.m("f")).expect("open");
+    assert_eq!(seek(&r, 4096, libc::SEEK_DATA), Ok(4096));
+    assert_eq!(seek(&r, 0, libc::SEEK_HOLE), Ok(4 * M));
+    drop((w, r));
+    ok(&["drain", fx.mnt.to_str().expect("utf8"), "--wait"]);
+    check("after the drain");
+    // cp finds the holes (coreutils asks SEEK_DATA/SEEK_HOLE).
+    let copy = plain.join("copy");
+    let st = Command::new("cp")
+        .arg(fx.m("f"))
+        .arg(&copy)
+        .status()
+        .expect("cp");
+    assert!(st.success());
+    assert_eq!(
+        fs::read(&copy).expect("read"),
+        fs::read(plain.join("f")).expect("read")
+    );
+    let blocks = |p: &Path| fs::metadata(p).expect("stat").blocks();
+    assert!(
+        blocks(&copy) <= blocks(&plain.join("f")) + 8,
+        "cp wrote the holes: {} blocks",
+        blocks(&copy)
+    );
+    // A sparse 256 MiB input staged in: its holes take no fast-tier space, staged, read
+    // back, drained and read again.
+    let src = plain.join("in");
+    fs::create_dir(&src).expect("mkdir");
+    let f = File::create(src.join("sparse")).expect("create");
+    f.write_all_at(b"tail!", (256 * M) - 5).expect("write");
+    drop(f);
+    let held = |fx: &Fixture| fx.status()["held_bytes"].as_u64().expect("held_bytes");
+    let before = held(&fx);
+    ok(&[
+        "stage",
+        "in",
+        src.to_str().expect("utf8"),
+        fx.m("in").to_str().expect("utf8"),
+    ]);
+    assert_eq!(
+        fs::metadata(fx.m("in/sparse")).expect("stat").len(),
+        256 * M
+    );
+    assert!(
+        blocks(&fx.m("in/sparse")) <= 8,
+        "st_blocks {}",
+        blocks(&fx.m("in/sparse"))
+    );
+    ok(&["drain", fx.mnt.to_str().expect("utf8"), "--wait"]);
+    let data = fs::read(fx.m("in/sparse")).expect("read");
+    assert_eq!(&data[data.len() - 5..], b"tail!");
+    assert!(data[..data.len() - 5].iter().all(|&b| b == 0));
+    let grew = held(&fx).saturating_sub(before);
+    assert!(
+        grew <= 2 * M,
+        "the holes took {grew} bytes of the fast tier"
+    );
+    fx.umount();
+    assert!(
+        blocks(&fx.b("in/sparse")) <= 8,
+        "BACKING's copy holds its holes as data"
+    );
+}
+
 /// Group commit of the namespace journal under `kill -9`: files whose directory was fsynced
 /// are there after a restart, and a burst killed mid-way leaves a consistent namespace: every
 /// file the restarted mount shows drains whole, and BACKING ends up holding exactly what the

@@ -12,12 +12,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 use crate::core::{now_ns, Attr, Core, Kind, PAGE};
-use crate::refresh::{is_direct, open_flags, Refresher, STALE_NS};
+use crate::refresh::{is_direct, may_write, open_flags, Refresher, STALE_NS};
 
 /// Attributes and entries may be cached by the kernel this long: only this daemon changes
 /// the namespace it shows.
@@ -262,6 +262,8 @@ pub enum Op<'a> {
     Listxattr { ino: u64, size: u32 },
     /// Remove extended attribute `name`.
     Removexattr { ino: u64, name: &'a [u8] },
+    /// The next data (`SEEK_DATA`) or hole (`SEEK_HOLE`) at or after `offset`.
+    Lseek { ino: u64, offset: u64, whence: i32 },
     /// Reserve, punch or zero `length` bytes at `offset` (`fallocate(2)` `mode`).
     Fallocate {
         ino: u64,
@@ -302,6 +304,7 @@ impl Op<'_> {
             Op::Listxattr { .. } => "listxattr",
             Op::Removexattr { .. } => "removexattr",
             Op::Fallocate { .. } => "fallocate",
+            Op::Lseek { .. } => "lseek",
         }
     }
 }
@@ -342,6 +345,8 @@ pub enum Out {
     Created(Attr, u64, FopenFlags),
     /// Bytes written.
     Written(u32),
+    /// An offset in a file (`lseek`).
+    Offset(u64),
     /// The file system's sizes.
     Statfs(Statfs),
     /// Directory entries: (inode, position after the entry, type, name).
@@ -518,10 +523,10 @@ impl TierFs {
                 } else {
                     Ok(())
                 };
-                truncated.and_then(|()| core.open(ino)).map(|()| {
-                    let (fh, f) = open_flags(flags, false, self.direct_writes, started);
-                    Out::Open(fh.0, f)
-                })
+                let (fh, f) = open_flags(flags, false, self.direct_writes, started);
+                truncated
+                    .and_then(|()| core.open(ino, may_write(fh)))
+                    .map(|()| Out::Open(fh.0, f))
             }
             Op::Read { ino, offset, size } => core.read(ino, offset, size).map(Out::Data),
             Op::Write {
@@ -553,7 +558,8 @@ impl TierFs {
                 // The entries are dropped after the reply (`after_reply`). With another handle
                 // still open (a reader that opened the file meanwhile) the last release drops
                 // them instead (`Node::kernel_stale`).
-                let r = core.release(ino, is_direct(Some(FileHandle(fh))));
+                let h = FileHandle(fh);
+                let r = core.release(ino, is_direct(Some(h)), may_write(h));
                 if let Err(e) = r {
                     // The kernel does not pass a release's error on (the close has returned).
                     tracing::warn!(
@@ -572,6 +578,11 @@ impl TierFs {
             } => core
                 .fallocate(ino, offset, length, mode)
                 .map(|()| Out::Empty),
+            Op::Lseek {
+                ino,
+                offset,
+                whence,
+            } => core.seek(ino, offset, whence).map(Out::Offset),
             Op::Opendir { ino } => match core.getattr(ino) {
                 Ok(a) if a.kind == Kind::Dir => Ok(Out::Open(0, FopenFlags::empty())),
                 Ok(_) => Err(libc::ENOTDIR),
@@ -1069,6 +1080,30 @@ impl fuser::Filesystem for TierFs {
             mode,
         };
         self.serve(op, caller(req), |r| send_empty(reply, r))
+    }
+
+    fn lseek(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(err(libc::ENXIO));
+        };
+        let op = Op::Lseek {
+            ino: ino.0,
+            offset,
+            whence,
+        };
+        self.serve(op, caller(req), |r| match r {
+            Ok(Out::Offset(o)) => reply.offset(o as i64),
+            Ok(o) => reply.error(err(mismatch("lseek", &o))),
+            Err(e) => reply.error(err(e)),
+        })
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -36,6 +36,7 @@ pub const OPS: &[&str] = &[
     "listxattr",
     "removexattr",
     "fallocate",
+    "lseek",
 ];
 
 /// Latencies (microseconds, 3 significant digits up to 100 s) of each operation.

@@ -40,30 +40,37 @@ pub const STALE_NS: i64 = 4_000_000;
 
 /// The handle and open flags for an open with `flags` (`fresh`: the open created the file):
 /// a direct handle (its number is `started`, the time in ns the open reached the daemon, never
-/// 0) for a write-only,
-/// non-appending open of a new or truncated file when `direct` is on; otherwise handle 0 with
-/// the page cache kept (contents change only through this mount).
+/// below 2) for a write-only,
+/// non-appending open of a new or truncated file when `direct` is on; otherwise the page
+/// cache is kept (contents change only through this mount) and the handle is 1 when it may
+/// write (a create counts as one), 0 when it only reads.
 pub fn open_flags(flags: i32, fresh: bool, direct: bool, started: i64) -> (FileHandle, FopenFlags) {
     let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
     let append = flags & libc::O_APPEND != 0;
     let whole = fresh || flags & libc::O_TRUNC != 0;
     if direct && write_only && !append && whole {
-        let opened = started.max(1) as u64;
+        let opened = started.max(2) as u64;
         (
             FileHandle(opened),
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
         )
     } else {
-        (FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+        let writes = fresh || flags & libc::O_ACCMODE != libc::O_RDONLY;
+        (FileHandle(writes as u64), FopenFlags::FOPEN_KEEP_CACHE)
     }
 }
 
 /// Whether `fh` is a direct handle (see [`open_flags`]); its open time in ns if so.
 pub fn is_direct(fh: Option<FileHandle>) -> Option<i64> {
     match fh {
-        Some(FileHandle(0)) | None => None,
+        Some(FileHandle(0 | 1)) | None => None,
         Some(FileHandle(t)) => Some(t as i64),
     }
+}
+
+/// Whether a handle from [`open_flags`] may write.
+pub fn may_write(fh: FileHandle) -> bool {
+    fh.0 != 0
 }
 
 /// The names a node has now, as (directory, name) pairs.

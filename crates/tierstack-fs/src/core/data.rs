@@ -133,6 +133,13 @@ impl Core {
             return Ok(None);
         };
         let want = (f.base_len - start).min(PAGE) as usize;
+        // A hole reads as zeros without a read of the base, and takes no fast-tier space.
+        if f.extents
+            .as_ref()
+            .is_some_and(|e| !e.touches(start, start + want as u64))
+        {
+            return Ok(None);
+        }
         let mut buf = self.store.page_buf(want);
         buf.resize(want, 0);
         let mut got = 0;
@@ -488,6 +495,38 @@ impl Core {
         self.mark_dirty(ino, &mut f).map_err(eio)?;
         self.persist_content(ino, &f).map_err(eio)?;
         Ok(())
+    }
+
+    /// `lseek(2)` with `SEEK_DATA` or `SEEK_HOLE` on file `ino`, answered as ext4 does from
+    /// the file's allocated 4 KiB blocks. While a handle that may write is open, the kernel
+    /// may hold written pages it has not sent (it does not write them back before asking,
+    /// only at the last release): then the whole file counts as data, as on a file system
+    /// without holes (a copy is then whole, never short of what was written).
+    pub fn seek(&self, ino: u64, off: u64, whence: i32) -> R<u64> {
+        let writers = {
+            let ns = self.ns.lock();
+            ns.nodes.get(&ino).ok_or(libc::ENOENT)?.open_w
+        };
+        let (d, _) = self.file(ino)?;
+        let mut f = d.lock();
+        let size = f.size;
+        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+            return Err(libc::EINVAL);
+        }
+        if off >= size {
+            return Err(libc::ENXIO);
+        }
+        if writers > 0 {
+            return Ok(if whence == libc::SEEK_DATA { off } else { size });
+        }
+        self.ensure_extents(&mut f).map_err(eio)?;
+        let e = f.extents.as_ref().ok_or(libc::EIO)?;
+        let at = if whence == libc::SEEK_DATA {
+            e.seek_data(off, size)
+        } else {
+            e.seek_hole(off, size)
+        };
+        at.ok_or(libc::ENXIO)
     }
 
     /// Makes a file's allocation known (see [`FileData::extents`]): a file found in BACKING

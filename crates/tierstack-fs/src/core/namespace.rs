@@ -117,6 +117,7 @@ impl Core {
                     subdirs: 0,
                     xattrs,
                     open: 0,
+                    open_w: 0,
                     direct_mtime: 0,
                     direct_opened: 0,
                     direct_first: 0,
@@ -302,6 +303,7 @@ impl Core {
             subdirs: 0,
             xattrs,
             open: 0,
+            open_w: 0,
             direct_mtime: 0,
             direct_opened: 0,
             direct_first: 0,
@@ -391,6 +393,7 @@ impl Core {
         if let Some(n) = ns.nodes.get_mut(&ino) {
             if open {
                 n.open += 1;
+                n.open_w += 1;
             }
         }
         if !open {
@@ -892,12 +895,14 @@ impl Core {
         }
     }
 
-    /// Notes an open handle on a regular file (counted in [`Node::open`]).
-    pub fn open(&self, ino: u64) -> R<()> {
+    /// Notes an open handle on a regular file (counted in [`Node::open`], and in
+    /// [`Node::open_w`] when it may write).
+    pub fn open(&self, ino: u64, writes: bool) -> R<()> {
         let mut ns = self.ns.lock();
         let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
         if n.kind == Kind::File {
             n.open += 1;
+            n.open_w += writes as u32;
         }
         Ok(())
     }
@@ -909,16 +914,20 @@ impl Core {
     /// sends meanwhile (the release arrives after its `close` returned) do not wait for
     /// SQLite.
     ///
+    /// `writes`: the handle may write.
     /// `direct`: the open time of a direct handle (see `crate::refresh`). If that handle
     /// wrote later than [`STALE_NS`] after it, the kernel's cached mtime is stale
     /// ([`super::node::Node::kernel_stale`]). Returns whether the file's entries are to be
     /// dropped from the kernel's cache now (after the reply): its copy is stale and no handle
     /// is open any more.
-    pub fn release(&self, ino: u64, direct: Option<i64>) -> R<bool> {
+    pub fn release(&self, ino: u64, direct: Option<i64>, writes: bool) -> R<bool> {
         let mut ns = self.ns.lock();
         let (gone, dirty, drop_entries) = {
             let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
             n.open = n.open.saturating_sub(1);
+            if writes {
+                n.open_w = n.open_w.saturating_sub(1);
+            }
             if direct.is_some_and(|opened| n.mtime - opened > STALE_NS) {
                 n.kernel_stale = true;
             }

@@ -135,6 +135,9 @@ pub struct Node {
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Open handles on the node (a file's data row is queued at the last close).
     pub open: u32,
+    /// Of those, the handles that may write (the kernel may hold dirty pages of the file
+    /// while one is open: it writes them back at the last release).
+    pub open_w: u32,
     /// When a write through a handle that bypasses the kernel's page cache last changed the
     /// file (ns; 0: never since the daemon started). The kernel did not see it: times it
     /// writes back from its cache never set the mtime below this (`Core::setattr`).

@@ -49,6 +49,7 @@ pub mod opcode {
     pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
     pub const RENAME2: u32 = 45;
+    pub const LSEEK: u32 = 46;
 }
 
 /// Seconds the kernel may keep entries and attributes (as over `/dev/fuse`, `fuse::TTL`).
@@ -311,6 +312,12 @@ pub fn decode<'a>(h: &Header, arg: &'a [u8], payload: &'a [u8]) -> Result<Decode
             length: u64_at(arg, 16)?,
             mode: u32_at(arg, 24)? as i32,
         },
+        // struct fuse_lseek_in: fh, offset, whence.
+        LSEEK => Op::Lseek {
+            ino,
+            offset: u64_at(arg, 8)?,
+            whence: u32_at(arg, 16)? as i32,
+        },
         CREATE => Op::Create {
             parent: ino,
             name: cstr(payload)?.0,
@@ -462,6 +469,7 @@ pub fn encode(r: &Answer, limit: usize, out: &mut Vec<u8>) -> i32 {
             out.put(*n);
             out.put(0u32);
         }
+        Out::Offset(o) => out.put(*o),
         Out::Statfs(s) => {
             for v in [s.blocks, s.bfree, s.bavail, 0, 0] {
                 out.put(v);
@@ -610,9 +618,26 @@ mod tests {
 
     #[test]
     fn unknown_and_short_requests_are_answered_not_served() {
-        // FUSE_LSEEK, which the mount leaves to the kernel's fallback.
-        let d = decode(&hdr(46), &[], &[]).expect("lseek");
+        // FUSE_COPY_FILE_RANGE, which the mount leaves to the kernel's fallback.
+        let d = decode(&hdr(47), &[], &[]).expect("copy_file_range");
         assert!(matches!(d.request, Request::Answer(libc::ENOSYS)));
+        // FUSE_LSEEK: fh, offset, whence.
+        let mut arg = [0u8; 24];
+        arg[8..16].copy_from_slice(&4096u64.to_le_bytes());
+        arg[16..20].copy_from_slice(&(libc::SEEK_HOLE as u32).to_le_bytes());
+        let d = decode(&hdr(opcode::LSEEK), &arg, b"").expect("lseek");
+        assert!(matches!(
+            d.request,
+            Request::Serve(Op::Lseek {
+                offset: 4096,
+                whence: libc::SEEK_HOLE,
+                ..
+            })
+        ));
+        assert_eq!(
+            decode(&hdr(opcode::LSEEK), &arg[..12], b"").err(),
+            Some(libc::EINVAL)
+        );
         assert_eq!(
             decode(&hdr(opcode::LOOKUP), &[], b"no-nul").err(),
             Some(libc::EINVAL)
