@@ -1234,7 +1234,8 @@ fn umount_waits_for_a_busy_daemon_and_never_detaches_it() {
 }
 
 /// As on ext4, removing an entry (unlink, rmdir) or adding a hard link advances the
-/// directory's mtime and ctime, also while the kernel caches the directory's attributes.
+/// directory's mtime and ctime, and the linked file's ctime for every file type, also while
+/// the kernel caches the attributes.
 #[test]
 fn removing_an_entry_advances_the_directory_times() {
     let _g = common::serial();
@@ -1270,6 +1271,34 @@ fn removing_an_entry_advances_the_directory_times() {
         let (m1, c1) = times();
         assert!(m1 > m0, "{what}: the directory's mtime did not advance");
         assert!(c1 > c0, "{what}: the directory's ctime did not advance");
+    }
+    // A hard link added to or removed from a FIFO, a socket or a regular file advances that
+    // file's ctime (the kernel caches the attributes of special files for the TTL).
+    for (name, kind) in [
+        ("fifo", libc::S_IFIFO),
+        ("sock", libc::S_IFSOCK),
+        ("reg", libc::S_IFREG),
+    ] {
+        let p = d.join(name);
+        // SAFETY: mknod(2) with a NUL-terminated path.
+        let r = unsafe { libc::mknod(cs(&p).as_ptr(), kind | 0o644, 0) };
+        assert_eq!(r, 0, "mknod {name}");
+        let ctime = || {
+            let m = std::fs::symlink_metadata(&p).expect("stat");
+            m.ctime() * 1_000_000_000 + m.ctime_nsec()
+        };
+        let l = d.join(format!("{name}.l"));
+        let c0 = ctime();
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::hard_link(&p, &l).expect("link");
+        let c1 = ctime();
+        assert!(c1 > c0, "{name}: link did not advance its ctime");
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::remove_file(&l).expect("unlink");
+        assert!(
+            ctime() > c1,
+            "{name}: unlink of a link did not advance its ctime"
+        );
     }
     ok(&["umount", s(&bed.mnt)]);
     bed.pid = None;

@@ -1152,6 +1152,16 @@ fn a_refused_record_is_quarantined_and_never_hangs_the_drain() {
         "{st}"
     );
     assert!(stuck[0]["since"].as_i64().unwrap_or(0) > 0, "{st}");
+    // The file made in that directory depends on it: held behind it, never tried against a
+    // BACKING without the directory (its error names what it waits for).
+    assert_eq!(stuck[1]["path"], "x/file", "{st}");
+    assert!(
+        stuck[1]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("waits for Mkdir x"),
+        "{st}"
+    );
     assert_eq!(fs::read(fx.b("fine")).expect("the rest drained"), b"drains");
     let text = ok(&["status", &mp]);
     assert!(text.contains("stuck") && text.contains("--retry"), "{text}");

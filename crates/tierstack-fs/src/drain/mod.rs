@@ -139,6 +139,51 @@ pub struct Drainer {
     /// Bases copied into the fast tier before their copy in BACKING was removed (a file
     /// that lives on under another name or through an open handle).
     pub pinned: AtomicU64,
+    /// The rows in the quarantine since it was last released: a later row that depends on
+    /// one (see [`waits_for`]) is held behind it, never tried against a BACKING that lacks
+    /// what it needs.
+    refused: Mutex<Vec<Refused>>,
+}
+
+/// A quarantined row, as later rows may depend on it.
+#[derive(Debug, Clone)]
+struct Refused {
+    ino: u64,
+    /// The paths it would have made or changed in BACKING.
+    paths: Vec<Vec<u8>>,
+    /// "Kind path", for the rows held behind it.
+    what: String,
+}
+
+impl Refused {
+    fn of(op: &JOp) -> Refused {
+        let mut paths = vec![op.p1.clone()];
+        if matches!(op.kind, OpKind::Rename | OpKind::Link) {
+            paths.push(op.p2.clone());
+        }
+        Refused {
+            ino: op.ino,
+            paths,
+            what: format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
+        }
+    }
+}
+
+/// The quarantined row that `op` depends on, if any: one of the same inode (its creation,
+/// an earlier rename or data of it), or one whose paths hold a path of `op` (a directory
+/// BACKING refused to make, a name a refused rename was to bring). Such a row is held behind
+/// it, and goes back into the journal with it, in journal order.
+fn waits_for<'a>(op: &JOp, refused: &'a [Refused]) -> Option<&'a Refused> {
+    let mut mine = vec![op.p1.as_slice()];
+    if matches!(op.kind, OpKind::Rename | OpKind::Link) {
+        mine.push(&op.p2);
+    }
+    refused.iter().find(|r| {
+        (r.ino == op.ino && op.ino != 0)
+            || r.paths
+                .iter()
+                .any(|rp| !rp.is_empty() && mine.iter().any(|p| under(p, rp)))
+    })
 }
 
 fn backoff(attempt: u32) -> Duration {
@@ -168,6 +213,7 @@ impl Drainer {
             retries: AtomicU64::new(0),
             cancelled_rows: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
+            refused: Mutex::new(Vec::new()),
         })
     }
 
@@ -242,6 +288,22 @@ impl Drainer {
             op.kind,
             String::from_utf8_lossy(&op.p1)
         );
+        self.to_quarantine(op, msg);
+    }
+
+    /// Moves `op` to the quarantine behind the row it depends on, untried.
+    fn hold_behind(&self, op: &JOp, on: &Refused) {
+        let msg = format!("waits for {} (quarantined before it)", on.what);
+        tracing::info!(
+            "drain: {:?} {} {msg}: held in the quarantine behind it",
+            op.kind,
+            String::from_utf8_lossy(&op.p1)
+        );
+        self.to_quarantine(op, msg);
+    }
+
+    fn to_quarantine(&self, op: &JOp, msg: String) {
+        self.refused.lock().push(Refused::of(op));
         let mut attempt = 0;
         while let Err(e) = self.core.db.lock().quarantine(op, &msg) {
             self.note_error("quarantining a journal row", &e);
@@ -262,6 +324,11 @@ impl Drainer {
     /// Applies `op` with `f` until it succeeds (its row is then deleted), BACKING refuses it
     /// for good (quarantined) or the drainer stops (the row stays for the next mount).
     fn apply_with_retry(&self, op: &JOp, f: impl Fn(&JOp) -> io::Result<()>) {
+        let on = waits_for(op, &self.refused.lock()).cloned();
+        if let Some(on) = on {
+            self.hold_behind(op, &on);
+            return;
+        }
         let mut attempt = 0;
         let mut refused = 0;
         loop {
@@ -304,6 +371,7 @@ impl Drainer {
         match self.core.db.lock().release_stuck() {
             Ok(_) => {
                 self.core.stuck_inos.lock().clear();
+                self.refused.lock().clear();
                 true
             }
             Err(e) => {
@@ -597,6 +665,36 @@ mod tests {
         // Not removed (yet), or removed under another path: nothing cancels.
         assert_eq!(cancels(&c, &[op(3, Data, 10, "a")]), None);
         assert_eq!(cancels(&c, &[op(6, Unlink, 10, "x")]), None);
+    }
+
+    #[test]
+    fn rows_wait_for_the_refused_rows_they_depend_on() {
+        let mkdir = Refused::of(&op(1, OpKind::Mkdir, 10, "x"));
+        let ren = Refused::of(&JOp {
+            p2: b"y/b".to_vec(),
+            ..op(2, OpKind::Rename, 11, "a")
+        });
+        let refused = [mkdir, ren];
+        let w = |o: &JOp| waits_for(o, &refused).map(|r| r.what.clone());
+        // Under the directory BACKING refused to make.
+        assert_eq!(
+            w(&op(3, OpKind::Create, 12, "x/f")).as_deref(),
+            Some("Mkdir x")
+        );
+        // A later row of the same inode.
+        assert_eq!(
+            w(&op(4, OpKind::Data, 11, "q")).as_deref(),
+            Some("Rename a")
+        );
+        // The name a refused rename was to bring, as a rename's target.
+        let r2 = JOp {
+            p2: b"y/b".to_vec(),
+            ..op(5, OpKind::Rename, 13, "c")
+        };
+        assert_eq!(w(&r2).as_deref(), Some("Rename a"));
+        // Unrelated rows, and names that only share a prefix, go on.
+        assert_eq!(w(&op(6, OpKind::Create, 14, "xy")), None);
+        assert_eq!(w(&op(7, OpKind::Mkdir, 15, "z")), None);
     }
 
     #[test]
