@@ -67,7 +67,8 @@ pub struct MountArgs {
     /// When fsync returns: sync (data durable on the array) or async (data in DRAM).
     #[arg(long, value_enum, default_value_t = Mode::Sync)]
     pub mode: Mode,
-    /// Stay in the foreground (the mount ends with `tierstack umount`).
+    /// Stay in the foreground (the mount ends with `tierstack umount`, or Ctrl-C: see
+    /// --on-stop).
     #[arg(long)]
     pub foreground: bool,
     /// Let other users use the mount (permissions are still checked by the kernel).
@@ -99,6 +100,21 @@ pub struct MountArgs {
     /// Serve Prometheus metrics at ADDR:PORT (`GET /metrics`), from the mount daemon.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// What SIGTERM, SIGINT (Ctrl-C in the foreground) and SIGHUP do: `persist` puts what the
+    /// daemon holds in DRAM on the fast tier and makes its journal durable (seconds; within
+    /// systemd's stop timeout), `drain` drains to the backing directory first (60 s at most),
+    /// then persists the rest. Either way nothing written is lost, the mount is detached
+    /// (never left "not connected"), and the next mount of the same fast tier resumes the
+    /// drain.
+    #[arg(long, value_enum, default_value = "persist")]
+    pub on_stop: OnStopArg,
+}
+
+/// See [`MountArgs::on_stop`].
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnStopArg {
+    Persist,
+    Drain,
 }
 
 #[derive(Args)]
@@ -343,6 +359,10 @@ pub fn mount(a: MountArgs) -> Result<()> {
             TransportArg::Auto => tierstack_fs::uring::Transport::Auto,
             TransportArg::Uring => tierstack_fs::uring::Transport::Uring,
             TransportArg::Dev => tierstack_fs::uring::Transport::Dev,
+        },
+        on_stop: match a.on_stop {
+            OnStopArg::Persist => fsmount::OnStop::Persist,
+            OnStopArg::Drain => fsmount::OnStop::Drain,
         },
     };
     if let Some(m) = &a.metrics {

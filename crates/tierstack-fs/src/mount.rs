@@ -68,6 +68,39 @@ pub struct MountSpec {
     /// `/dev/fuse` (see [`crate::uring`]).
     #[serde(default)]
     pub transport: crate::uring::Transport,
+    /// What SIGTERM, SIGINT or SIGHUP do (see [`OnStop`]).
+    #[serde(default)]
+    pub on_stop: OnStop,
+}
+
+/// What a stop by signal (SIGTERM from systemd or a node's shutdown, Ctrl-C in the
+/// foreground, SIGHUP) does before the mount goes away. Either way everything written
+/// through the mount before the signal is kept, fsync'd or not, and the next mount of the
+/// same fast tier resumes the drain.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStop {
+    /// Put what the daemon holds in DRAM on the fast tier's array and make the journal
+    /// durable (seconds at most: within systemd's 90 s stop timeout).
+    #[default]
+    Persist,
+    /// Drain to BACKING first, for at most [`STOP_DRAIN_LIMIT`], then persist the rest.
+    Drain,
+}
+
+/// How long a stop with [`OnStop::Drain`] drains before it persists what is left.
+pub const STOP_DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long a stop by signal keeps serving handles still open on the detached mount.
+pub const STOP_SERVE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Why the daemon stops.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// The mount is gone (`tierstack umount`, or detached from outside): drain, then exit.
+    Unmounted,
+    /// A signal: keep what was written (see [`OnStop`]), detach, exit 0.
+    Signal(i32),
 }
 
 fn yes() -> bool {
@@ -457,7 +490,7 @@ pub struct Daemon {
     session: Option<fuser::BackgroundSession>,
     spec: MountSpec,
     sock: PathBuf,
-    shutdown_rx: mpsc::Receiver<()>,
+    shutdown_rx: mpsc::Receiver<Stop>,
 }
 
 impl Daemon {
@@ -469,6 +502,14 @@ impl Daemon {
             dir: None,
             armed: true,
         };
+        // From here a stop signal is noted (and acted on once the mount is up), never the
+        // default death that leaves a dead mount.
+        let signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGHUP,
+        ])
+        .map_err(|e| FsError::Config(format!("cannot handle stop signals: {e}")))?;
         let backing = std::fs::canonicalize(&spec.backing).map_err(io_err(&spec.backing))?;
         let mp = canonical_mountpoint(&spec.mountpoint)?;
         clear_stale(&mp)?;
@@ -602,6 +643,27 @@ impl Daemon {
         let (shutdown_tx, shutdown_rx) = mpsc::channel();
         let watch_tx = shutdown_tx.clone();
         {
+            // The first signal starts the stop; a second one while it drains (OnStop::Drain)
+            // cuts the drain short.
+            let tx = shutdown_tx.clone();
+            let core = core.clone();
+            let mut signals = signals;
+            std::thread::Builder::new()
+                .name("signals".into())
+                .spawn(move || {
+                    let mut first = true;
+                    for sig in signals.forever() {
+                        if first {
+                            let _ = tx.send(Stop::Signal(sig));
+                            first = false;
+                        } else {
+                            core.force_stop.store(true, Relaxed);
+                        }
+                    }
+                })
+                .map_err(|e| FsError::Config(format!("cannot start the signal thread: {e}")))?;
+        }
+        {
             let core = core.clone();
             let drainer = drainer.clone();
             let mp = mp.clone();
@@ -658,7 +720,7 @@ impl Daemon {
                                 "{} was unmounted from outside: draining and exiting",
                                 mp.display()
                             );
-                            let _ = tx.send(());
+                            let _ = tx.send(Stop::Unmounted);
                             return;
                         }
                     }
@@ -704,9 +766,13 @@ impl Daemon {
     }
 
     /// Serves until asked to shut down (the FUSE mount is gone by then), then drains
-    /// everything and makes the fast tier durable.
+    /// everything and makes the fast tier durable. On a stop signal: keeps what was written
+    /// (see [`OnStop`]), detaches the mount, and returns Ok (exit 0).
     pub fn wait(mut self) -> Result<()> {
-        let _ = self.shutdown_rx.recv();
+        let why = self.shutdown_rx.recv().unwrap_or(Stop::Unmounted);
+        if let Stop::Signal(sig) = why {
+            return self.stop_on_signal(sig);
+        }
         if let Some(s) = self.session.take() {
             if let Err(e) = s.join() {
                 tracing::warn!("FUSE session ended with: {e}");
@@ -730,6 +796,121 @@ impl Daemon {
         let _ = std::fs::remove_file(&self.sock);
         tracing::info!("unmounted {}", self.spec.mountpoint.display());
         Ok(())
+    }
+}
+
+impl Daemon {
+    /// The stop by signal, in this order: `syncfs` of the mount (the kernel's writeback
+    /// cache holds what nobody fsync'd), with [`OnStop::Drain`] a drain bounded by
+    /// [`STOP_DRAIN_LIMIT`], the daemon's DRAM onto the array and the journal durable, a lazy
+    /// detach of the mount (no process meets a dead mount), the handles still open served for
+    /// up to [`STOP_SERVE_LIMIT`], the fast tier made durable again. The clean-stop mark is
+    /// written only when the kernel's connection ended (no request can come after it).
+    fn stop_on_signal(mut self, sig: i32) -> Result<()> {
+        let mp = self.spec.mountpoint.clone();
+        tracing::warn!(
+            "signal {sig}: stopping ({:?}): what was written is kept, the next mount of this fast tier resumes the drain",
+            self.spec.on_stop
+        );
+        {
+            let at = mp.clone();
+            let synced = bounded(Duration::from_secs(30), move || {
+                let dir = std::fs::File::open(&at)?;
+                rustix::fs::syncfs(&dir).map_err(std::io::Error::from)
+            });
+            match synced {
+                Some(Ok(())) => {}
+                Some(Err(e)) => tracing::warn!("syncfs of {}: {e}", mp.display()),
+                None => tracing::warn!("syncfs of {} did not return in 30 s", mp.display()),
+            }
+        }
+        if self.spec.on_stop == OnStop::Drain {
+            let t0 = std::time::Instant::now();
+            while !self.drainer.idle()
+                && !self.drainer.settled()
+                && !self.core.force_stop.load(Relaxed)
+                && t0.elapsed() < STOP_DRAIN_LIMIT
+            {
+                self.core.force.store(true, Relaxed);
+                self.core.wake_drainer();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        self.core.sync_all()?;
+        if let Err(e) = detach_mount(&mp, true) {
+            tracing::warn!("cannot detach {}: {e}", mp.display());
+        }
+        let ended = match self.session.take() {
+            Some(s) => bounded(STOP_SERVE_LIMIT, move || s.join()).is_some(),
+            None => true,
+        };
+        self.drainer.stop.store(true, Relaxed);
+        self.core.stopping.store(true, Relaxed);
+        self.core.sync_all()?;
+        if ended {
+            self.core.record_clean_stop()?;
+        } else {
+            tracing::warn!(
+                "handles on {} still open after {} s: stopping anyway (the next mount treats this as a crash: nothing is lost)",
+                mp.display(),
+                STOP_SERVE_LIMIT.as_secs()
+            );
+        }
+        let _ = std::fs::remove_file(&self.sock);
+        tracing::info!("stopped by signal {sig}; {} detached", mp.display());
+        Ok(())
+    }
+}
+
+/// Runs `f` on a thread of its own and waits for it up to `limit` (None: it did not return
+/// in time; it goes on, detached).
+fn bounded<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("bounded".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .ok()?;
+    rx.recv_timeout(limit).ok()
+}
+
+/// Removes the mount at `mp` (`lazy`: at once from the namespace, the open handles still
+/// served): umount2(2) as root, else `fusermount3 -u` (the setuid helper that mounted it for
+/// a user who is not root).
+pub fn detach_mount(mp: &Path, lazy: bool) -> std::io::Result<()> {
+    let flags = if lazy {
+        rustix::mount::UnmountFlags::DETACH
+    } else {
+        rustix::mount::UnmountFlags::empty()
+    };
+    match rustix::mount::unmount(mp, flags) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::PERM) => {
+            let mut cmd = std::process::Command::new("fusermount3");
+            cmd.arg("-u").arg("-q");
+            if lazy {
+                cmd.arg("-z");
+            }
+            let out = cmd.arg(mp).output()?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                let text = String::from_utf8_lossy(&out.stderr);
+                Err(std::io::Error::new(
+                    if text.contains("busy") {
+                        std::io::ErrorKind::ResourceBusy
+                    } else {
+                        std::io::ErrorKind::PermissionDenied
+                    },
+                    format!("fusermount3 -u: {}", text.trim()),
+                ))
+            }
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -813,7 +994,7 @@ fn serve(
     drainer: &Drainer,
     mp: &Path,
     spec: &MountSpec,
-    shutdown: &mpsc::Sender<()>,
+    shutdown: &mpsc::Sender<Stop>,
 ) {
     let mut r = BufReader::new(&conn);
     let mut line = String::new();
@@ -838,7 +1019,7 @@ fn serve(
             }
             match unmount_when_free(mp) {
                 Ok(()) => {
-                    let _ = shutdown.send(());
+                    let _ = shutdown.send(Stop::Unmounted);
                     serde_json::json!({"ok": true})
                 }
                 Err(e) => {
@@ -873,11 +1054,15 @@ const UNMOUNT_WAIT: Duration = Duration::from_secs(2);
 /// busy: a file's close returns before the kernel's release of it reaches the daemon, and a
 /// path walk holds the mount for a moment, so a mount its last user just left can still be
 /// busy for a few milliseconds. A file still open keeps it busy past that: the error then.
-fn unmount_when_free(mp: &Path) -> rustix::io::Result<()> {
+fn unmount_when_free(mp: &Path) -> std::io::Result<()> {
     let t0 = std::time::Instant::now();
     loop {
-        match rustix::mount::unmount(mp, rustix::mount::UnmountFlags::empty()) {
-            Err(rustix::io::Errno::BUSY) if t0.elapsed() < UNMOUNT_WAIT => {
+        match detach_mount(mp, false) {
+            Err(e)
+                if (e.raw_os_error() == Some(libc::EBUSY)
+                    || e.kind() == std::io::ErrorKind::ResourceBusy)
+                    && t0.elapsed() < UNMOUNT_WAIT =>
+            {
                 std::thread::sleep(Duration::from_millis(20));
             }
             r => return r,

@@ -226,7 +226,7 @@ impl Core {
     /// Makes every page and every journal row written before the call durable. Concurrent
     /// callers share one flush (group commit): a caller returns once a flush that started
     /// after it arrived has completed.
-    pub(super) fn sync_all(&self) -> Result<()> {
+    pub fn sync_all(&self) -> Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         let ticket = self.sync_arrived.fetch_add(1, SeqCst) + 1;
         let _g = self.sync_lock.lock();
