@@ -100,6 +100,11 @@ fn userfaultfd() -> Check {
 fn fuse_device() -> Check {
     match std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
         Ok(_) => check("fuse_device", Status::Ok, "/dev/fuse opens read-write", "`tierstack mount` can serve its FUSE file system"),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata("/dev/fuse").map_or(0, |m| m.permissions().mode() & 0o777);
+            check("fuse_device", Status::Fail, format!("/dev/fuse is there, mode {mode:o}, and this user may not open it"), "FUSE is loaded; its device must be open to users, as the fuse3 package's udev rule makes it (`KERNEL==\"fuse\", MODE=\"0666\"` in /lib/udev/rules.d; without udev: `chmod 0666 /dev/fuse` as root), and `fusermount3` must be installed (apt install fuse3)")
+        }
         Err(e) => check("fuse_device", Status::Fail, format!("/dev/fuse: {e}"), "`tierstack mount` needs FUSE: `modprobe fuse` (and in a container, pass the device: `--device /dev/fuse --cap-add SYS_ADMIN`)"),
     }
 }
@@ -377,7 +382,7 @@ fn io_uring() -> Check {
 
 fn runtime_dir() -> Check {
     let rd = tierstack_fs::mount::run_dir();
-    let ok = std::fs::create_dir_all(&rd).is_ok() && tempfile::tempfile_in(&rd).is_ok();
+    let ok = tierstack_fs::mount::ensure_run_dir().is_ok() && tempfile::tempfile_in(&rd).is_ok();
     if ok {
         check("runtime_dir", Status::Ok, rd.display().to_string(), "mounts put their control sockets here and `run` registers its processes here; `tierstack top` finds them here")
     } else {
@@ -569,7 +574,11 @@ pub fn checks(a: &DoctorArgs) -> Vec<Check> {
         gpus(),
     ];
     let dirs = if a.dir.is_empty() {
-        vec![PathBuf::from("/var/tmp/tierstack"), std::env::temp_dir()]
+        let fast = tierstack_fs::mount::default_dir(Path::new("/"));
+        vec![
+            fast.parent().map(Path::to_path_buf).unwrap_or(fast),
+            std::env::temp_dir(),
+        ]
     } else {
         a.dir.clone()
     };

@@ -214,7 +214,16 @@ fn not_mounted(mp: &Path) -> anyhow::Error {
 }
 
 fn connect_status(mp: &Path) -> Result<MountStatus> {
-    fsmount::status(mp).map_err(|_| not_mounted(mp))
+    fsmount::status(mp).map_err(|e| match e {
+        tierstack_fs::FsError::Control { path, msg } if msg.contains("ermission denied") => {
+            anyhow!(
+                "the mount at {} belongs to another user: its control socket {} refuses you (permission denied); run this as the mount's owner or as root",
+                mp.display(),
+                path.display()
+            )
+        }
+        _ => not_mounted(mp),
+    })
 }
 
 pub fn mount(a: MountArgs) -> Result<()> {
@@ -404,9 +413,8 @@ pub(crate) fn check_gpu(what: &str, gpu: u32, bytes: u64) -> Result<()> {
 fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the tierstack executable")?;
     let json = serde_json::to_string(spec)?;
-    let rd = fsmount::run_dir();
-    std::fs::create_dir_all(&rd).with_context(|| format!("cannot create {}", rd.display()))?;
-    let log_path = fsmount::socket_path(&spec.mountpoint).with_extension("log");
+    fsmount::ensure_run_dir().map_err(|e| anyhow!("{e}"))?;
+    let log_path = fsmount::own_socket_path(&spec.mountpoint).with_extension("log");
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("cannot create {}", log_path.display()))?;
     let log2 = log.try_clone()?;
@@ -669,6 +677,9 @@ fn status_for_umount(mp: &Path, timeout: Option<Duration>) -> Result<MountStatus
     loop {
         match fsmount::status(mp) {
             Ok(s) => return Ok(s),
+            Err(tierstack_fs::FsError::Control { msg, .. }) if msg.contains("ermission denied") => {
+                return connect_status(mp);
+            }
             Err(e) if fsmount::daemon_listens(mp) => {
                 if t0.elapsed() > limit {
                     bail!(
@@ -754,7 +765,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     // A clean exit: the daemon's log has nothing left to tell.
-    let _ = std::fs::remove_file(fsmount::socket_path(&mp).with_extension("log"));
+    let _ = std::fs::remove_file(fsmount::own_socket_path(&mp).with_extension("log"));
     if a.force {
         println!(
             "unmounted {} (--force: what was not drained stays in the fast tier; mount {} again with the same --dir/--array to drain it)",

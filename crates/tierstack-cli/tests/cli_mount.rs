@@ -851,6 +851,184 @@ fn foreground_mount_stops_on_ctrl_c() {
     assert!(fs::read(fx.b("kept")).expect("BACKING") == data);
 }
 
+/// A user who is not root, with the ordinary FUSE setup (fusermount3 from fuse3, /dev/fuse
+/// open to users as fuse3's udev rule makes it): mounts, writes, sees `status`, drains and
+/// unmounts their own buffer (runtime folder /tmp/tierstack-UID, 0700), and BACKING ends up
+/// exact and theirs. Another user cannot reach that buffer's control socket and is told it is
+/// a permission problem.
+#[test]
+fn a_user_who_is_not_root_mounts_uses_and_unmounts() {
+    if !can_run() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    assert!(
+        Path::new("/usr/bin/fusermount3").exists() || Path::new("/bin/fusermount3").exists(),
+        "fusermount3 is missing: apt install fuse3 (.ci/run does)"
+    );
+    // What fuse3's udev rule does where udev runs.
+    let mode = fs::metadata("/dev/fuse")
+        .expect("/dev/fuse")
+        .permissions()
+        .mode();
+    if mode & 0o666 != 0o666 {
+        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666))
+            .expect("chmod /dev/fuse");
+    }
+    const USER: &str = "tierstack-t";
+    if !Command::new("id")
+        .arg(USER)
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let st = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ])
+            .status()
+            .expect("useradd");
+        assert!(st.success(), "useradd {USER}");
+    }
+    let uid: u32 = String::from_utf8_lossy(
+        &Command::new("id")
+            .args(["-u", USER])
+            .output()
+            .expect("id")
+            .stdout,
+    )
+    .trim()
+    .parse()
+    .expect("uid");
+    let fx = Fixture::new();
+    let root = fx.backing.parent().expect("tmp").to_path_buf();
+    // The binary where the user may run it (the build folder may be private to root).
+    let bin = root.join("tierstack");
+    fs::copy(BIN, &bin).expect("copy the binary");
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::create_dir(&fx.fast).expect("mkdir");
+    for p in [&fx.backing, &fx.mnt, &fx.fast] {
+        std::os::unix::fs::chown(p, Some(uid), None).expect("chown");
+    }
+    let as_user = |user: &str, args: &[&str], env: &[(&str, String)]| {
+        let mut c = Command::new("runuser");
+        c.args(["-u", user, "--"]).arg(&bin).args(args);
+        c.env_remove("TIERSTACK_RUN_DIR")
+            .env_remove("XDG_RUNTIME_DIR");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.current_dir(&root).output().expect("runuser")
+    };
+    let (b, m, f) = (s_of(&fx.backing), s_of(&fx.mnt), s_of(&fx.fast));
+    let o = as_user(
+        USER,
+        &[
+            "mount",
+            &b,
+            &m,
+            "--dir",
+            &f,
+            "--dram",
+            "16M",
+            "--drive-size",
+            "64M",
+        ],
+        &[],
+    );
+    assert!(
+        o.status.success(),
+        "mount as {USER}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let run_dir = format!("/tmp/tierstack-{uid}");
+    let guard = UserMount(fx.mnt.clone());
+    assert_eq!(
+        fs::metadata(&run_dir)
+            .expect("runtime folder")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    let sh = |cmd: &str| {
+        let o = Command::new("runuser")
+            .args(["-u", USER, "--", "sh", "-c", cmd])
+            .output()
+            .expect("sh");
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    sh(&format!("mkdir {m}/d && head -c 3000000 /dev/urandom > {m}/d/data && echo hello > {m}/note && mv {m}/note {m}/d/note"));
+    // (Root may not look into a user's FUSE mount without --allow-other: read as the user.)
+    let want = Command::new("runuser")
+        .args(["-u", USER, "--", "cat", &format!("{m}/d/data")])
+        .output()
+        .expect("cat")
+        .stdout;
+    assert_eq!(want.len(), 3_000_000);
+    let o = as_user(USER, &["status", &m, "--json"], &[]);
+    assert!(
+        o.status.success(),
+        "status as {USER}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // Another user: the socket is out of reach, and that is said plainly.
+    let o = as_user(
+        "nobody",
+        &["status", &m],
+        &[("TIERSTACK_RUN_DIR", run_dir.clone())],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("another user") && err.contains("permission denied"),
+        "{err}"
+    );
+    let o = as_user(USER, &["drain", &m, "--wait", "--timeout", "60s"], &[]);
+    assert!(
+        o.status.success(),
+        "drain as {USER}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = as_user(USER, &["umount", &m], &[]);
+    assert!(
+        o.status.success(),
+        "umount as {USER}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!is_mounted(&fx.mnt));
+    drop(guard);
+    assert!(fs::read(fx.b("d/data")).expect("BACKING") == want);
+    assert_eq!(fs::read(fx.b("d/note")).expect("BACKING"), b"hello\n");
+    assert_eq!(
+        fs::metadata(fx.b("d/data")).expect("stat").uid(),
+        uid,
+        "BACKING's file is the user's"
+    );
+}
+
+fn s_of(p: &Path) -> String {
+    p.to_str().expect("utf8").to_string()
+}
+
+/// Detaches a mount made by another user if a test fails before its umount.
+struct UserMount(PathBuf);
+
+impl Drop for UserMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
 /// Group commit of the namespace journal under `kill -9`: files whose directory was fsynced
 /// are there after a restart, and a burst killed mid-way leaves a consistent namespace: every
 /// file the restarted mount shows drains whole, and BACKING ends up holding exactly what the

@@ -234,11 +234,47 @@ pub struct TierUse {
     pub dirty_bytes: u64,
 }
 
-/// The folder of the mounts' control sockets: `TIERSTACK_RUN_DIR`, else `/run/tierstack`.
+/// The runtime folder of mounts made by root (and of `tierstack run` records).
+pub const SYSTEM_RUN_DIR: &str = "/run/tierstack";
+
+/// The folder of this user's mounts' control sockets and logs: `TIERSTACK_RUN_DIR`, else
+/// `/run/tierstack` for root, else `$XDG_RUNTIME_DIR/tierstack` (the user's own, made by
+/// systemd at login), else `/tmp/tierstack-UID`.
 pub fn run_dir() -> PathBuf {
-    std::env::var_os("TIERSTACK_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/run/tierstack"))
+    if let Some(d) = std::env::var_os("TIERSTACK_RUN_DIR") {
+        return PathBuf::from(d);
+    }
+    let uid = rustix::process::geteuid();
+    if uid.is_root() {
+        return PathBuf::from(SYSTEM_RUN_DIR);
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        Some(x) if x.is_absolute() && x.is_dir() => x.join("tierstack"),
+        _ => PathBuf::from(format!("/tmp/tierstack-{}", uid.as_raw())),
+    }
+}
+
+/// Makes [`run_dir`] if needed: private to its user (0700) unless it is root's system
+/// folder. A folder there that another user owns is refused (someone else's socket could
+/// stand in for the mount's).
+pub fn ensure_run_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let rd = run_dir();
+    let uid = rustix::process::geteuid();
+    let mode = if uid.is_root() { 0o755 } else { 0o700 };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(&rd)
+        .map_err(io_err(&rd))?;
+    let md = std::fs::symlink_metadata(&rd).map_err(io_err(&rd))?;
+    if !md.is_dir() || md.uid() != uid.as_raw() && !uid.is_root() {
+        return Err(FsError::Config(format!(
+            "the runtime folder {} is not a folder of yours: remove it, or set TIERSTACK_RUN_DIR to a folder you own",
+            rd.display()
+        )));
+    }
+    Ok(rd)
 }
 
 /// The canonical form of a mountpoint that may be a dead FUSE mount (whose own stat fails):
@@ -258,8 +294,25 @@ pub fn canonical_mountpoint(p: &Path) -> Result<PathBuf> {
     Ok(cp.join(name))
 }
 
-/// The control socket of the mount at `mountpoint` (canonical).
+/// The control socket of the mount at `mountpoint` (canonical), as a client finds it: this
+/// user's own, else root's in [`SYSTEM_RUN_DIR`] (a buffer root made for this user).
 pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    let own = own_socket_path(mountpoint);
+    if own.exists() || std::env::var_os("TIERSTACK_RUN_DIR").is_some() {
+        return own;
+    }
+    // A buffer root made (the SLURM hooks make the job's), seen by its user.
+    let system = Path::new(SYSTEM_RUN_DIR).join(own.file_name().unwrap_or_default());
+    if system.exists() {
+        system
+    } else {
+        own
+    }
+}
+
+/// Where a daemon of this user listens for the mount at `mountpoint` (its log beside it,
+/// `.log`).
+pub fn own_socket_path(mountpoint: &Path) -> PathBuf {
     let h = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_bytes());
     run_dir().join(format!("{h:016x}.sock"))
 }
@@ -368,7 +421,11 @@ pub fn wait_drained(
 /// answer, and refused (or the socket is missing) once its process is gone. A busy daemon
 /// is never mistaken for a dead one by a timeout.
 pub fn daemon_listens(mountpoint: &Path) -> bool {
-    UnixStream::connect(socket_path(mountpoint)).is_ok()
+    match UnixStream::connect(socket_path(mountpoint)) {
+        Ok(_) => true,
+        // Someone else's daemon, alive: not ours to clear.
+        Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+    }
 }
 
 /// Detaches a dead tierstack FUSE mount (no daemon listens on its socket) from
@@ -563,9 +620,8 @@ impl Daemon {
             .start()
             .map_err(|e| FsError::Config(format!("cannot start the drainer: {e}")))?;
 
-        let rd = run_dir();
-        std::fs::create_dir_all(&rd).map_err(io_err(&rd))?;
-        let sock = socket_path(&mp);
+        ensure_run_dir()?;
+        let sock = own_socket_path(&mp);
         let _ = std::fs::remove_file(&sock);
         let listener = UnixListener::bind(&sock).map_err(io_err(&sock))?;
 
@@ -1135,10 +1191,18 @@ fn tune_bdi(mp: &Path) {
 }
 
 /// The embedded fast tier's folder when neither `--dir` nor `--array` is given:
-/// `/var/tmp/tierstack/<xxh3-64 of the canonical BACKING>`.
+/// `/var/tmp/tierstack/<xxh3-64 of the canonical BACKING>` for root,
+/// `/var/tmp/tierstack-UID/<…>` for another user.
 pub fn default_dir(backing: &Path) -> PathBuf {
     let h = xxhash_rust::xxh3::xxh3_64(backing.as_os_str().as_bytes());
-    PathBuf::from("/var/tmp/tierstack").join(format!("{h:016x}"))
+    let uid = rustix::process::geteuid();
+    // Keyed by user too: two users of one BACKING never share drive files.
+    let base = if uid.is_root() {
+        PathBuf::from("/var/tmp/tierstack")
+    } else {
+        PathBuf::from(format!("/var/tmp/tierstack-{}", uid.as_raw()))
+    };
+    base.join(format!("{h:016x}"))
 }
 
 #[cfg(test)]
