@@ -196,16 +196,18 @@ fn parse_level(s: &str) -> Result<Level> {
 }
 
 fn parse_chunk(s: &str) -> Result<usize> {
-    let c = parse_size(s).map_err(anyhow::Error::msg)?;
+    let c = crate::size_flag("chunk", s)?;
     if !(4096..=(1 << 20)).contains(&c) || !c.is_power_of_two() {
-        bail!("chunk '{s}' is not a power of two between 4K and 1M: use e.g. --chunk 64K");
+        return Err(crate::usage(format!(
+            "chunk '{s}' is not a power of two between 4K and 1M: use e.g. --chunk 64K"
+        )));
     }
     Ok(c as usize)
 }
 
 fn parse_rate(s: &Option<String>) -> Result<Option<u64>> {
     s.as_deref()
-        .map(|r| parse_size(r).map_err(anyhow::Error::msg))
+        .map(|r| crate::size_flag("rate", r))
         .transpose()
 }
 
@@ -721,7 +723,7 @@ pub fn render_status(array: &Path, st: &ArrayStatus) -> String {
 
 pub fn bench(a: BenchArrayArgs) -> Result<()> {
     let level = parse_level(&a.level)?;
-    let size = parse_size(&a.size).map_err(anyhow::Error::msg)?;
+    let size = crate::size_flag("size", &a.size)?;
     let chunk = parse_chunk(&a.chunk)?;
     let opts = a.eng.options()?;
     if a.threads == 0 || a.threads > 256 {

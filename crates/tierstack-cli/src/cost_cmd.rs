@@ -135,7 +135,7 @@ fn gib_of(flag: &str, s: &str) -> Result<f64> {
     } else {
         tierstack_bench::parse_size(t)
             .map(|b| b as f64 / GIB)
-            .map_err(|e| anyhow!("--{flag}: {e} (or a number of GiB)"))?
+            .map_err(|e| crate::usage(format!("--{flag}: {e} (or a number of GiB)")))?
     };
     if !v.is_finite() || v < 0.0 {
         bail!("--{flag} {s} is not a capacity: give a number of GiB (e.g. 192) or a size (192G)");

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
-use tierstack_bench::{io, parse_size};
+use tierstack_bench::io;
 
 #[derive(Args)]
 pub struct BenchIoArgs {
@@ -86,12 +86,11 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
     let blocks = a
         .block
         .iter()
-        .map(|b| parse_size(b))
-        .collect::<std::result::Result<Vec<u64>, tierstack_bench::SizeError>>()
-        .map_err(anyhow::Error::msg)?;
-    let size_per_rank = parse_size(&a.size_per_rank).map_err(anyhow::Error::msg)?;
+        .map(|b| crate::size_flag("block", b))
+        .collect::<Result<Vec<u64>>>()?;
+    let size_per_rank = crate::size_flag("size-per-rank", &a.size_per_rank)?;
     if let Some(d) = &a.dram {
-        parse_size(d).map_err(anyhow::Error::msg)?;
+        crate::size_flag("dram", d)?;
     }
     if let Some(p) = &a.plot {
         // A missing font or folder fails now, not after the sweep.

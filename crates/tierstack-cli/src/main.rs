@@ -20,6 +20,38 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// An error that ends the command with its own exit status: 2 for a usage error (a bad
+/// size, duration or combination of options), 126/127 for a program `run` cannot execute or
+/// find (as env, timeout and srun).
+#[derive(Debug)]
+pub struct Exit {
+    /// The process's exit status.
+    pub code: u8,
+    /// The one line shown.
+    pub msg: String,
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+/// A usage error (exit status 2).
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Exit {
+        code: 2,
+        msg: msg.into(),
+    })
+}
+
+/// The size given to `--FLAG` (8G, 512M, 4096...), or a usage error naming the flag.
+pub fn size_flag(flag: &str, s: &str) -> anyhow::Result<u64> {
+    tierstack_common::parse_size(s).map_err(|e| usage(format!("--{flag}: {e}")))
+}
+
 #[derive(Parser)]
 #[command(name = "tierstack", version, about = "Tiered memory and storage accelerator for HPC and AI nodes: a user-space software RAID under a write-back store", long_about = None)]
 struct Cli {
@@ -127,6 +159,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: a daemon's log file, journald or a pipe
+        // gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -199,7 +234,10 @@ fn main() -> ExitCode {
                 }
             }
             eprintln!("tierstack: error: {msg}");
-            ExitCode::FAILURE
+            match e.chain().find_map(|c| c.downcast_ref::<Exit>()) {
+                Some(x) => ExitCode::from(x.code),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -99,8 +99,8 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     if let (Some(plot), Some(src)) = (&a.plot, &a.from_json) {
         return plot_saved(plot, src);
     }
-    let map = parse_size(&a.map).map_err(anyhow::Error::msg)?;
-    let dram = parse_size(&a.dram).map_err(anyhow::Error::msg)?;
+    let map = crate::size_flag("map", &a.map)?;
+    let dram = crate::size_flag("dram", &a.dram)?;
     // Ctrl-C and SIGTERM stop the run and put back the swap file, cgroup and zswap switch.
     mem::cancel_on(crate::stage_cmd::cancel_flag()?);
     if !a.cmd.is_empty() {
@@ -136,7 +136,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
         );
     }
     let pattern: Pattern = a.pattern.parse().map_err(anyhow::Error::msg)?;
-    let page = parse_size(&a.page).map_err(anyhow::Error::msg)? as usize;
+    let page = crate::size_flag("page", &a.page)? as usize;
     if page == 0 || !page.is_multiple_of(4096) || page > (1 << 20) {
         bail!(
             "--page {} is not a multiple of 4K up to 1M: use e.g. --page 4K",
@@ -163,7 +163,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     }
     let vram = match &a.vram {
         Some(v) => {
-            let bytes = parse_size(v).map_err(|e| anyhow::anyhow!("--vram: {e}"))?;
+            let bytes = crate::size_flag("vram", v)?;
             crate::mount_cmd::check_gpu("--vram", a.gpu, bytes)?;
             Some(tierstack_mem::setup::Vram { gpu: a.gpu, bytes })
         }
@@ -389,13 +389,13 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
     if !a.compare && !matches!(engine, "tierstack" | "kernel-swap") {
         bail!("--engine {engine} does not run a program: use --compare, --engine tierstack or --engine kernel-swap");
     }
-    let swap_bytes = parse_size(&a.swap).map_err(|e| anyhow::anyhow!("--swap: {e}"))?;
+    let swap_bytes = crate::size_flag("swap", &a.swap)?;
     if swap_bytes < 64 << 20 {
         bail!("--swap {} is too small: give at least 64M", a.swap);
     }
     // `run` flags that depart from its defaults, passed on and printed.
     let mut run_flags = Vec::new();
-    let page = parse_size(&a.page).map_err(anyhow::Error::msg)?;
+    let page = crate::size_flag("page", &a.page)?;
     if page != parse_size(tierstack_mem::setup::DEFAULT_PAGE_ARG).unwrap_or(4096) {
         run_flags.extend(["--page".to_string(), a.page.clone()]);
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
-use tierstack_bench::{fmt_size, parse_size};
+use tierstack_bench::fmt_size;
 use tierstack_fs::mount::{self as fsmount, MountSpec, MountStatus};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -167,7 +167,9 @@ fn parse_duration(flag: &str, s: &str) -> Result<Duration> {
         Ok(v) if v.is_finite() && v >= 0.0 && v * mult < 1e9 => {
             Ok(Duration::from_secs_f64(v * mult))
         }
-        _ => bail!("--{flag} {s} is not a duration: give e.g. 90s, 10m or 2h"),
+        _ => Err(crate::usage(format!(
+            "--{flag} {s} is not a duration: give e.g. 90s, 10m or 2h"
+        ))),
     }
 }
 
@@ -194,9 +196,12 @@ fn stuck_message(mp: &Path, s: &MountStatus) -> String {
 }
 
 fn size_arg(name: &str, s: &str, min: u64) -> Result<u64> {
-    let v = parse_size(s).map_err(|e| anyhow!("--{name}: {e}"))?;
+    let v = crate::size_flag(name, s)?;
     if v < min {
-        bail!("--{name} {s} is too small: give at least {}", fmt_size(min));
+        return Err(crate::usage(format!(
+            "--{name} {s} is too small: give at least {}",
+            fmt_size(min)
+        )));
     }
     Ok(v)
 }
@@ -414,9 +419,7 @@ fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the tierstack executable")?;
     let json = serde_json::to_string(spec)?;
     fsmount::ensure_run_dir().map_err(|e| anyhow!("{e}"))?;
-    let log_path = fsmount::own_socket_path(&spec.mountpoint).with_extension("log");
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("cannot create {}", log_path.display()))?;
+    let (log, log_path) = fsmount::open_log(&spec.mountpoint).map_err(|e| anyhow!("{e}"))?;
     let log2 = log.try_clone()?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount-daemon").arg(json);
@@ -764,8 +767,6 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // A clean exit: the daemon's log has nothing left to tell.
-    let _ = std::fs::remove_file(fsmount::own_socket_path(&mp).with_extension("log"));
     if a.force {
         println!(
             "unmounted {} (--force: what was not drained stays in the fast tier; mount {} again with the same --dir/--array to drain it)",

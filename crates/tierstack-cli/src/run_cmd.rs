@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tierstack_bench::{fmt_size, parse_size};
+use tierstack_bench::fmt_size;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -211,36 +211,37 @@ impl Drop for RunDir {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let dram = parse_size(&a.dram).map_err(|e| anyhow::anyhow!("--dram: {e}"))?;
+    let dram = crate::size_flag("dram", &a.dram)?;
     if dram < 16 << 20 {
-        bail!(
+        return Err(crate::usage(format!(
             "--dram {} is too small: give at least 16M (e.g. --dram 256M)",
             a.dram
-        );
+        )));
     }
-    let page = parse_size(&a.page).map_err(|e| anyhow::anyhow!("--page: {e}"))?;
+    let page = crate::size_flag("page", &a.page)?;
     if page == 0 || page % 4096 != 0 || page > tierstack_store::MAX_PAGE as u64 {
-        bail!(
+        return Err(crate::usage(format!(
             "--page {} is not a multiple of 4K up to 1M: use e.g. --page 4K",
             a.page
-        );
+        )));
     }
     if dram < 16 * page {
-        bail!(
+        return Err(crate::usage(format!(
             "--dram {} holds fewer than 16 pages of {}: raise --dram or lower --page",
-            a.dram,
-            a.page
-        );
+            a.dram, a.page
+        )));
     }
-    let threshold = parse_size(&a.threshold).map_err(|e| anyhow::anyhow!("--threshold: {e}"))?;
+    let threshold = crate::size_flag("threshold", &a.threshold)?;
     if threshold < 16 << 20 {
-        bail!(
+        return Err(crate::usage(format!(
             "--threshold {} is below 16M (tierstack's own buffers must stay below it): use e.g. --threshold 64M",
             a.threshold
-        );
+        )));
     }
     let Some(program) = a.cmd.first() else {
-        bail!("no command given: use `tierstack run --dram 4G -- ./program ARGS`");
+        return Err(crate::usage(
+            "no command given: use `tierstack run --dram 4G -- ./program ARGS`",
+        ));
     };
     check_linkage(program)?;
     if let Err(e) = tierstack_mem::uffd::available() {
@@ -248,7 +249,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let vram = match &a.vram {
         Some(v) => {
-            let bytes = parse_size(v).map_err(|e| anyhow::anyhow!("--vram: {e}"))?;
+            let bytes = crate::size_flag("vram", v)?;
             crate::mount_cmd::check_gpu("--vram", a.gpu, bytes)?;
             Some(bytes)
         }
@@ -282,10 +283,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     if let Some(array) = &a.array {
         if !array.is_file() {
-            bail!(
+            return Err(crate::usage(format!(
                 "--array {}: no array descriptor there: create one with `tierstack array create`",
                 array.display()
-            );
+            )));
         }
         // Open it once here: a wrong or busy array is reported before the program starts.
         tierstack_array::descriptor::open_array(array, &tierstack_array::ArrayOptions::default())
@@ -294,10 +295,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     if !parent.is_dir() {
-        bail!(
+        return Err(crate::usage(format!(
             "--dir {}: no such folder: create it or give another",
             parent.display()
-        );
+        )));
     }
     let run_dir = tempfile::Builder::new()
         .prefix("tierstack-run-")
@@ -308,9 +309,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     if a.array.is_none() {
         let store = match &a.store {
             Some(s) => {
-                let v = parse_size(s).map_err(|e| anyhow::anyhow!("--store: {e}"))?;
+                let v = crate::size_flag("store", s)?;
                 if v < 64 << 20 {
-                    bail!("--store {s} is too small: give at least 64M");
+                    return Err(crate::usage(format!(
+                        "--store {s} is too small: give at least 64M"
+                    )));
                 }
                 v
             }
@@ -337,9 +340,18 @@ pub fn run(a: RunArgs) -> Result<()> {
             Ok(())
         });
     }
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
+    // As env, timeout and srun: 127 when the program is not found, 126 when it cannot be run.
+    let child = cmd.spawn().map_err(|e| {
+        let code = if e.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        };
+        anyhow::Error::new(crate::Exit {
+            code,
+            msg: format!("cannot run {}: {e}", program.to_string_lossy()),
+        })
+    })?;
     PROGRAM_PID.store(child.id() as i32, std::sync::atomic::Ordering::SeqCst);
     // SAFETY: `pass_on` is async-signal-safe (an atomic load and kill(2)).
     unsafe {

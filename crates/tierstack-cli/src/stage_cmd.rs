@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::ProgressBar;
 use tierstack_bench::checkpoint;
-use tierstack_bench::parse_size;
+
 use tierstack_fs::stage;
 
 #[derive(Args)]
@@ -293,12 +293,12 @@ pub fn stage(a: StageArgs) -> Result<()> {
 }
 
 pub fn bench_checkpoint(a: BenchCheckpointArgs) -> Result<()> {
-    let file_size = parse_size(&a.file_size).map_err(anyhow::Error::msg)?;
+    let file_size = crate::size_flag("file-size", &a.file_size)?;
     if let Some(d) = &a.dram {
-        parse_size(d).map_err(anyhow::Error::msg)?;
+        crate::size_flag("dram", d)?;
     }
     if let Some(v) = &a.vram {
-        parse_size(v).map_err(|e| anyhow::anyhow!("--vram: {e}"))?;
+        crate::size_flag("vram", v)?;
     }
     let cfg = checkpoint::Config {
         exe: std::env::current_exe().context("cannot find the tierstack binary")?,

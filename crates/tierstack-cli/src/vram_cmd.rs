@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use tierstack_bench::{parse_size, vram};
+use tierstack_bench::vram;
 
 #[derive(Args)]
 pub struct BenchVramArgs {
@@ -34,14 +34,14 @@ pub fn bench(a: BenchVramArgs) -> Result<()> {
         .page
         .split(',')
         .map(|p| {
-            let b = parse_size(p.trim()).map_err(|e| anyhow::anyhow!("--page: {e}"))?;
+            let b = crate::size_flag("page", p.trim())?;
             if b == 0 || b > tierstack_store::MAX_PAGE as u64 {
                 bail!("--page {p}: give sizes from 1 byte to 1M, e.g. --page 4K,64K,1M");
             }
             Ok(b as usize)
         })
         .collect::<Result<Vec<_>>>()?;
-    let bytes = parse_size(&a.size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+    let bytes = crate::size_flag("size", &a.size)?;
     if a.threads == 0 || a.threads > 64 {
         bail!("--threads {} is out of range: give 1 to 64", a.threads);
     }

@@ -1029,6 +1029,35 @@ impl Drop for UserMount {
     }
 }
 
+/// The daemon's log is plain text (no colour codes outside a terminal) and stays after a
+/// clean umount, in the log folder the mount names.
+#[test]
+fn the_daemon_log_is_plain_text_and_kept_after_umount() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    let out = ok(&fx.mount_args(&[]));
+    fx.pid = Some(fx.status()["pid"].as_u64().expect("pid") as u32);
+    let log = out
+        .rsplit("log ")
+        .next()
+        .map(|l| l.trim().trim_end_matches(')').to_string())
+        .expect("the mount names its log");
+    // Something for the daemon to log: a record BACKING refuses (the mount has listed its
+    // root before the blocker appears).
+    fs::read_dir(fx.m("")).expect("list").for_each(drop);
+    fs::write(fx.b("x"), b"in the way").expect("blocker");
+    fs::create_dir(fx.m("x")).expect("mkdir");
+    ok(&["drain", fx.mnt.to_str().expect("utf8")]);
+    std::thread::sleep(Duration::from_millis(500));
+    ok(&["umount", fx.mnt.to_str().expect("utf8"), "--force"]);
+    fx.pid = None;
+    let text = fs::read_to_string(&log).expect("the log is kept after umount");
+    assert!(text.contains("refused by BACKING"), "{text}");
+    assert!(!text.contains('\x1b'), "colour codes in the log: {text}");
+}
+
 /// Group commit of the namespace journal under `kill -9`: files whose directory was fsynced
 /// are there after a restart, and a burst killed mid-way leaves a consistent namespace: every
 /// file the restarted mount shows drains whole, and BACKING ends up holding exactly what the

@@ -421,7 +421,24 @@ fn bad_options_get_one_line_and_nothing_is_created() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(err.starts_with("tierstack: error:"), "{args:?}: {err}");
+        // Every usage error (sizes included) exits 2.
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
     }
+    // As env, timeout and srun: 127 for a program that is not there, 126 for one that cannot
+    // be executed; one line, and the run folder is gone.
+    let noexec = t.path().join("noexec");
+    std::fs::write(&noexec, b"data").expect("write");
+    for (prog, code) in [(missing.join("prog"), 127), (noexec.clone(), 126)] {
+        let out = Command::new(BIN)
+            .args(["run", "--dir", d, "--dram", "256M", "--"])
+            .arg(&prog)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{prog:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    std::fs::remove_file(&noexec).expect("rm");
     assert_eq!(std::fs::read_dir(t.path()).expect("dir").count(), 0);
     assert!(!missing.exists());
 }

@@ -310,8 +310,74 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
     }
 }
 
-/// Where a daemon of this user listens for the mount at `mountpoint` (its log beside it,
-/// `.log`).
+/// Largest a mount's log grows before its next mount moves it aside (to `.log.1`).
+pub const LOG_KEEP: u64 = 8 << 20;
+
+/// The folder of the mount daemons' logs, kept after the mount ends: `TIERSTACK_LOG_DIR`,
+/// else the runtime folder when `TIERSTACK_RUN_DIR` is set, else `/var/log/tierstack` for
+/// root, else `$XDG_STATE_HOME/tierstack` (`~/.local/state/tierstack`), else the runtime
+/// folder.
+pub fn log_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TIERSTACK_LOG_DIR") {
+        return PathBuf::from(d);
+    }
+    if std::env::var_os("TIERSTACK_RUN_DIR").is_some() {
+        return run_dir();
+    }
+    if rustix::process::geteuid().is_root() {
+        return PathBuf::from("/var/log/tierstack");
+    }
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|h| h.is_absolute() && h.is_dir())
+                .map(|h| h.join(".local/state"))
+        });
+    match state {
+        Some(s) => s.join("tierstack"),
+        None => run_dir(),
+    }
+}
+
+/// The log of the mount at `mountpoint` (see [`log_dir`]).
+pub fn log_path(mountpoint: &Path) -> PathBuf {
+    let h = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_bytes());
+    log_dir().join(format!("{h:016x}.log"))
+}
+
+/// Opens the log of the mount at `mountpoint` for appending (its folder made if needed, a
+/// log past [`LOG_KEEP`] moved to `.log.1` first): what each mount of it said stays until
+/// the next rotation.
+pub fn open_log(mountpoint: &Path) -> Result<(std::fs::File, PathBuf)> {
+    use std::os::unix::fs::DirBuilderExt;
+    let path = log_path(mountpoint);
+    if let Some(dir) = path.parent() {
+        let mode = if rustix::process::geteuid().is_root() {
+            0o755
+        } else {
+            0o700
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(dir)
+            .map_err(io_err(dir))?;
+    }
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() > LOG_KEEP) {
+        let _ = std::fs::rename(&path, path.with_extension("log.1"));
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    Ok((f, path))
+}
+
+/// Where a daemon of this user listens for the mount at `mountpoint`.
 pub fn own_socket_path(mountpoint: &Path) -> PathBuf {
     let h = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_bytes());
     run_dir().join(format!("{h:016x}.sock"))

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use tierstack_bench::parse_size;
 
 /// One part of the tour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -81,7 +80,7 @@ fn check_cancel(cancel: &AtomicBool) -> Result<()> {
 }
 
 pub fn run(dir: Option<PathBuf>, size: &str, only: Option<Part>) -> Result<()> {
-    let size = parse_size(size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+    let size = crate::size_flag("size", size)?;
     if size < 64 << 20 {
         bail!("--size is below 64M: give each demo drive at least 64M (e.g. --size 256M)");
     }

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use tierstack_bench::{fmt_size, parse_size};
+use tierstack_bench::fmt_size;
 
 use super::creds::{as_user, exe, run_bounded, tierstack, tierstack_as_user};
 use super::directives::{read_request, Mode, Request};
@@ -24,7 +24,7 @@ use super::{Common, POOL};
 // Hooks
 
 pub(super) fn pool_size(c: &Common) -> Result<u64> {
-    parse_size(&c.pool_size).map_err(|e| anyhow!("--pool-size: {e}"))
+    crate::size_flag("pool-size", &c.pool_size)
 }
 
 pub(super) fn job_process(

@@ -4,7 +4,7 @@ use std::fs;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
-use tierstack_bench::{fmt_size, parse_size};
+use tierstack_bench::fmt_size;
 
 use super::creds::exe;
 use super::state::write_atomic;
@@ -66,7 +66,7 @@ fn conf_settings(text: &str) -> Vec<(String, String)> {
 
 pub(super) fn install(a: &Settings) -> Result<()> {
     let (conf, fast, pool) = (a.conf, a.fast, a.pool);
-    let pool_bytes = parse_size(pool).map_err(|e| anyhow!("--pool-size: {e}"))?;
+    let pool_bytes = crate::size_flag("pool-size", pool)?;
     if pool_bytes < 1 << 20 {
         bail!("--pool-size {pool} is smaller than 1M: give e.g. 2G");
     }
