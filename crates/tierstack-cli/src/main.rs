@@ -1,6 +1,7 @@
 //! The `tierstack` command.
 
 mod array_cmd;
+mod buffers_cmd;
 mod cost_cmd;
 mod demo;
 mod doctor_cmd;
@@ -94,6 +95,9 @@ enum Cmd {
     },
     /// Live view of every tierstack mount and `run` on this host (`q` quits).
     Top(top_cmd::TopArgs),
+    /// The fast tiers this node holds, mounted or not; recover the undrained ones after a
+    /// restart, remove the drained ones.
+    Buffers(buffers_cmd::BuffersArgs),
     /// Check this host for what tierstack needs and seed 002's tuning advice.
     Doctor(doctor_cmd::DoctorArgs),
     /// Seed 002's server cost model: relative cost, saving, cost per unit of work.
@@ -218,6 +222,7 @@ fn main() -> ExitCode {
         Cmd::MountDaemon { spec, metrics } => mount_cmd::daemon(&spec, metrics.as_deref()),
         Cmd::Top(a) => top_cmd::run(a),
         Cmd::Doctor(a) => doctor_cmd::run(a),
+        Cmd::Buffers(a) => buffers_cmd::run(a),
         Cmd::Cost(a) => cost_cmd::run(a),
         Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),
     };

@@ -152,10 +152,15 @@ pub struct UmountArgs {
     /// same backing with it again resumes the drain.
     #[arg(long)]
     pub force: bool,
+    /// Keep the fast tier's drive files (--dir) after everything drained. By default a
+    /// fast tier that holds nothing BACKING lacks is removed at umount; one that still holds
+    /// something (--force, quarantined records) is always kept.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 /// Parses a duration: a number of seconds, or a number with s, m or h.
-fn parse_duration(flag: &str, s: &str) -> Result<Duration> {
+pub(crate) fn parse_duration(flag: &str, s: &str) -> Result<Duration> {
     let t = s.trim();
     let (num, mult) = match t.chars().last() {
         Some('s') => (&t[..t.len() - 1], 1.0),
@@ -728,7 +733,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     }
     let ans = fsmount::request(
         &mp,
-        &serde_json::json!({"cmd": "shutdown", "force": a.force}),
+        &serde_json::json!({"cmd": "shutdown", "force": a.force, "keep": a.keep}),
         Duration::from_secs(60),
     )
     .map_err(|_| not_mounted(&mp))?;

@@ -300,6 +300,14 @@ pub fn run(a: RunArgs) -> Result<()> {
             parent.display()
         )));
     }
+    if let Some(t) =
+        tierstack_common::mounts::fs_type_of(&parent).filter(|t| t == "tmpfs" || t == "ramfs")
+    {
+        eprintln!(
+            "tierstack: warning: --dir {} is on {t}: what tierstack moves out of DRAM stays in RAM there (no memory is saved); give --dir a folder on a disk or NVMe file system",
+            parent.display()
+        );
+    }
     let run_dir = tempfile::Builder::new()
         .prefix("tierstack-run-")
         .tempdir_in(&parent)
@@ -328,7 +336,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     // us (`timeout`, `kill`, a scheduler's cancel) are passed on to the program, and we still
     // wait for it and clean up: never an orphan that goes on paging, nor a run folder left.
     // SAFETY: ignoring SIGINT/SIGQUIT and installing a handler that only calls kill(2) on an
-    // atomic pid; the child resets all four before exec.
+    // atomic pid; the child resets all four before exec and sets its parent-death signal
+    // (signal(2) and prctl(2) are async-signal-safe).
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
@@ -337,6 +346,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             libc::signal(libc::SIGQUIT, libc::SIG_DFL);
             libc::signal(libc::SIGTERM, libc::SIG_DFL);
             libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            // If `tierstack run` itself dies (kill -9), the program gets SIGTERM instead of
+            // paging on with nobody to clean up after it.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
             Ok(())
         });
     }

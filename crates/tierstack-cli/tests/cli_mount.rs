@@ -1058,6 +1058,71 @@ fn the_daemon_log_is_plain_text_and_kept_after_umount() {
     assert!(!text.contains('\x1b'), "colour codes in the log: {text}");
 }
 
+/// A node restart, as a `kill -9` of the daemon leaves it: `buffers` lists the fast tier as
+/// undrained, crashed and not mounted; `buffers --recover` detaches the dead mount, mounts
+/// the fast tier elsewhere, drains it to BACKING and unmounts it, and the drained fast tier
+/// is then gone. A clean umount leaves nothing either; `umount --keep` keeps the drive files,
+/// and `buffers --remove-clean` removes them.
+#[test]
+fn buffers_recover_after_kill_nine_and_nothing_is_left_behind() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    let fast = fx.fast.to_str().expect("utf8").to_string();
+    fx.mount(&["--drain-rate", "1"]);
+    let mut want = Vec::new();
+    for (i, name) in ["a", "b"].iter().enumerate() {
+        let data = random(6 << 20, 90 + i as u64);
+        let mut f = File::create(fx.m(name)).expect("create");
+        f.write_all(&data).expect("write");
+        f.sync_all().expect("fsync");
+        want.push((name.to_string(), data));
+    }
+    kill_nine(&mut fx);
+    let list = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["buffers", "--in", &fast, "--json"];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&ok(&args)).expect("json")
+    };
+    let j = list(&[]);
+    let b = &j["buffers"][0];
+    assert_eq!(b["mounted_at"], serde_json::Value::Null, "{j}");
+    assert_eq!(b["clean_stop"], false, "{j}");
+    assert!(b["disk_bytes"].as_u64().unwrap_or(0) > 0, "{j}");
+    assert_eq!(
+        b["backing"].as_str().map(PathBuf::from),
+        Some(fs::canonicalize(&fx.backing).expect("canon")),
+        "{j}"
+    );
+    let j = list(&["--recover"]);
+    assert_eq!(j["buffers"].as_array().map(|a| a.len()), Some(0), "{j}");
+    assert!(!is_mounted(&fx.mnt), "the dead mount was not detached");
+    for (n, d) in &want {
+        assert!(fs::read(fx.b(n)).expect("BACKING") == *d, "{n} in BACKING");
+    }
+    assert!(!fx.fast.exists(), "the drained fast tier is left");
+    // A clean umount leaves nothing; --keep keeps, and --remove-clean removes.
+    fx.mount(&[]);
+    fs::write(fx.m("c"), b"c").expect("write");
+    fx.umount();
+    assert!(!fx.fast.exists(), "a clean umount left the fast tier");
+    fx.mount(&[]);
+    fs::write(fx.m("d"), b"d").expect("write");
+    ok(&["umount", fx.mnt.to_str().expect("utf8"), "--keep"]);
+    fx.pid = None;
+    assert!(
+        fx.fast.join("journal.db").exists(),
+        "--keep removed the fast tier"
+    );
+    let j = list(&[]);
+    assert_eq!(j["buffers"][0]["clean_stop"], true, "{j}");
+    let j = list(&["--remove-clean"]);
+    assert_eq!(j["buffers"].as_array().map(|a| a.len()), Some(0), "{j}");
+    assert!(!fx.fast.exists());
+    assert_eq!(fs::read(fx.b("d")).expect("BACKING"), b"d");
+}
+
 /// Group commit of the namespace journal under `kill -9`: files whose directory was fsynced
 /// are there after a restart, and a burst killed mid-way leaves a consistent namespace: every
 /// file the restarted mount shows drains whole, and BACKING ends up holding exactly what the

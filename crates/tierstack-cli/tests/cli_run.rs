@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 // The tests of this file run one at a time, under `serial()` (each wants the machine's
 // memory and disk).
@@ -441,6 +442,93 @@ fn bad_options_get_one_line_and_nothing_is_created() {
     std::fs::remove_file(&noexec).expect("rm");
     assert_eq!(std::fs::read_dir(t.path()).expect("dir").count(), 0);
     assert!(!missing.exists());
+}
+
+/// `kill -9` of `tierstack run`: its program gets SIGTERM (its parent-death signal) instead
+/// of paging on with nobody to clean up, and the next `run` removes the dead run's record
+/// and run folder. A `--dir` on tmpfs gets a warning (it saves no memory).
+#[test]
+fn a_killed_run_stops_its_program_and_leaves_nothing() {
+    let _s = serial();
+    if !uffd_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let rd = t.path().join("rundir");
+    let work = t.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    let mut child = Command::new(BIN)
+        .args(["run", "--dir"])
+        .arg(&work)
+        .args(["--dram", "64M", "--", "sleep", "300"])
+        .env("TIERSTACK_RUN_DIR", &rd)
+        .spawn()
+        .expect("spawn");
+    // The program is up once the run's record names it.
+    let t0 = std::time::Instant::now();
+    let rec = loop {
+        let found = std::fs::read_dir(rd.join("run"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| e.path().extension().is_some_and(|x| x == "json"));
+        if let Some(e) = found {
+            break e.path();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no run record");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let prog: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&rec).expect("record")).expect("json");
+    let pid = prog["pid"].as_u64().expect("pid") as i32;
+    child.kill().expect("kill -9"); // SIGKILL
+    child.wait().expect("wait");
+    let t0 = std::time::Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        // A zombie until its new parent reaps it: gone enough once it is no longer running.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.split(' ').nth(2) == Some("Z") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the program goes on after kill -9 of tierstack run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(rec.exists(), "the killed run could not remove its record");
+    // The next run sweeps it away, with its run folder.
+    let out = Command::new(BIN)
+        .args(["run", "--dir"])
+        .arg(&work)
+        .args(["--dram", "64M", "--", "true"])
+        .env("TIERSTACK_RUN_DIR", &rd)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!rec.exists(), "the dead run's record is left");
+    assert_eq!(
+        std::fs::read_dir(&work).expect("ls").count(),
+        0,
+        "a run folder is left"
+    );
+    // tmpfs: a warning.
+    if std::path::Path::new("/dev/shm").is_dir() {
+        let r = run(
+            &["--dram", "64M", "--", "true"],
+            std::path::Path::new("/dev/shm"),
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("warning") && r.stderr.contains("tmpfs"),
+            "{}",
+            r.stderr
+        );
+    }
 }
 
 /// Runs `cmd` natively and under `tierstack run --dram 256M`, each bounded by a timeout (a

@@ -30,6 +30,50 @@ pub fn is_mounted(p: &Path) -> bool {
     mount_points().contains(&c)
 }
 
+/// One mount of /proc/self/mountinfo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Where it is mounted (decoded).
+    pub point: PathBuf,
+    /// Its file-system type ("ext4", "tmpfs", "fuse"...).
+    pub fstype: String,
+    /// Its source field ("/dev/sda1", "tierstack:/gpfs/run42"...).
+    pub source: String,
+}
+
+/// Every mount of this process's namespace, in the kernel's order.
+pub fn mounts() -> Vec<Mount> {
+    parse(&std::fs::read_to_string(MOUNTINFO).unwrap_or_default())
+}
+
+fn parse(info: &str) -> Vec<Mount> {
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            Some(Mount {
+                point: PathBuf::from(OsString::from_vec(unescape(f.get(4)?))),
+                fstype: f.get(sep + 1)?.to_string(),
+                source: String::from_utf8_lossy(&unescape(f.get(sep + 2)?)).into_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The file-system type of the mount that holds `p` (the longest mount point above its
+/// canonical path; the last such mount wins, as the kernel stacks them).
+pub fn fs_type_of(p: &Path) -> Option<String> {
+    let c = std::fs::canonicalize(p).ok()?;
+    mounts()
+        .into_iter()
+        .filter(|m| c.starts_with(&m.point))
+        .fold(None::<Mount>, |best, m| match best {
+            Some(b) if b.point.as_os_str().len() > m.point.as_os_str().len() => Some(b),
+            _ => Some(m),
+        })
+        .map(|m| m.fstype)
+}
+
 /// The file-system type of the first line of mountinfo text `info` that mounts `mountpoint`.
 fn type_in(info: &str, mountpoint: &Path) -> Option<String> {
     let want = mountpoint.as_os_str().as_bytes();
@@ -87,6 +131,16 @@ mod tests {
         assert_eq!(type_in(INFO, Path::new("/mnt/a")), None);
         assert_eq!(unescape("x\\011y\\134"), b"x\ty\\");
         assert_eq!(unescape("tail\\04"), b"tail\\04");
+    }
+
+    #[test]
+    fn mounts_parse_with_their_source() {
+        let m = parse(INFO);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1].point, PathBuf::from("/mnt/a b"));
+        assert_eq!(m[1].fstype, "fuse.tierstack");
+        assert_eq!(m[1].source, "tierstack");
+        assert_eq!(fs_type_of(Path::new("/proc/self")).as_deref(), Some("proc"));
     }
 
     #[test]

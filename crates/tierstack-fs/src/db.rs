@@ -4,7 +4,8 @@
 //! appends one row to `journal`; the drainer replays `journal` to BACKING in `seq` order and
 //! deletes each row once it has been applied there.
 
-use std::path::Path;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -84,6 +85,31 @@ pub struct JOp {
     pub p1: Vec<u8>,
     /// The second argument (see [`OpKind`]); empty when the kind has none.
     pub p2: Vec<u8>,
+}
+
+/// What a journal still holds for BACKING (see [`Db::pending`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// The BACKING the journal belongs to.
+    pub backing: Option<PathBuf>,
+    /// Its last daemon stopped cleanly (else the journal may lag the array: see `Core::load`).
+    pub clean_stop: bool,
+    /// Journal rows not applied to BACKING yet.
+    pub ops: u64,
+    /// Rows BACKING refused (quarantined).
+    pub stuck: u64,
+    /// Files whose contents differ from BACKING.
+    pub dirty_files: u64,
+    /// Their sizes in all.
+    pub dirty_bytes: u64,
+}
+
+impl Pending {
+    /// BACKING holds everything (and the last stop was clean, so the journal can be
+    /// believed).
+    pub fn drained(&self) -> bool {
+        self.clean_stop && self.ops == 0 && self.stuck == 0 && self.dirty_files == 0
+    }
 }
 
 /// A journal row that BACKING refused for good, with its error and when (Unix seconds).
@@ -198,6 +224,26 @@ impl Db {
             conn.execute_batch("ALTER TABLE inodes ADD COLUMN extents BLOB;")?;
         }
         Ok(Db { conn, group: None })
+    }
+
+    /// What the journal at `path` says is still to reach BACKING, read without changing it
+    /// (a daemon may hold it open).
+    pub fn pending(path: &Path) -> Result<Pending> {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0));
+        let meta = |k: &str| -> Result<Option<Vec<u8>>> {
+            Ok(conn
+                .query_row("SELECT v FROM meta WHERE k=?1", [k], |r| r.get(0))
+                .optional()?)
+        };
+        Ok(Pending {
+            backing: meta("backing")?.map(|b| PathBuf::from(std::ffi::OsString::from_vec(b))),
+            clean_stop: meta("clean")?.is_some_and(|v| v == b"1"),
+            ops: count("SELECT COUNT(*) FROM journal")? as u64,
+            stuck: count("SELECT COUNT(*) FROM stuck")? as u64,
+            dirty_files: count("SELECT COUNT(*) FROM inodes WHERE dirty=1")? as u64,
+            dirty_bytes: count("SELECT COALESCE(SUM(size), 0) FROM inodes WHERE dirty=1")? as u64,
+        })
     }
 
     /// The value of key `k` in the `meta` table, if set.

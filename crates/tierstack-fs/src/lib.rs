@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod backing;
+pub mod buffers;
 pub mod core;
 pub mod db;
 pub mod drain;

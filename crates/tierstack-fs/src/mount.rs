@@ -97,8 +97,10 @@ pub const STOP_SERVE_LIMIT: Duration = Duration::from_secs(10);
 /// Why the daemon stops.
 #[derive(Debug, Clone, Copy)]
 enum Stop {
-    /// The mount is gone (`tierstack umount`, or detached from outside): drain, then exit.
-    Unmounted,
+    /// The mount is gone (`tierstack umount`, or detached from outside): drain, then exit;
+    /// unless `keep`, an embedded fast tier (`--dir`) that holds nothing undrained then is
+    /// removed.
+    Unmounted { keep: bool },
     /// A signal: keep what was written (see [`OnStop`]), detach, exit 0.
     Signal(i32),
 }
@@ -206,6 +208,9 @@ pub struct MountStatus {
     /// How requests reach the daemon: "io_uring" or "/dev/fuse".
     #[serde(default)]
     pub transport: String,
+    /// The embedded fast tier's folder (`--dir`; None with `--array`).
+    #[serde(default)]
+    pub fast_dir: Option<PathBuf>,
 }
 
 /// A quarantined journal row, for status output.
@@ -842,7 +847,7 @@ impl Daemon {
                                 "{} was unmounted from outside: draining and exiting",
                                 mp.display()
                             );
-                            let _ = tx.send(Stop::Unmounted);
+                            let _ = tx.send(Stop::Unmounted { keep: true });
                             return;
                         }
                     }
@@ -891,10 +896,14 @@ impl Daemon {
     /// everything and makes the fast tier durable. On a stop signal: keeps what was written
     /// (see [`OnStop`]), detaches the mount, and returns Ok (exit 0).
     pub fn wait(mut self) -> Result<()> {
-        let why = self.shutdown_rx.recv().unwrap_or(Stop::Unmounted);
-        if let Stop::Signal(sig) = why {
-            return self.stop_on_signal(sig);
-        }
+        let why = self
+            .shutdown_rx
+            .recv()
+            .unwrap_or(Stop::Unmounted { keep: true });
+        let keep = match why {
+            Stop::Signal(sig) => return self.stop_on_signal(sig),
+            Stop::Unmounted { keep } => keep,
+        };
         if let Some(s) = self.session.take() {
             if let Err(e) = s.join() {
                 tracing::warn!("FUSE session ended with: {e}");
@@ -917,6 +926,21 @@ impl Daemon {
         self.core.record_clean_stop()?;
         let _ = std::fs::remove_file(&self.sock);
         tracing::info!("unmounted {}", self.spec.mountpoint.display());
+        if let (false, Some(dir)) = (keep, &self.spec.dir) {
+            // Nothing left behind: the drive files of a fast tier whose every byte is in
+            // BACKING (never an --array, never a fast tier that still holds anything).
+            match self.core.fully_drained() {
+                Ok(true) => {
+                    remove_fast_tier(dir);
+                    tracing::info!("removed the drained fast tier in {}", dir.display());
+                }
+                Ok(false) => tracing::info!(
+                    "the fast tier in {} still holds what BACKING lacks: kept for the next mount",
+                    dir.display()
+                ),
+                Err(e) => tracing::warn!("kept the fast tier in {}: {e}", dir.display()),
+            }
+        }
         Ok(())
     }
 }
@@ -982,6 +1006,37 @@ impl Daemon {
         tracing::info!("stopped by signal {sig}; {} detached", mp.display());
         Ok(())
     }
+}
+
+/// The files an embedded fast tier keeps in its folder (drives, descriptor, journal, intent
+/// log).
+fn fast_tier_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = (0..EMBEDDED_DRIVES)
+        .map(|i| dir.join(format!("drive{i}")))
+        .collect();
+    for f in [
+        "array.toml",
+        "journal.db",
+        "journal.db-wal",
+        "journal.db-shm",
+        "journal.intent",
+    ] {
+        v.push(dir.join(f));
+    }
+    v
+}
+
+/// Removes an embedded fast tier's files from `dir`, and `dir` if that leaves it empty. Each
+/// file is emptied first: its blocks are freed now, not when the last process holding it
+/// open exits (a daemon's exit would then free gigabytes of conditioned drive).
+pub fn remove_fast_tier(dir: &Path) {
+    for f in fast_tier_files(dir) {
+        if let Ok(h) = std::fs::OpenOptions::new().write(true).open(&f) {
+            let _ = h.set_len(0);
+        }
+        let _ = std::fs::remove_file(f);
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Runs `f` on a thread of its own and waits for it up to `limit` (None: it did not return
@@ -1081,6 +1136,7 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
             "/dev/fuse"
         }
         .into(),
+        fast_dir: spec.dir.clone(),
         stuck: stuck
             .into_iter()
             .map(|r| StuckRecord {
@@ -1141,7 +1197,8 @@ fn serve(
             }
             match unmount_when_free(mp) {
                 Ok(()) => {
-                    let _ = shutdown.send(Stop::Unmounted);
+                    let keep = req.get("keep").and_then(|v| v.as_bool()) == Some(true);
+                    let _ = shutdown.send(Stop::Unmounted { keep });
                     serde_json::json!({"ok": true})
                 }
                 Err(e) => {

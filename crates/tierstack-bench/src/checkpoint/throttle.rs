@@ -215,7 +215,9 @@ impl Throttle {
             // the root group, then the group is removed.
             let root = self.kind.root().join("cgroup.procs");
             let mut removed = false;
-            for _ in 0..50 {
+            // Up to 30 s: a daemon that just exited stays in the group until its parent (init,
+            // which may be slow to reap here) has reaped it.
+            for _ in 0..300 {
                 if let Ok(pids) = fs::read_to_string(cg.join("cgroup.procs")) {
                     for p in pids.split_whitespace() {
                         let _ = fs::write(&root, p);

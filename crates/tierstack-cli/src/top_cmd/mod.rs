@@ -80,6 +80,8 @@ impl Drop for RunRegistration {
 /// Writes the run record (best effort: a runtime folder this user cannot write only hides the
 /// run from `top`).
 pub fn register_run(rec: &RunRecord) -> Option<RunRegistration> {
+    // Records (and run folders) of runs killed before they could remove theirs.
+    read_runs();
     let dir = runs_dir();
     if let Err(e) = std::fs::create_dir_all(&dir) {
         tracing::info!(
@@ -318,7 +320,16 @@ fn read_runs() -> Vec<RunRecord> {
             continue;
         };
         if !tierstack_common::process::alive(rec.tierstack_pid) {
-            // Left behind by a `tierstack run` that was killed: not a live run.
+            // Left behind by a `tierstack run` that was killed: not a live run. Its record
+            // and its run folder go.
+            let _ = std::fs::remove_file(&p);
+            if rec
+                .stats_dir
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("tierstack-run-"))
+            {
+                let _ = std::fs::remove_dir_all(&rec.stats_dir);
+            }
             continue;
         }
         out.push(rec);

@@ -389,6 +389,22 @@ impl Core {
             .count() as u64
     }
 
+    /// Whether BACKING holds everything: no journal row, nothing quarantined, no changed
+    /// file.
+    pub fn fully_drained(&self) -> Result<bool> {
+        {
+            let db = self.db.lock();
+            if db.count_ops()? > 0 || !db.stuck()?.is_empty() {
+                return Ok(false);
+            }
+        }
+        let ns = self.ns.lock();
+        Ok(!ns
+            .nodes
+            .values()
+            .any(|n| n.data.as_ref().is_some_and(|d| d.lock().dirty)))
+    }
+
     /// Queues a data op for every dirty file that has none (not those whose drain is
     /// quarantined: they wait for `drain --retry` or the next mount).
     pub fn queue_all_dirty(&self) -> Result<()> {
