@@ -108,6 +108,11 @@ pub struct MountArgs {
     /// drain.
     #[arg(long, value_enum, default_value = "persist")]
     pub on_stop: OnStopArg,
+    /// Root only: the buffer is for this user (UID:GID, as the SLURM hooks make a job's):
+    /// its control socket and log are theirs, so they can `status`, `drain` and `umount` it
+    /// and nobody else can.
+    #[arg(long, value_name = "UID:GID")]
+    pub owner: Option<String>,
 }
 
 /// See [`MountArgs::on_stop`].
@@ -209,6 +214,22 @@ fn size_arg(name: &str, s: &str, min: u64) -> Result<u64> {
         )));
     }
     Ok(v)
+}
+
+/// `--owner UID:GID` (root only).
+fn owner_arg(s: &str) -> Result<(u32, u32)> {
+    let bad = || crate::usage(format!("--owner {s}: give UID:GID, e.g. --owner 1000:1000"));
+    let (u, g) = s.split_once(':').ok_or_else(bad)?;
+    let ids = (
+        u.trim().parse().map_err(|_| bad())?,
+        g.trim().parse().map_err(|_| bad())?,
+    );
+    if !rustix::process::geteuid().is_root() {
+        return Err(crate::usage(
+            "--owner: only root mounts a buffer for another user",
+        ));
+    }
+    Ok(ids)
 }
 
 fn is_inside(a: &Path, b: &Path) -> bool {
@@ -383,6 +404,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
             OnStopArg::Persist => fsmount::OnStop::Persist,
             OnStopArg::Drain => fsmount::OnStop::Drain,
         },
+        owner: a.owner.as_deref().map(owner_arg).transpose()?,
     };
     if let Some(m) = &a.metrics {
         crate::metrics::check_addr(m)?;
@@ -425,6 +447,10 @@ fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
     let json = serde_json::to_string(spec)?;
     fsmount::ensure_run_dir().map_err(|e| anyhow!("{e}"))?;
     let (log, log_path) = fsmount::open_log(&spec.mountpoint).map_err(|e| anyhow!("{e}"))?;
+    if let Some((uid, gid)) = spec.owner {
+        std::os::unix::fs::chown(&log_path, Some(uid), Some(gid))
+            .with_context(|| format!("cannot give {} to {uid}:{gid}", log_path.display()))?;
+    }
     let log2 = log.try_clone()?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount-daemon").arg(json);

@@ -875,54 +875,16 @@ fn a_user_who_is_not_root_mounts_uses_and_unmounts() {
         fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666))
             .expect("chmod /dev/fuse");
     }
-    const USER: &str = "tierstack-t";
-    if !Command::new("id")
-        .arg(USER)
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        let st = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                USER,
-            ])
-            .status()
-            .expect("useradd");
-        assert!(st.success(), "useradd {USER}");
-    }
-    let uid: u32 = String::from_utf8_lossy(
-        &Command::new("id")
-            .args(["-u", USER])
-            .output()
-            .expect("id")
-            .stdout,
-    )
-    .trim()
-    .parse()
-    .expect("uid");
+    let (uid, _) = test_user();
     let fx = Fixture::new();
     let root = fx.backing.parent().expect("tmp").to_path_buf();
-    // The binary where the user may run it (the build folder may be private to root).
-    let bin = root.join("tierstack");
-    fs::copy(BIN, &bin).expect("copy the binary");
-    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bin = public_bin(&root);
     fs::create_dir(&fx.fast).expect("mkdir");
     for p in [&fx.backing, &fx.mnt, &fx.fast] {
         std::os::unix::fs::chown(p, Some(uid), None).expect("chown");
     }
-    let as_user = |user: &str, args: &[&str], env: &[(&str, String)]| {
-        let mut c = Command::new("runuser");
-        c.args(["-u", user, "--"]).arg(&bin).args(args);
-        c.env_remove("TIERSTACK_RUN_DIR")
-            .env_remove("XDG_RUNTIME_DIR");
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.current_dir(&root).output().expect("runuser")
-    };
+    let as_user =
+        |user: &str, args: &[&str], env: &[(&str, String)]| as_user(user, &bin, args, env);
     let (b, m, f) = (s_of(&fx.backing), s_of(&fx.mnt), s_of(&fx.fast));
     let o = as_user(
         USER,
@@ -1011,6 +973,121 @@ fn a_user_who_is_not_root_mounts_uses_and_unmounts() {
         fs::metadata(fx.b("d/data")).expect("stat").uid(),
         uid,
         "BACKING's file is the user's"
+    );
+}
+
+/// The unprivileged user of the tests (made with useradd if missing): (uid, gid).
+const USER: &str = "tierstack-t";
+
+fn test_user() -> (u32, u32) {
+    if !Command::new("id")
+        .arg(USER)
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let st = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ])
+            .status()
+            .expect("useradd");
+        assert!(st.success(), "useradd {USER}");
+    }
+    let id = |flag: &str| -> u32 {
+        let o = Command::new("id").args([flag, USER]).output().expect("id");
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .expect("id")
+    };
+    (id("-u"), id("-g"))
+}
+
+/// Runs `bin ARGS` as `user` (runuser), without this process's runtime folders; its output.
+fn as_user(user: &str, bin: &Path, args: &[&str], env: &[(&str, String)]) -> std::process::Output {
+    let mut c = Command::new("runuser");
+    c.args(["-u", user, "--"]).arg(bin).args(args);
+    c.env_remove("TIERSTACK_RUN_DIR")
+        .env_remove("XDG_RUNTIME_DIR");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.current_dir("/").output().expect("runuser")
+}
+
+/// A copy of the binary that any user may run (the build folder may be private to root).
+fn public_bin(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("tierstack");
+    fs::copy(BIN, &bin).expect("copy the binary");
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).expect("chmod");
+    bin
+}
+
+/// Root mounts a buffer for a user (`--owner UID:GID`, as the SLURM hooks do for a job's
+/// user): that user reaches its control socket (found in the system runtime folder) to
+/// `status`, `drain` and `umount` it; another user is refused with a permission message;
+/// only root gives a buffer away.
+#[test]
+fn root_mounts_a_buffer_for_a_user_who_controls_it() {
+    if !can_run() {
+        return;
+    }
+    let (uid, gid) = test_user();
+    let mut fx = Fixture::new();
+    let bin = public_bin(fx.backing.parent().expect("tmp"));
+    let owner = format!("{uid}:{gid}");
+    fx.mount(&["--owner", &owner, "--allow-other"]);
+    let m = s_of(&fx.mnt);
+    fs::write(fx.m("f"), b"for the user").expect("write");
+    let o = as_user(USER, &bin, &["status", &m, "--json"], &[]);
+    assert!(
+        o.status.success(),
+        "status as the owner: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = as_user("nobody", &bin, &["status", &m], &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("another user") && err.contains("permission denied"),
+        "{err}"
+    );
+    let o = as_user(
+        USER,
+        &bin,
+        &["drain", &m, "--wait", "--timeout", "60s"],
+        &[],
+    );
+    assert!(
+        o.status.success(),
+        "drain as the owner: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = as_user(USER, &bin, &["umount", &m], &[]);
+    assert!(
+        o.status.success(),
+        "umount as the owner: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    fx.pid = None;
+    assert!(!is_mounted(&fx.mnt));
+    assert_eq!(fs::read(fx.b("f")).expect("BACKING"), b"for the user");
+    let o = as_user(
+        USER,
+        &bin,
+        &["mount", &s_of(&fx.backing), &m, "--owner", "0:0"],
+        &[],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
     );
 }
 

@@ -71,6 +71,11 @@ pub struct MountSpec {
     /// What SIGTERM, SIGINT or SIGHUP do (see [`OnStop`]).
     #[serde(default)]
     pub on_stop: OnStop,
+    /// The user (uid, gid) the buffer is for when root mounts it for someone (the SLURM
+    /// hooks for a job's user): the control socket is theirs (and root's); nobody else
+    /// reaches it. None: the daemon's own user.
+    #[serde(default)]
+    pub owner: Option<(u32, u32)>,
 }
 
 /// What a stop by signal (SIGTERM from systemd or a node's shutdown, Ctrl-C in the
@@ -695,6 +700,15 @@ impl Daemon {
         let sock = own_socket_path(&mp);
         let _ = std::fs::remove_file(&sock);
         let listener = UnixListener::bind(&sock).map_err(io_err(&sock))?;
+        {
+            // Only the buffer's user (and root) may status, drain or unmount it.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(&sock))?;
+            if let Some((uid, gid)) = spec.owner {
+                std::os::unix::fs::chown(&sock, Some(uid), Some(gid)).map_err(io_err(&sock))?;
+            }
+        }
 
         use fuser::MountOption as O;
         let options = vec![

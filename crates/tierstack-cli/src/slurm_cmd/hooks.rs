@@ -248,6 +248,10 @@ fn mount_job(dir: &Path, s: &JobState, c: &Common) -> Result<()> {
         .as_ref(),
         "--allow-other".as_ref(),
     ];
+    // The job's user may status, drain and unmount their buffer; nobody else.
+    let owner = format!("{}:{}", s.uid, s.gid);
+    args.push("--owner".as_ref());
+    args.push(owner.as_ref());
     let rate = c.drain_rate.map(|r| r.to_string());
     if let Some(r) = &rate {
         args.push("--drain-rate".as_ref());
