@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tierstack_bench::fmt_size;
+use tierstack_common::env;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -264,22 +265,20 @@ pub fn run(a: RunArgs) -> Result<()> {
         preload.push(":");
         preload.push(old);
     }
+    // Every setting of the contract is chosen here: none passes through from our caller.
+    for v in env::RUN_SETTINGS {
+        cmd.env_remove(v.name());
+    }
     cmd.env("LD_PRELOAD", preload)
-        .env("TIERSTACK_DRAM", dram.to_string())
-        .env("TIERSTACK_PAGE", page.to_string())
-        .env("TIERSTACK_THRESHOLD", threshold.to_string())
-        .env_remove("TIERSTACK_DIR")
-        .env_remove("TIERSTACK_ARRAY")
-        .env_remove("TIERSTACK_STORE")
-        .env_remove("TIERSTACK_VRAM")
-        .env_remove("TIERSTACK_GPU")
-        .env_remove("TIERSTACK_COMPRESS");
+        .env(env::DRAM.name(), dram.to_string())
+        .env(env::PAGE.name(), page.to_string())
+        .env(env::THRESHOLD.name(), threshold.to_string());
     if a.no_compress {
-        cmd.env("TIERSTACK_COMPRESS", "0");
+        cmd.env(env::COMPRESS.name(), "0");
     }
     if let Some(bytes) = vram {
-        cmd.env("TIERSTACK_VRAM", bytes.to_string())
-            .env("TIERSTACK_GPU", a.gpu.to_string());
+        cmd.env(env::VRAM.name(), bytes.to_string())
+            .env(env::GPU.name(), a.gpu.to_string());
     }
     if let Some(array) = &a.array {
         if !array.is_file() {
@@ -291,7 +290,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         // Open it once here: a wrong or busy array is reported before the program starts.
         tierstack_array::descriptor::open_array(array, &tierstack_array::ArrayOptions::default())
             .with_context(|| format!("--array {}", array.display()))?;
-        cmd.env("TIERSTACK_ARRAY", std::fs::canonicalize(array)?);
+        cmd.env(env::ARRAY.name(), std::fs::canonicalize(array)?);
     }
     let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     if !parent.is_dir() {
@@ -327,11 +326,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
             None => tierstack_mem::setup::default_store_in(&parent),
         };
-        cmd.env("TIERSTACK_DIR", &run_dir.0)
-            .env("TIERSTACK_STORE", store.to_string());
+        cmd.env(env::DIR.name(), &run_dir.0)
+            .env(env::STORE.name(), store.to_string());
     }
     // Every process reports its pager's figures at exit (the end-of-run check needs them).
-    cmd.env("TIERSTACK_STATS_DIR", &run_dir.0);
+    cmd.env(env::STATS_DIR.name(), &run_dir.0);
     // The program gets Ctrl-C itself; we wait for it and clean up. SIGTERM and SIGHUP sent to
     // us (`timeout`, `kill`, a scheduler's cancel) are passed on to the program, and we still
     // wait for it and clean up: never an orphan that goes on paging, nor a run folder left.

@@ -1,11 +1,13 @@
 //! What several tierstack crates share and no single layer owns: parsing and printing sizes
 //! (every command line), the latency buckets that the pager's fault histogram, the mount's
 //! per-operation histograms and the Prometheus exporter agree on, the error of an I/O call on
-//! a path, and small probes of the machine (mount points, cgroup controllers, whether a process is alive).
+//! a path, small probes of the machine (mount points, cgroup controllers, whether a process is alive),
+//! and the `TIERSTACK_*` environment contract between `run` and the preload shim (`env`).
 
 #![warn(missing_docs)]
 
 pub mod cgroup;
+pub mod env;
 pub mod error;
 pub mod file;
 pub mod latency;

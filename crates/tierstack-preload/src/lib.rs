@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use libc::{c_int, c_void, off_t, size_t};
 use parking_lot::Mutex;
+use tierstack_common::env as contract;
 use tierstack_mem::gate::{Gate, Inside};
 use tierstack_mem::{MemError, Pager, Region};
 
@@ -141,10 +142,10 @@ fn set_errno(e: c_int) {
 }
 
 /// Reads a size from the environment without allocating (this runs before the program).
-fn env_size(name: &[u8]) -> Option<u64> {
-    // SAFETY: `name` is NUL-terminated; getenv returns NULL or a NUL-terminated string that
-    // stays valid while the environment is not changed (we copy it out at once).
-    let p = unsafe { libc::getenv(name.as_ptr() as *const libc::c_char) };
+fn env_size(var: contract::Var) -> Option<u64> {
+    // SAFETY: the name is a NUL-terminated C string; getenv returns NULL or a NUL-terminated
+    // string that stays valid while the environment is not changed (we copy it out at once).
+    let p = unsafe { libc::getenv(var.c().as_ptr()) };
     if p.is_null() {
         return None;
     }
@@ -161,10 +162,10 @@ fn env_size(name: &[u8]) -> Option<u64> {
 }
 
 extern "C" fn configure() {
-    if env_size(b"TIERSTACK_DRAM\0").is_none() {
+    if env_size(contract::DRAM).is_none() {
         return;
     }
-    let t = env_size(b"TIERSTACK_THRESHOLD\0")
+    let t = env_size(contract::THRESHOLD)
         .unwrap_or(64 << 20)
         .max(16 << 20);
     // Fixed glibc thresholds: blocks of 256 KiB and more are mapped and go back to the system
@@ -216,7 +217,7 @@ fn wants_region(size: usize) -> bool {
 
 /// The folder under which a process makes its own paging array (`DIR/<pid>/`).
 fn paging_dir() -> Option<std::path::PathBuf> {
-    std::env::var_os("TIERSTACK_DIR")
+    std::env::var_os(contract::DIR.name())
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from)
 }
@@ -233,7 +234,7 @@ fn own_array(
         path: dir.clone(),
         source,
     })?;
-    let store = env_size(b"TIERSTACK_STORE\0").unwrap_or(tierstack_mem::setup::DEFAULT_STORE);
+    let store = env_size(contract::STORE).unwrap_or(tierstack_mem::setup::DEFAULT_STORE);
     let made = tierstack_mem::setup::create_array(
         &dir,
         "",
@@ -251,11 +252,11 @@ fn own_array(
 
 fn start() -> Result<Engine, PreloadError> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let dram = env_size(b"TIERSTACK_DRAM\0").ok_or(PreloadError::NotSet("TIERSTACK_DRAM"))?;
+    let dram = env_size(contract::DRAM).ok_or(PreloadError::NotSet(contract::DRAM.name()))?;
     let page =
-        env_size(b"TIERSTACK_PAGE\0").unwrap_or(tierstack_mem::setup::DEFAULT_PAGE as u64) as usize;
+        env_size(contract::PAGE).unwrap_or(tierstack_mem::setup::DEFAULT_PAGE as u64) as usize;
     let opts = tierstack_array::ArrayOptions::default();
-    let (array, dir) = if let Some(desc) = env("TIERSTACK_ARRAY") {
+    let (array, dir) = if let Some(desc) = env(contract::ARRAY.name()) {
         let a = tierstack_array::descriptor::open_array(std::path::Path::new(&desc), &opts)
             .map_err(|source| PreloadError::OpenArray {
                 desc: desc.clone(),
@@ -280,8 +281,8 @@ fn start() -> Result<Engine, PreloadError> {
         ))?;
         (own_array(&dir, page, dram)?, dir)
     };
-    let vram = env_size(b"TIERSTACK_VRAM\0").map(|bytes| tierstack_mem::setup::Vram {
-        gpu: env_size(b"TIERSTACK_GPU\0").unwrap_or(0) as u32,
+    let vram = env_size(contract::VRAM).map(|bytes| tierstack_mem::setup::Vram {
+        gpu: env_size(contract::GPU).unwrap_or(0) as u32,
         bytes,
     });
     let engine = build_engine(Arc::new(array), Vec::new(), dram, page, dir, vram)?;
@@ -311,12 +312,12 @@ fn build_engine(
     vram: Option<tierstack_mem::setup::Vram>,
 ) -> Result<Engine, PreloadError> {
     // `run --no-compress` sets TIERSTACK_COMPRESS=0.
-    let compress = env_size(b"TIERSTACK_COMPRESS\0") != Some(0);
+    let compress = env_size(contract::COMPRESS) != Some(0);
     let (store, options) =
         tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page, vram, compress)?;
     let pager = Pager::new(store, &options)?;
     let config = tierstack_mem::setup::engine_config(&array, dram, page, vram, compress);
-    let stats_dir = std::env::var_os("TIERSTACK_STATS_DIR")
+    let stats_dir = std::env::var_os(contract::STATS_DIR.name())
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from);
     if let Some(dir) = stats_dir.clone() {

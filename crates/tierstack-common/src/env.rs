@@ -1,0 +1,64 @@
+//! The environment contract between `tierstack run` and the preload shim in the program it
+//! starts: every `TIERSTACK_*` variable either side reads or writes, named once. The shim
+//! reads them with `getenv` before its allocator is safe to use, so each name is also a
+//! NUL-terminated C string.
+
+use std::ffi::CStr;
+
+/// One variable of the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Var(&'static CStr);
+
+impl Var {
+    /// The name as a NUL-terminated C string (for `getenv`).
+    pub const fn c(self) -> &'static CStr {
+        self.0
+    }
+
+    /// The name.
+    pub fn name(self) -> &'static str {
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
+/// Bytes of DRAM the program's paged memory may take (`--dram`).
+pub const DRAM: Var = Var(c"TIERSTACK_DRAM");
+/// The unit of faulting and eviction in bytes (`--page`).
+pub const PAGE: Var = Var(c"TIERSTACK_PAGE");
+/// Allocations of at least this many bytes are paged (`--threshold`).
+pub const THRESHOLD: Var = Var(c"TIERSTACK_THRESHOLD");
+/// The run folder the per-process file drives are made in (`--dir`).
+pub const DIR: Var = Var(c"TIERSTACK_DIR");
+/// Bytes of each process's store array (`--store`).
+pub const STORE: Var = Var(c"TIERSTACK_STORE");
+/// The descriptor of an array made with `array create` (`--array`).
+pub const ARRAY: Var = Var(c"TIERSTACK_ARRAY");
+/// Bytes of GPU memory for a VRAM tier (`--vram`).
+pub const VRAM: Var = Var(c"TIERSTACK_VRAM");
+/// The GPU of the VRAM tier (`--gpu`).
+pub const GPU: Var = Var(c"TIERSTACK_GPU");
+/// `0`: no compressed tier (`--no-compress`).
+pub const COMPRESS: Var = Var(c"TIERSTACK_COMPRESS");
+/// Where each process writes its pager's counters (live, and at exit).
+pub const STATS_DIR: Var = Var(c"TIERSTACK_STATS_DIR");
+
+/// What `run` sets, or clears when its option is not given, for its program: nothing the
+/// caller's environment held passes through unchosen.
+pub const RUN_SETTINGS: [Var; 10] = [
+    DRAM, PAGE, THRESHOLD, DIR, STORE, ARRAY, VRAM, GPU, COMPRESS, STATS_DIR,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_distinct_and_prefixed() {
+        let mut names: Vec<&str> = RUN_SETTINGS.iter().map(|v| v.name()).collect();
+        assert!(names.iter().all(|n| n.starts_with("TIERSTACK_")));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), RUN_SETTINGS.len());
+        assert_eq!(DRAM.c().to_bytes_with_nul(), b"TIERSTACK_DRAM\0");
+    }
+}
