@@ -43,6 +43,9 @@ pub const OPS: &[&str] = &[
 pub struct OpStats {
     /// One per operation of [`OPS`] (None only if hdrhistogram refused the bounds).
     hists: Vec<Option<Mutex<Histogram<u64>>>>,
+    /// Operations that [`OPS`] does not list (a new one added to `fuse::Op` only): timed
+    /// all the same, listed after the others, never silently dropped.
+    others: Mutex<Vec<(&'static str, Histogram<u64>)>>,
     /// Operations started since the mount started (all kinds).
     started: std::sync::atomic::AtomicU64,
 }
@@ -71,6 +74,7 @@ pub struct OpFigures {
 /// Records the time from its creation to its drop under one operation.
 pub struct Timer<'a> {
     stats: &'a OpStats,
+    op: &'static str,
     idx: usize,
     t0: Instant,
 }
@@ -80,21 +84,32 @@ impl Drop for Timer<'_> {
         let us = self.t0.elapsed().as_micros().min(100_000_000) as u64;
         if let Some(Some(h)) = self.stats.hists.get(self.idx) {
             h.lock().saturating_record(us.max(1));
+            return;
         }
+        let mut others = self.stats.others.lock();
+        let at = match others.iter().position(|(o, _)| *o == self.op) {
+            Some(i) => i,
+            None => match new_hist() {
+                Some(h) => {
+                    others.push((self.op, h));
+                    others.len() - 1
+                }
+                None => return,
+            },
+        };
+        others[at].1.saturating_record(us.max(1));
     }
+}
+
+fn new_hist() -> Option<Histogram<u64>> {
+    Histogram::new_with_bounds(1, 100_000_000, 3).ok()
 }
 
 impl Default for OpStats {
     fn default() -> Self {
         OpStats {
-            hists: OPS
-                .iter()
-                .map(|_| {
-                    Histogram::new_with_bounds(1, 100_000_000, 3)
-                        .ok()
-                        .map(Mutex::new)
-                })
-                .collect(),
+            hists: OPS.iter().map(|_| new_hist().map(Mutex::new)).collect(),
+            others: Mutex::new(Vec::new()),
             started: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -107,6 +122,7 @@ impl OpStats {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Timer {
             stats: self,
+            op,
             idx: OPS.iter().position(|o| *o == op).unwrap_or(usize::MAX),
             t0: Instant::now(),
         }
@@ -119,22 +135,31 @@ impl OpStats {
 
     /// The figures of every operation served at least once.
     pub fn figures(&self) -> Vec<OpFigures> {
-        OPS.iter()
+        let mut out: Vec<OpFigures> = OPS
+            .iter()
             .zip(&self.hists)
-            .filter_map(|(op, h)| {
-                let h = h.as_ref()?.lock();
-                (!h.is_empty()).then(|| OpFigures {
-                    op: op.to_string(),
-                    count: h.len(),
-                    mean_us: h.mean(),
-                    p50_us: h.value_at_quantile(0.5),
-                    p99_us: h.value_at_quantile(0.99),
-                    max_us: h.max(),
-                    buckets: buckets(&h),
-                })
-            })
-            .collect()
+            .filter_map(|(op, h)| figures_of(op, &h.as_ref()?.lock()))
+            .collect();
+        out.extend(
+            self.others
+                .lock()
+                .iter()
+                .filter_map(|(op, h)| figures_of(op, h)),
+        );
+        out
     }
+}
+
+fn figures_of(op: &str, h: &Histogram<u64>) -> Option<OpFigures> {
+    (!h.is_empty()).then(|| OpFigures {
+        op: op.to_string(),
+        count: h.len(),
+        mean_us: h.mean(),
+        p50_us: h.value_at_quantile(0.5),
+        p99_us: h.value_at_quantile(0.99),
+        max_us: h.max(),
+        buckets: buckets(h),
+    })
 }
 
 /// The histogram's counts in the shared latency buckets.
@@ -173,6 +198,13 @@ mod tests {
         // Ten lookups of a few microseconds at most, one write of 2 ms or more (le 2.5 ms,
         // 5 ms or later on a busy machine).
         assert_eq!(f[0].buckets.iter().sum::<u64>(), 10);
+        // An operation the list lacks is timed all the same, after the others.
+        drop(s.time("copy_file_range"));
+        let g = s.figures();
+        assert_eq!(
+            g.last().map(|x| (x.op.as_str(), x.count)),
+            Some(("copy_file_range", 1))
+        );
         assert_eq!(f[1].buckets.iter().sum::<u64>(), 1);
         let w = f[1].buckets.iter().position(|&c| c == 1).unwrap_or(0);
         assert!(
