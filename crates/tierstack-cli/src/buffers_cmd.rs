@@ -46,6 +46,12 @@ pub fn run(a: BuffersArgs) -> Result<()> {
     };
     let timeout = crate::mount_cmd::parse_duration("timeout", &a.timeout)?;
     let mut failed = 0;
+    if a.recover || a.remove_clean {
+        let n = buffers::remove_stale_sockets();
+        if n > 0 {
+            eprintln!("tierstack: removed {n} control socket(s) of daemons that are gone");
+        }
+    }
     if a.recover {
         for mp in buffers::dead_mounts() {
             match fsmount::clear_stale(&mp) {

@@ -593,6 +593,16 @@ pub fn checks(a: &DoctorArgs) -> Vec<Check> {
             ));
             continue;
         };
+        if let Some(t) =
+            tierstack_common::mounts::fs_type_of(&real).filter(|t| t == "tmpfs" || t == "ramfs")
+        {
+            out.push(check(
+                &format!("memory_fs:{shown}"),
+                Status::Warn,
+                format!("{shown} is on {t}"),
+                "a fast tier or `run --dir` there keeps in RAM what tierstack moves out of DRAM (no memory is saved): point --dir (and TMPDIR for `run`) at a disk or NVMe file system",
+            ));
+        }
         out.push(o_direct(&real, &shown));
         out.push(free_space(&real, &shown));
         if a.probe {

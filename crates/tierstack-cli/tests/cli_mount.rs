@@ -1198,6 +1198,19 @@ fn buffers_recover_after_kill_nine_and_nothing_is_left_behind() {
     assert_eq!(j["buffers"].as_array().map(|a| a.len()), Some(0), "{j}");
     assert!(!fx.fast.exists());
     assert_eq!(fs::read(fx.b("d")).expect("BACKING"), b"d");
+    // The control socket a killed daemon leaves goes too (a runtime folder of its own here).
+    let rd = fx.backing.parent().expect("tmp").join("run");
+    fs::create_dir(&rd).expect("mkdir");
+    let dead = rd.join("0123456789abcdef.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).expect("bind"));
+    assert!(dead.exists());
+    let o = Command::new(BIN)
+        .args(["buffers", "--in", &fast, "--remove-clean"])
+        .env("TIERSTACK_RUN_DIR", &rd)
+        .output()
+        .expect("buffers");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!dead.exists(), "a dead daemon's socket is left");
 }
 
 /// Group commit of the namespace journal under `kill -9`: files whose directory was fsynced

@@ -284,6 +284,23 @@ fn doctor_reports_checks_as_json() {
         &["doctor", "--dir", dir.path().to_str().expect("utf8")],
     );
     assert!(String::from_utf8_lossy(&t.stdout).contains(" checks: "));
+    // A folder on tmpfs is named as one (it saves no memory); a disk folder is not.
+    assert!(!checks.iter().any(|c| c["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("memory_fs"))));
+    if std::path::Path::new("/dev/shm").is_dir() {
+        let o = tierstack(rd.path(), &["doctor", "--json", "--dir", "/dev/shm"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let c = v["checks"]
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .find(|c| c["name"] == "memory_fs:/dev/shm")
+                    .cloned()
+            })
+            .unwrap_or_default();
+        assert_eq!(c["status"], "warn", "{v}");
+    }
 }
 
 #[test]

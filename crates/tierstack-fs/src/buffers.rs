@@ -130,26 +130,42 @@ fn inspect(dir: &Path, live: &HashMap<PathBuf, PathBuf>) -> Result<Buffer> {
     })
 }
 
-/// Fast-tier folder → mount point, for every daemon that answers on a socket in this
-/// user's or the system's runtime folder.
-fn live_mounts() -> HashMap<PathBuf, PathBuf> {
-    let mut out = HashMap::new();
+/// The control sockets in this user's and the system's runtime folders.
+fn sockets() -> Vec<PathBuf> {
     let mut dirs = vec![mount::run_dir()];
     let system = PathBuf::from(mount::SYSTEM_RUN_DIR);
     if !dirs.contains(&system) {
         dirs.push(system);
     }
-    for d in dirs {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.extension().is_none_or(|x| x != "sock") {
-                continue;
-            }
-            let Some(st) = status_at(&p) else { continue };
-            if let Some(fd) = st.fast_dir {
-                let canon = std::fs::canonicalize(&fd).unwrap_or(fd);
-                out.insert(canon, st.mountpoint);
-            }
+    dirs.iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .collect()
+}
+
+/// Removes the control sockets nobody listens on any more (a daemon killed with `kill -9`
+/// leaves its socket behind); the number removed.
+pub fn remove_stale_sockets() -> usize {
+    sockets()
+        .into_iter()
+        .filter(|p| {
+            matches!(std::os::unix::net::UnixStream::connect(p),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
+        })
+        .filter(|p| std::fs::remove_file(p).is_ok())
+        .count()
+}
+
+/// Fast-tier folder → mount point, for every daemon that answers on a socket in this
+/// user's or the system's runtime folder.
+fn live_mounts() -> HashMap<PathBuf, PathBuf> {
+    let mut out = HashMap::new();
+    for p in sockets() {
+        let Some(st) = status_at(&p) else { continue };
+        if let Some(fd) = st.fast_dir {
+            let canon = std::fs::canonicalize(&fd).unwrap_or(fd);
+            out.insert(canon, st.mountpoint);
         }
     }
     out
