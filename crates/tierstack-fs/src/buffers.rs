@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::db::{Db, Pending};
 use crate::error::{io_err, Result};
-use crate::mount::{self, MountStatus};
+use crate::mount;
 
 /// One fast tier found on this node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -162,24 +162,15 @@ pub fn remove_stale_sockets() -> usize {
 fn live_mounts() -> HashMap<PathBuf, PathBuf> {
     let mut out = HashMap::new();
     for p in sockets() {
-        let Some(st) = status_at(&p) else { continue };
+        let Some(st) = mount::status_at(&p, std::time::Duration::from_secs(5)) else {
+            continue;
+        };
         if let Some(fd) = st.fast_dir {
             let canon = std::fs::canonicalize(&fd).unwrap_or(fd);
             out.insert(canon, st.mountpoint);
         }
     }
     out
-}
-
-fn status_at(sock: &Path) -> Option<MountStatus> {
-    use std::io::{BufRead, BufReader, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .ok()?;
-    s.write_all(b"{\"cmd\":\"status\"}\n").ok()?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).ok()?;
-    serde_json::from_str(&line).ok()
 }
 
 /// tierstack mounts whose daemon is gone (a node that crashed leaves none after a reboot,

@@ -399,13 +399,22 @@ pub fn request(
     req: &serde_json::Value,
     timeout: Duration,
 ) -> Result<serde_json::Value> {
-    let sock = socket_path(mountpoint);
+    request_at(&socket_path(mountpoint), req, timeout)
+}
+
+/// One request `req` to the daemon listening on `sock`, its answer awaited up to `timeout`.
+pub fn request_at(
+    sock: &Path,
+    req: &serde_json::Value,
+    timeout: Duration,
+) -> Result<serde_json::Value> {
     let cerr = |msg: String| FsError::Control {
-        path: sock.clone(),
+        path: sock.to_path_buf(),
         msg,
     };
-    let mut s = UnixStream::connect(&sock).map_err(|e| cerr(e.to_string()))?;
+    let mut s = UnixStream::connect(sock).map_err(|e| cerr(e.to_string()))?;
     s.set_read_timeout(Some(timeout))
+        .and_then(|()| s.set_write_timeout(Some(timeout)))
         .map_err(|e| cerr(e.to_string()))?;
     let mut line = req.to_string();
     line.push('\n');
@@ -415,6 +424,12 @@ pub fn request(
     let mut ans = String::new();
     r.read_line(&mut ans).map_err(|e| cerr(e.to_string()))?;
     serde_json::from_str(&ans).map_err(|e| cerr(format!("bad answer ({e})")))
+}
+
+/// The status of the daemon listening on `sock` (None: no answer within `timeout`).
+pub fn status_at(sock: &Path, timeout: Duration) -> Option<MountStatus> {
+    let ans = request_at(sock, &serde_json::json!({"cmd": "status"}), timeout).ok()?;
+    serde_json::from_value(ans).ok()
 }
 
 /// Asks the daemon of the mount at `mountpoint` (canonical) for its status.

@@ -293,14 +293,7 @@ pub fn mounts() -> (Vec<MountStatus>, Vec<PathBuf>) {
 
 /// `status` from a control socket path (bounded: 2 s).
 fn status_at(sock: &Path) -> Option<MountStatus> {
-    use std::io::{BufRead, BufReader};
-    let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"{\"cmd\":\"status\"}\n").ok()?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).ok()?;
-    serde_json::from_str(&line).ok()
+    fsmount::status_at(sock, Duration::from_secs(2))
 }
 
 fn read_runs() -> Vec<RunRecord> {

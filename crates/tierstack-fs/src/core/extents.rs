@@ -94,22 +94,23 @@ impl Extents {
         self.map.iter().map(|(s, e)| (*s, *e))
     }
 
+    /// The parts of the ranges inside `[a, b)`, in order (no allocation: the read path asks).
+    fn parts(&self, a: u64, b: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let first = self.map.range(..=a).next_back().map_or(a, |(s, _)| *s);
+        self.map
+            .range(first..b.max(first))
+            .map(move |(s, e)| ((*s).max(a), (*e).min(b)))
+            .filter(|(lo, hi)| lo < hi)
+    }
+
     /// The parts of the ranges inside `[a, b)`, in order.
     pub fn within(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        let first = self.map.range(..=a).next_back().map_or(a, |(s, _)| *s);
-        for (s, e) in self.map.range(first..b) {
-            let (lo, hi) = ((*s).max(a), (*e).min(b));
-            if lo < hi {
-                out.push((lo, hi));
-            }
-        }
-        out
+        self.parts(a, b).collect()
     }
 
     /// Whether any byte of `[a, b)` is allocated.
     pub fn touches(&self, a: u64, b: u64) -> bool {
-        !self.within(a, b).is_empty()
+        self.parts(a, b).next().is_some()
     }
 
     /// `SEEK_DATA` in a file of `size` bytes: the first allocated offset at or after `off`.
@@ -117,7 +118,7 @@ impl Extents {
         if off >= size {
             return None;
         }
-        self.within(off, size).first().map(|r| r.0)
+        self.parts(off, size).next().map(|r| r.0)
     }
 
     /// `SEEK_HOLE` in a file of `size` bytes: the first offset at or after `off` that is
@@ -126,8 +127,8 @@ impl Extents {
         if off >= size {
             return None;
         }
-        match self.within(off, size).first() {
-            Some((s, e)) if *s == off => Some((*e).min(size)),
+        match self.parts(off, size).next() {
+            Some((s, e)) if s == off => Some(e.min(size)),
             _ => Some(off),
         }
     }
