@@ -47,7 +47,9 @@ pub struct MountArgs {
     #[arg(long, conflicts_with = "dir")]
     pub array: Option<PathBuf>,
     /// The fast tier: a folder where tierstack makes (or finds again) a small RAID 5 of file
-    /// drives and the namespace journal. Default: /var/tmp/tierstack/<hash of BACKING>.
+    /// drives and the namespace journal, removed by a umount after which BACKING holds
+    /// everything (see umount --keep). Default: /var/tmp/tierstack/<hash of BACKING>
+    /// (/var/tmp/tierstack-UID/... for a user who is not root).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Size of each of the 4 file drives made under --dir.
