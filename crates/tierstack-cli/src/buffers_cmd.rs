@@ -170,7 +170,7 @@ fn recover(b: &Buffer, timeout: Duration) -> Result<()> {
         if !o.status.success() {
             bail!(
                 "{}",
-                crate::mount_cmd::last_error_line(&String::from_utf8_lossy(&o.stderr))
+                tierstack_common::process::last_error_line(&String::from_utf8_lossy(&o.stderr))
             );
         }
         Ok(())

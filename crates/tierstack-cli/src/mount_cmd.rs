@@ -476,7 +476,7 @@ fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
             if let Ok(mut f) = std::fs::File::open(&log_path) {
                 let _ = f.read_to_string(&mut text);
             }
-            let last = last_error_line(&text);
+            let last = tierstack_common::process::last_error_line(&text);
             bail!(
                 "the mount daemon stopped ({st}): {}",
                 if last.is_empty() {
@@ -689,18 +689,6 @@ pub fn drain(a: DrainArgs) -> Result<()> {
         wait_drained(&mp, timeout)?;
     }
     Ok(())
-}
-
-/// The last non-empty line of a tierstack process's output, without its `tierstack: error: `
-/// prefix (what to show of a child that failed).
-pub(crate) fn last_error_line(text: &str) -> String {
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .trim_start_matches("tierstack: error: ")
-        .to_string()
 }
 
 /// The status of the mount at `mp` for `umount`: a daemon that listens but is too busy to

@@ -15,6 +15,19 @@ fn state(stat: &str) -> Option<char> {
     rest.trim_start().chars().next()
 }
 
+/// The last non-empty line of a tierstack child's output, without the `tierstack: error: `
+/// prefix: what a parent hands on when the child failed (the hooks to SLURM, `mount` to its
+/// user).
+pub fn last_error_line(text: &str) -> String {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .trim_start_matches("tierstack: error: ")
+        .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

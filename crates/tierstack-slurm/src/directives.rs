@@ -4,10 +4,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Result};
-use tierstack_bench::parse_size;
+use crate::error::Result;
+use tierstack_common::parse_size;
 
-use super::POOL;
+use crate::POOL;
 
 // ---------------------------------------------------------------------------------------------
 // Directives
@@ -33,7 +33,7 @@ pub struct Request {
 }
 
 /// Splits a directive line into words; a word may be written in double quotes (`\"`, `\\`).
-pub(super) fn words(line: &str) -> Result<Vec<String>, String> {
+pub(crate) fn words(line: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     let mut cur = String::new();
     let mut in_word = false;
@@ -193,7 +193,7 @@ pub fn parse_directives(script: &str) -> Result<Request, String> {
     Ok(r)
 }
 
-pub(super) fn abs(n: usize, k: &str, v: &str) -> Result<PathBuf, String> {
+pub(crate) fn abs(n: usize, k: &str, v: &str) -> Result<PathBuf, String> {
     let p = PathBuf::from(v);
     if !p.is_absolute() {
         return Err(format!(
@@ -203,14 +203,14 @@ pub(super) fn abs(n: usize, k: &str, v: &str) -> Result<PathBuf, String> {
     Ok(p)
 }
 
-pub(super) fn read_request(script: &Path) -> Result<Request> {
+pub(crate) fn read_request(script: &Path) -> Result<Request> {
     let text = fs::read(script).map_err(|e| {
-        anyhow!(
+        err!(
             "cannot read the job script {}: {e}: check SLURM's StateSaveLocation",
             script.display()
         )
     })?;
-    parse_directives(&String::from_utf8_lossy(&text)).map_err(anyhow::Error::msg)
+    parse_directives(&String::from_utf8_lossy(&text)).map_err(crate::SlurmError::Hook)
 }
 
 #[cfg(test)]

@@ -13,25 +13,25 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Result};
-use tierstack_bench::fmt_size;
+use crate::error::Result;
+use tierstack_common::fmt_size;
 
-use super::creds::{run_capture, spawn_detached};
-use super::directives::parse_directives;
-use super::hooks::{data_in, data_out, make_buffer, make_durable, teardown};
-use super::state::{check_job_id, job_dir, jobs_dir, load_state_at, node_common, set_state};
-use super::Common;
+use crate::creds::{run_capture, spawn_detached};
+use crate::directives::parse_directives;
+use crate::hooks::{data_in, data_out, make_buffer, make_durable, teardown};
+use crate::state::{check_job_id, job_dir, jobs_dir, load_state_at, node_common, set_state};
+use crate::Common;
 
 fn env(k: &str) -> Result<String> {
     std::env::var(k).map_err(|_| {
-        anyhow!("{k} is not set: `tierstack slurm prolog|epilog` run as SLURM's Prolog/Epilog")
+        err!("{k} is not set: `tierstack slurm prolog|epilog` run as SLURM's Prolog/Epilog")
     })
 }
 
 fn env_id(k: &str) -> Result<u32> {
     env(k)?
         .parse()
-        .map_err(|_| anyhow!("{k} is not a number: run this as SLURM's Prolog/Epilog"))
+        .map_err(|_| err!("{k} is not a number: run this as SLURM's Prolog/Epilog"))
 }
 
 /// The `#BB_LUA` lines of a job, from the BurstBuffer field of `scontrol show job`.
@@ -42,7 +42,7 @@ fn job_directives(id: &str) -> Result<String> {
     if !ok {
         bail!(
             "scontrol show job {id} failed: {}: check SLURM_CONF and slurmctld",
-            crate::mount_cmd::last_error_line(&text)
+            tierstack_common::process::last_error_line(&text)
         );
     }
     Ok(burst_buffer_field(&text))
@@ -50,7 +50,7 @@ fn job_directives(id: &str) -> Result<String> {
 
 /// The value of `BurstBuffer=` in `scontrol show job` output: the first line after the key,
 /// then the further directive lines (they start with `#`).
-pub(super) fn burst_buffer_field(text: &str) -> String {
+pub(crate) fn burst_buffer_field(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines();
     for l in lines.by_ref() {
@@ -73,12 +73,14 @@ pub(super) fn burst_buffer_field(text: &str) -> String {
     out
 }
 
-pub(super) fn prolog(c: &Common) -> Result<()> {
+/// SLURM Prolog (root, each compute node): makes the node-local buffer of a job with
+/// `#BB_LUA node_local=SIZE` and stages its inputs in.
+pub fn prolog(c: &Common) -> Result<()> {
     let id = env("SLURM_JOB_ID")?;
     check_job_id(&id)?;
     let uid = env_id("SLURM_JOB_UID")?;
     let gid = env_id("SLURM_JOB_GID")?;
-    let r = parse_directives(&job_directives(&id)?).map_err(anyhow::Error::msg)?;
+    let r = parse_directives(&job_directives(&id)?).map_err(crate::SlurmError::Hook)?;
     let Some(size) = r.node_local else {
         return Ok(());
     };
@@ -122,7 +124,9 @@ fn start_drain(id: &str, dir: &Path, c: &Common) -> Result<u32> {
     spawn_detached(&refs, &dir.join("drain.log"))
 }
 
-pub(super) fn epilog(c: &Common, wait: bool) -> Result<()> {
+/// SLURM Epilog (root, each compute node): drains the job's node-local buffer in the
+/// background (or before returning, with `wait`) and removes it; resumes interrupted drains.
+pub fn epilog(c: &Common, wait: bool) -> Result<()> {
     let id = env("SLURM_JOB_ID")?;
     check_job_id(&id)?;
     let nc = node_common(c);
@@ -174,7 +178,7 @@ fn lock(dir: &Path, create: bool) -> Result<Option<fs::File>> {
         .truncate(false)
         .write(true)
         .open(&p)
-        .map_err(|e| anyhow!("cannot open {}: {e}: check --fast-dir", p.display()))?;
+        .map_err(|e| err!("cannot open {}: {e}: check --fast-dir", p.display()))?;
     // SAFETY: flock on a descriptor we own.
     let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     Ok((r == 0).then_some(f))
@@ -182,7 +186,7 @@ fn lock(dir: &Path, create: bool) -> Result<Option<fs::File>> {
 
 /// Internal `node-drain`: stages a node-local buffer out and removes it (a background process
 /// started by the Epilog).
-pub(super) fn node_drain(id: &str, c: &Common) -> Result<()> {
+pub fn node_drain(id: &str, c: &Common) -> Result<()> {
     let nc = node_common(c);
     let dir = job_dir(&nc, id)?;
     if !dir.exists() {

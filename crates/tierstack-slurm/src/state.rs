@@ -7,32 +7,31 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Result};
-use tierstack_bench::fmt_size;
+use crate::error::Result;
+use tierstack_common::fmt_size;
 
-use super::directives::Mode;
-use super::hooks::pool_size;
-use super::{Common, GRANULARITY, POOL};
+use crate::directives::Mode;
+use crate::{Common, GRANULARITY, POOL};
 
 // ---------------------------------------------------------------------------------------------
 // Per-job state
 
 #[derive(Debug, Clone)]
-pub(super) struct JobState {
-    pub(super) uid: u32,
-    pub(super) gid: u32,
-    pub(super) capacity: u64,
-    pub(super) mode: Mode,
-    pub(super) stage_in: Vec<PathBuf>,
-    pub(super) stage_out: Vec<PathBuf>,
-    pub(super) manifest: Option<PathBuf>,
-    pub(super) backing: PathBuf,
+pub(crate) struct JobState {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) capacity: u64,
+    pub(crate) mode: Mode,
+    pub(crate) stage_in: Vec<PathBuf>,
+    pub(crate) stage_out: Vec<PathBuf>,
+    pub(crate) manifest: Option<PathBuf>,
+    pub(crate) backing: PathBuf,
     /// pending, staging-in, staged-in, running, staging-out, staged-out
-    pub(super) state: String,
+    pub(crate) state: String,
 }
 
 impl JobState {
-    pub(super) fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let ps = |v: &[PathBuf]| -> Vec<String> {
             v.iter().map(|p| p.to_string_lossy().into_owned()).collect()
         };
@@ -49,7 +48,7 @@ impl JobState {
         })
     }
 
-    pub(super) fn from_json(v: &serde_json::Value) -> Option<JobState> {
+    pub(crate) fn from_json(v: &serde_json::Value) -> Option<JobState> {
         let paths = |k: &str| -> Option<Vec<PathBuf>> {
             v.get(k)?
                 .as_array()?
@@ -75,24 +74,24 @@ impl JobState {
     }
 }
 
-pub(super) fn check_job_id(id: &str) -> Result<()> {
+pub(crate) fn check_job_id(id: &str) -> Result<()> {
     if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
         bail!("job id '{id}' is not a number: the hook takes SLURM's numeric job id");
     }
     Ok(())
 }
 
-pub(super) fn jobs_dir(c: &Common) -> PathBuf {
+pub(crate) fn jobs_dir(c: &Common) -> PathBuf {
     c.fast_dir.join("jobs")
 }
 
-pub(super) fn job_dir(c: &Common, id: &str) -> Result<PathBuf> {
+pub(crate) fn job_dir(c: &Common, id: &str) -> Result<PathBuf> {
     check_job_id(id)?;
     Ok(jobs_dir(c).join(id))
 }
 
 /// Writes a file atomically (temporary name, fsync, rename).
-pub(super) fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -116,40 +115,41 @@ pub(super) fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn save_state(dir: &Path, s: &JobState) -> Result<()> {
-    let text = serde_json::to_string_pretty(&s.to_json())?;
+pub(crate) fn save_state(dir: &Path, s: &JobState) -> Result<()> {
+    let text = serde_json::to_string_pretty(&s.to_json())
+        .map_err(|e| err!("cannot encode the job's state: {e}"))?;
     write_atomic(&dir.join("state.json"), text.as_bytes(), 0o644)
 }
 
 /// The folder of node-local buffers (made by the Prolog on each compute node): `FAST/node`.
-pub(super) fn node_common(c: &Common) -> Common {
+pub(crate) fn node_common(c: &Common) -> Common {
     let mut n = c.clone();
     n.fast_dir = c.fast_dir.join("node");
     n
 }
 
-pub(super) fn load_state(c: &Common, id: &str) -> Result<(PathBuf, JobState)> {
+pub(crate) fn load_state(c: &Common, id: &str) -> Result<(PathBuf, JobState)> {
     let dir = job_dir(c, id)?;
     let s = load_state_at(&dir)?;
     Ok((dir, s))
 }
 
 /// The state of the job whose folder is `dir`.
-pub(super) fn load_state_at(dir: &Path) -> Result<JobState> {
+pub(crate) fn load_state_at(dir: &Path) -> Result<JobState> {
     let id = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let p = dir.join("state.json");
     let text = fs::read_to_string(&p).map_err(|e| {
-        anyhow!(
+        err!(
             "job {id} has no tierstack buffer ({}: {e}): the setup hook did not run or failed; see `scontrol show job {id}`",
             p.display()
         )
     })?;
     let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| anyhow!("{} is damaged ({e}): cancel the job", p.display()))?;
-    JobState::from_json(&v).ok_or_else(|| anyhow!("{} is damaged: cancel the job", p.display()))
+        .map_err(|e| err!("{} is damaged ({e}): cancel the job", p.display()))?;
+    JobState::from_json(&v).ok_or_else(|| err!("{} is damaged: cancel the job", p.display()))
 }
 
 /// Stage-in progress of a job: the `tierstack stage --progress-file` files its data_in hook
@@ -200,12 +200,12 @@ fn stage_in_progress(dir: &Path) -> Option<(f64, u64, usize)> {
     Some((frac, bytes, n))
 }
 
-pub(super) fn set_state(dir: &Path, s: &mut JobState, state: &str) -> Result<()> {
+pub(crate) fn set_state(dir: &Path, s: &mut JobState, state: &str) -> Result<()> {
     s.state = state.to_string();
     save_state(dir, s)
 }
 
-pub(super) fn jobs(c: &Common) -> Vec<(String, JobState)> {
+pub(crate) fn jobs(c: &Common) -> Vec<(String, JobState)> {
     let mut out = Vec::new();
     if let Ok(rd) = fs::read_dir(jobs_dir(c)) {
         for e in rd.flatten() {
@@ -219,8 +219,9 @@ pub(super) fn jobs(c: &Common) -> Vec<(String, JobState)> {
     out
 }
 
-pub(super) fn pools(c: &Common) -> Result<()> {
-    let q = pool_size(c)?;
+/// `pools`: the `tierstack` pool as SLURM's JSON (capacity, granularity, quantity used).
+pub fn pools(c: &Common) -> Result<()> {
+    let q = c.pool_bytes()?;
     println!(
         "{}",
         serde_json::json!({"pools": [{"id": POOL, "quantity": q, "granularity": GRANULARITY}]})
@@ -228,8 +229,9 @@ pub(super) fn pools(c: &Common) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn get_status(c: &Common) -> Result<()> {
-    let q = pool_size(c)?;
+/// `get_status` (`scontrol show bbstat`): capacity used and free, and each job's state.
+pub fn get_status(c: &Common) -> Result<()> {
+    let q = c.pool_bytes()?;
     let js = jobs(c);
     let used: u64 = js.iter().map(|(_, s)| s.capacity).sum();
     let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();

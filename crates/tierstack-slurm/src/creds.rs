@@ -10,16 +10,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{Context, Result};
 
-use super::state::JobState;
-use super::Common;
+use crate::state::JobState;
+use crate::Common;
 
 // ---------------------------------------------------------------------------------------------
 // Running things as the job's user, with bounded waits
 
 /// The supplementary groups of `uid` (with `gid`), from the user database.
-pub(super) fn user_groups(uid: u32, gid: u32) -> Result<Vec<libc::gid_t>> {
+pub(crate) fn user_groups(uid: u32, gid: u32) -> Result<Vec<libc::gid_t>> {
     let mut buf = vec![0u8; 16384];
     let mut pwd: libc::passwd = unsafe_zeroed_passwd();
     let mut result: *mut libc::passwd = std::ptr::null_mut();
@@ -56,13 +56,13 @@ pub(super) fn user_groups(uid: u32, gid: u32) -> Result<Vec<libc::gid_t>> {
     }
 }
 
-pub(super) fn unsafe_zeroed_passwd() -> libc::passwd {
+pub(crate) fn unsafe_zeroed_passwd() -> libc::passwd {
     // SAFETY: libc::passwd is a plain C struct of integers and pointers; all-zero is valid.
     unsafe { std::mem::zeroed() }
 }
 
 /// A command that runs as `uid`/`gid` with the user's groups (when we are root).
-pub(super) fn as_user(mut cmd: Command, uid: u32, gid: u32) -> Result<Command> {
+pub(crate) fn as_user(mut cmd: Command, uid: u32, gid: u32) -> Result<Command> {
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
         // Not root (tests, or SlurmUser not root): we can only act as ourselves.
@@ -88,7 +88,7 @@ pub(super) fn as_user(mut cmd: Command, uid: u32, gid: u32) -> Result<Command> {
     Ok(cmd)
 }
 
-pub(super) fn exe() -> Result<PathBuf> {
+pub(crate) fn exe() -> Result<PathBuf> {
     std::env::current_exe().context("cannot find the tierstack binary: reinstall it")
 }
 
@@ -118,14 +118,14 @@ fn close_inherited(cmd: &mut Command) {
 
 /// Runs a command with its output in a temporary file, waiting at most `limit`; returns the
 /// exit success and the last non-empty output line.
-pub(super) fn run_bounded(cmd: Command, what: &str, limit: Duration) -> Result<(bool, String)> {
+pub(crate) fn run_bounded(cmd: Command, what: &str, limit: Duration) -> Result<(bool, String)> {
     let (ok, text) = run_capture(cmd, what, limit)?;
-    Ok((ok, crate::mount_cmd::last_error_line(&text)))
+    Ok((ok, tierstack_common::process::last_error_line(&text)))
 }
 
 /// Runs a command with its output in a temporary file, waiting at most `limit`; returns the
 /// exit success and all it printed (stdout and stderr).
-pub(super) fn run_capture(mut cmd: Command, what: &str, limit: Duration) -> Result<(bool, String)> {
+pub(crate) fn run_capture(mut cmd: Command, what: &str, limit: Duration) -> Result<(bool, String)> {
     let mut out = tempfile::tempfile().context("cannot make a temporary file: check $TMPDIR")?;
     let err = out.try_clone().context("cannot duplicate a file handle")?;
     cmd.stdin(Stdio::null())
@@ -136,7 +136,7 @@ pub(super) fn run_capture(mut cmd: Command, what: &str, limit: Duration) -> Resu
     close_inherited(&mut cmd);
     let mut child = cmd
         .spawn()
-        .map_err(|e| anyhow!("cannot start {what}: {e}: check the installation"))?;
+        .map_err(|e| err!("cannot start {what}: {e}: check the installation"))?;
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child
@@ -166,12 +166,12 @@ pub(super) fn run_capture(mut cmd: Command, what: &str, limit: Duration) -> Resu
 
 /// Starts `tierstack ARGS` in a session of its own, its output appended to `log`, and does
 /// not wait for it (a drain that goes on after the Epilog has released the node).
-pub(super) fn spawn_detached(args: &[&std::ffi::OsStr], log: &Path) -> Result<u32> {
+pub(crate) fn spawn_detached(args: &[&std::ffi::OsStr], log: &Path) -> Result<u32> {
     let f = fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
-        .map_err(|e| anyhow!("cannot open {}: {e}: check --fast-dir", log.display()))?;
+        .map_err(|e| err!("cannot open {}: {e}: check --fast-dir", log.display()))?;
     let mut cmd = Command::new(exe()?);
     cmd.args(args)
         .stdin(Stdio::null())
@@ -189,12 +189,12 @@ pub(super) fn spawn_detached(args: &[&std::ffi::OsStr], log: &Path) -> Result<u3
     }
     let child = cmd
         .spawn()
-        .map_err(|e| anyhow!("cannot start the background drain: {e}: check the installation"))?;
+        .map_err(|e| err!("cannot start the background drain: {e}: check the installation"))?;
     Ok(child.id())
 }
 
 /// Runs `tierstack ARGS` as the job's user; an error carries the command's message.
-pub(super) fn tierstack_as_user(
+pub(crate) fn tierstack_as_user(
     args: &[&std::ffi::OsStr],
     s: &JobState,
     what: &str,
@@ -211,7 +211,7 @@ pub(super) fn tierstack_as_user(
 }
 
 /// Runs `tierstack ARGS` as ourselves (root: the mount commands).
-pub(super) fn tierstack(
+pub(crate) fn tierstack(
     args: &[&std::ffi::OsStr],
     what: &str,
     limit: Duration,
@@ -222,7 +222,7 @@ pub(super) fn tierstack(
 }
 
 /// Internal `user-check`: runs as the job's user; `access(2)` answers for it.
-pub(super) fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
+pub fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
     fn access(p: &Path, mode: libc::c_int) -> std::io::Result<()> {
         let c = CString::new(p.as_os_str().as_bytes())
             .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -236,7 +236,7 @@ pub(super) fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
     let uid = unsafe { libc::getuid() };
     for p in read {
         let meta = fs::metadata(p).map_err(|e| {
-            anyhow!(
+            err!(
                 "stage_in={} cannot be read by uid {uid}: {e}: fix the path or its permissions",
                 p.display()
             )
@@ -247,7 +247,7 @@ pub(super) fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
             libc::R_OK
         };
         access(p, mode).map_err(|e| {
-            anyhow!(
+            err!(
                 "stage_in={} cannot be read by uid {uid}: {e}: fix the permissions or stage another path",
                 p.display()
             )
@@ -256,7 +256,7 @@ pub(super) fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
     for p in write {
         match fs::metadata(p) {
             Ok(m) if m.is_dir() => access(p, libc::W_OK | libc::X_OK).map_err(|e| {
-                anyhow!(
+                err!(
                     "stage_out={} is not writable by uid {uid}: {e}: give a folder the job's user may write",
                     p.display()
                 )
@@ -268,7 +268,7 @@ pub(super) fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
             Err(_) => {
                 // Created as the user (one level), so it is the user's.
                 fs::create_dir(p).map_err(|e| {
-                    anyhow!(
+                    err!(
                         "cannot create stage_out={} as uid {uid}: {e}: create it or give a folder the job's user may write",
                         p.display()
                     )
@@ -282,7 +282,7 @@ pub(super) fn user_check(read: &[PathBuf], write: &[PathBuf]) -> Result<()> {
 /// Internal `user-clean`: runs as the job's user after `scancel --hurry` dropped a buffer
 /// whose drain was cut short; removes the drainer's temporary files (`.tierstack-tmp.*`,
 /// regular files) under `dir`, following no links, for at most 30 s.
-pub(super) fn user_clean(dir: &Path) -> Result<()> {
+pub fn user_clean(dir: &Path) -> Result<()> {
     let prefix = std::str::from_utf8(tierstack_fs::core::TMP_PREFIX).unwrap_or(".tierstack-tmp.");
     let start = Instant::now();
     let mut stack = vec![dir.to_path_buf()];

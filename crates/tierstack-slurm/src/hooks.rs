@@ -10,35 +10,28 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Result};
-use tierstack_bench::fmt_size;
+use crate::error::{Context, Result};
+use tierstack_common::fmt_size;
 
-use super::creds::{as_user, exe, run_bounded, tierstack, tierstack_as_user};
-use super::directives::{read_request, Mode, Request};
-use super::state::{
+use crate::creds::{as_user, exe, run_bounded, tierstack, tierstack_as_user};
+use crate::directives::{read_request, Mode, Request};
+use crate::state::{
     job_dir, jobs_dir, load_state, load_state_at, node_common, save_state, set_state, JobState,
 };
-use super::{Common, POOL};
+use crate::{Common, POOL};
 
 // ---------------------------------------------------------------------------------------------
 // Hooks
 
-pub(super) fn pool_size(c: &Common) -> Result<u64> {
-    crate::size_flag("pool-size", &c.pool_size)
-}
-
-pub(super) fn job_process(
-    script: &Path,
-    uid: Option<u32>,
-    gid: Option<u32>,
-    c: &Common,
-) -> Result<()> {
+/// `job_process` (at submission, inside slurmctld): checks the `#BB_LUA` directives of the
+/// job script and, given the job's uid and gid, that the user may read and write its paths.
+pub fn job_process(script: &Path, uid: Option<u32>, gid: Option<u32>, c: &Common) -> Result<()> {
     let r = read_request(script)?;
     let Some(cap) = r.capacity else {
         println!("no tierstack burst buffer requested");
         return Ok(());
     };
-    let pool = pool_size(c)?;
+    let pool = c.pool_bytes()?;
     if cap > pool {
         bail!(
             "#BB_LUA capacity={} is larger than the whole {POOL} pool ({}): ask for at most {}",
@@ -80,7 +73,7 @@ pub(super) fn job_process(
 
 /// Checks as the job's user that sources are readable and destinations writable; with
 /// `create`, the missing destination folders are created as the user.
-pub(super) fn check_access(
+pub(crate) fn check_access(
     r: &Request,
     uid: u32,
     gid: u32,
@@ -109,7 +102,9 @@ pub(super) fn check_access(
     Ok(())
 }
 
-pub(super) fn setup(
+/// `setup`: makes the job's buffer (a tierstack mount owned by the job's user) over its first
+/// stage_out destination, or over a per-job scratch folder.
+pub fn setup(
     id: &str,
     uid: u32,
     gid: u32,
@@ -143,7 +138,7 @@ pub(super) fn setup(
 /// Makes the job's buffer: `job_dir/mnt` (a tierstack mount of `cap` over the first
 /// stage_out, or a scratch folder) with its fast tier in `job_dir/tier`. A retried call keeps
 /// a buffer that is up.
-pub(super) fn make_buffer(
+pub(crate) fn make_buffer(
     id: &str,
     r: &Request,
     cap: u64,
@@ -164,27 +159,28 @@ pub(super) fn make_buffer(
     }
     check_access(r, uid, gid, c, true)?;
     fs::create_dir_all(jobs_dir(c)).map_err(|e| {
-        anyhow!(
+        err!(
             "cannot create {}: {e}: check --fast-dir",
             jobs_dir(c).display()
         )
     })?;
     let res = (|| -> Result<JobState> {
         fs::create_dir(&dir)
-            .map_err(|e| anyhow!("cannot create {}: {e}: check --fast-dir", dir.display()))?;
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
-        fs::write(dir.join(MOUNT_LOCK), b"")?;
-        fs::create_dir(dir.join("mnt"))?;
+            .map_err(|e| err!("cannot create {}: {e}: check --fast-dir", dir.display()))?;
+        let made = "cannot make the job's buffer folder: check --fast-dir";
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).context(made)?;
+        fs::write(dir.join(MOUNT_LOCK), b"").context(made)?;
+        fs::create_dir(dir.join("mnt")).context(made)?;
         let tier = dir.join("tier");
-        fs::create_dir(&tier)?;
-        fs::set_permissions(&tier, fs::Permissions::from_mode(0o700))?;
+        fs::create_dir(&tier).context(made)?;
+        fs::set_permissions(&tier, fs::Permissions::from_mode(0o700)).context(made)?;
         let backing = match r.stage_out.first() {
             Some(p) => p.clone(),
             None => {
                 let s = dir.join("scratch");
-                fs::create_dir(&s)?;
-                std::os::unix::fs::chown(&s, Some(uid), Some(gid))?;
-                fs::set_permissions(&s, fs::Permissions::from_mode(0o700))?;
+                fs::create_dir(&s).context(made)?;
+                std::os::unix::fs::chown(&s, Some(uid), Some(gid)).context(made)?;
+                fs::set_permissions(&s, fs::Permissions::from_mode(0o700)).context(made)?;
                 s
             }
         };
@@ -268,11 +264,12 @@ fn mount_job(dir: &Path, s: &JobState, c: &Common) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn mounted(mnt: &Path) -> bool {
+pub(crate) fn mounted(mnt: &Path) -> bool {
     tierstack_common::mounts::mounted_type(mnt).is_some()
 }
 
-pub(super) fn data_in(id: &str, c: &Common) -> Result<()> {
+/// `data_in`: stages every stage_in source into the job's buffer, as the job's user.
+pub fn data_in(id: &str, c: &Common) -> Result<()> {
     if !job_dir(c, id)?.exists() {
         // node_local= jobs: the Prolog stages on each node.
         println!("job {id}: no buffer here to stage into");
@@ -284,12 +281,13 @@ pub(super) fn data_in(id: &str, c: &Common) -> Result<()> {
     let progress = dir.join("progress");
     if !progress.is_dir() {
         fs::create_dir(&progress).map_err(|e| {
-            anyhow!(
+            err!(
                 "cannot create {}: {e}: check --fast-dir",
                 progress.display()
             )
         })?;
-        std::os::unix::fs::chown(&progress, Some(s.uid), Some(s.gid))?;
+        std::os::unix::fs::chown(&progress, Some(s.uid), Some(s.gid))
+            .context("cannot give the stage-in progress folder to the job's user")?;
     }
     let mnt = dir.join("mnt");
     let mut into = mnt.clone().into_os_string();
@@ -320,7 +318,8 @@ pub(super) fn data_in(id: &str, c: &Common) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn paths(id: &str, script: &Path, path_file: &Path, c: &Common) -> Result<()> {
+/// `paths`: writes `TIERSTACK_DIR=<mount>` into SLURM's path file (the job's environment).
+pub fn paths(id: &str, script: &Path, path_file: &Path, c: &Common) -> Result<()> {
     let mut dir = job_dir(c, id)?;
     if !dir.join("state.json").exists() {
         if read_request(script)?.node_local.is_none() {
@@ -335,17 +334,18 @@ pub(super) fn paths(id: &str, script: &Path, path_file: &Path, c: &Common) -> Re
         .create(true)
         .open(path_file)
         .map_err(|e| {
-            anyhow!(
+            err!(
                 "cannot write SLURM's path file {}: {e}: check StateSaveLocation",
                 path_file.display()
             )
         })?;
     f.write_all(line.as_bytes())
-        .map_err(|e| anyhow!("cannot write {}: {e}", path_file.display()))?;
+        .map_err(|e| err!("cannot write {}: {e}", path_file.display()))?;
     Ok(())
 }
 
-pub(super) fn pre_run(id: &str, c: &Common) -> Result<()> {
+/// `pre_run`: checks that the job's mount is up before the job starts.
+pub fn pre_run(id: &str, c: &Common) -> Result<()> {
     let (dir, mut s) = match load_state(c, id) {
         Ok(x) => x,
         Err(_) if !job_dir(c, id)?.exists() => return Ok(()),
@@ -361,7 +361,8 @@ pub(super) fn pre_run(id: &str, c: &Common) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn post_run(id: &str, c: &Common) -> Result<()> {
+/// `post_run`: the job ended; makes its outputs durable and starts the drain.
+pub fn post_run(id: &str, c: &Common) -> Result<()> {
     let (dir, mut s) = match load_state(c, id) {
         Ok(x) => x,
         Err(_) if !job_dir(c, id)?.exists() => return Ok(()),
@@ -386,7 +387,7 @@ pub(super) fn post_run(id: &str, c: &Common) -> Result<()> {
 /// `mnt` (in `mode=sync` the data is then on the array, so a mount daemon that dies during
 /// the stage-out loses none of it; unsynced writes would be in its DRAM only). Best effort
 /// within `limit`: the stage-out goes on either way, so problems are only reported.
-pub(super) fn make_durable(id: &str, mnt: &Path, limit: Duration) {
+pub(crate) fn make_durable(id: &str, mnt: &Path, limit: Duration) {
     let start = std::time::Instant::now();
     let mut stack = vec![mnt.to_path_buf()];
     let (mut files, mut failed) = (0u64, 0u64);
@@ -427,7 +428,9 @@ pub(super) fn make_durable(id: &str, mnt: &Path, limit: Duration) {
     }
 }
 
-pub(super) fn data_out(id: &str, c: &Common) -> Result<()> {
+/// `data_out`: drains the buffer to the first stage_out destination, unmounts it and copies
+/// it to the others, as the job's user.
+pub fn data_out(id: &str, c: &Common) -> Result<()> {
     if !job_dir(c, id)?.exists() {
         return Ok(());
     }
@@ -473,7 +476,7 @@ pub(super) fn data_out(id: &str, c: &Common) -> Result<()> {
 /// was killed) is detached and mounted again over the same fast tier, which resumes the
 /// drain where it stopped: what the daemon had acknowledged is not lost. Returns how many
 /// times it mounted the buffer again.
-pub(super) fn drain_buffer(id: &str, dir: &Path, s: &JobState, c: &Common) -> Result<u32> {
+pub(crate) fn drain_buffer(id: &str, dir: &Path, s: &JobState, c: &Common) -> Result<u32> {
     let mnt = dir.join("mnt");
     let t = format!("{}s", c.timeout);
     let mut remounts = 0;
@@ -531,7 +534,7 @@ pub(super) fn drain_buffer(id: &str, dir: &Path, s: &JobState, c: &Common) -> Re
 /// drain, the folder is kept and an error says so. With `hurry` (scancel) undrained data is
 /// dropped; what already reached the destination stays (the drainer renames each file into
 /// place only when it is complete).
-pub(super) fn teardown_dir(id: &str, dir: &Path, hurry: bool, c: &Common) -> Result<()> {
+pub(crate) fn teardown_dir(id: &str, dir: &Path, hurry: bool, c: &Common) -> Result<()> {
     let mnt = dir.join("mnt");
     let pending = match load_state_at(dir) {
         Ok(s) if !s.stage_out.is_empty() && s.state != "staged-out" && s.state != "pending" => {
@@ -547,7 +550,7 @@ pub(super) fn teardown_dir(id: &str, dir: &Path, hurry: bool, c: &Common) -> Res
     // the lock is taken is seen and unmounted below.
     if dir.exists() {
         fs::write(dir.join(TEARDOWN), b"").map_err(|e| {
-            anyhow!(
+            err!(
                 "cannot write {}: {e}: check --fast-dir",
                 dir.join(TEARDOWN).display()
             )
@@ -566,7 +569,8 @@ pub(super) fn teardown_dir(id: &str, dir: &Path, hurry: bool, c: &Common) -> Res
         );
         if mounted(&mnt) {
             // Last resort after scancel: detach the FUSE mount.
-            let c = CString::new(mnt.as_os_str().as_bytes())?;
+            let c = CString::new(mnt.as_os_str().as_bytes())
+                .map_err(|_| err!("{} holds a NUL byte: remove it by hand", mnt.display()))?;
             // SAFETY: c is a valid NUL-terminated path.
             unsafe {
                 libc::umount2(c.as_ptr(), libc::MNT_DETACH);
@@ -608,7 +612,7 @@ fn lock_mounts(dir: &Path, create: bool) -> Result<fs::File> {
         .write(true)
         .open(&p)
         .map_err(|e| {
-            anyhow!(
+            err!(
                 "cannot open {}: {e}: the buffer is being removed, or check --fast-dir",
                 p.display()
             )
@@ -633,9 +637,8 @@ fn lock_mounts(dir: &Path, create: bool) -> Result<fs::File> {
 /// again) mounted there would have its files, and through the drain the destination's,
 /// deleted.
 fn remove_job_dir(dir: &Path) -> Result<()> {
-    let fail = |p: &Path, e: std::io::Error| {
-        anyhow!("cannot remove {}: {e}: remove it by hand", p.display())
-    };
+    let fail =
+        |p: &Path, e: std::io::Error| err!("cannot remove {}: {e}: remove it by hand", p.display());
     // The state first: a hook that gets the mount lock after this sees no buffer.
     match fs::remove_file(dir.join("state.json")) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -670,7 +673,9 @@ fn remove_job_dir(dir: &Path) -> Result<()> {
     fs::remove_dir(dir).map_err(|e| fail(dir, e))
 }
 
-pub(super) fn teardown(id: &str, hurry: bool, c: &Common) -> Result<()> {
+/// `teardown`: drains what is left (dropped when `hurry`, after `scancel --hurry`), unmounts
+/// and removes the job's folder.
+pub fn teardown(id: &str, hurry: bool, c: &Common) -> Result<()> {
     let dir = job_dir(c, id)?;
     if !dir.exists() {
         return Ok(());

@@ -3,12 +3,12 @@
 use std::fs;
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Result};
-use tierstack_bench::fmt_size;
+use crate::error::Result;
+use tierstack_common::fmt_size;
 
-use super::creds::exe;
-use super::state::write_atomic;
-use super::{
+use crate::creds::exe;
+use crate::state::write_atomic;
+use crate::{
     CONF_TEMPLATE, EPILOG_TEMPLATE, JOB_SUBMIT_TEMPLATE, LUA_TEMPLATE, MARKER, POOL,
     PROLOG_TEMPLATE,
 };
@@ -16,7 +16,7 @@ use super::{
 // ---------------------------------------------------------------------------------------------
 // install / uninstall
 
-pub(super) fn lua_quote(s: &str) -> String {
+pub(crate) fn lua_quote(s: &str) -> String {
     let mut o = String::from("\"");
     for ch in s.chars() {
         match ch {
@@ -35,12 +35,19 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-pub(super) struct Settings<'a> {
+/// What `tierstack slurm install` writes into SLURM's configuration.
+pub struct Settings<'a> {
+    /// SLURM's configuration folder (where slurm.conf is).
     pub conf: &'a Path,
+    /// Folder of the per-job buffers.
     pub fast: &'a Path,
+    /// Size of the `tierstack` pool, as given (`2G`).
     pub pool: &'a str,
+    /// StageInTimeout and StageOutTimeout, in seconds.
     pub stage_timeout: u64,
+    /// OtherTimeout, in seconds.
     pub other_timeout: u64,
+    /// Each buffer's drain rate limit in MB/s (none: unlimited).
     pub drain_rate: Option<f64>,
 }
 
@@ -64,9 +71,11 @@ fn conf_settings(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-pub(super) fn install(a: &Settings) -> Result<()> {
+/// `tierstack slurm install`: writes the Lua script, burst_buffer.conf, job_submit.lua and
+/// the Prolog/Epilog into SLURM's configuration folder.
+pub fn install(a: &Settings) -> Result<()> {
     let (conf, fast, pool) = (a.conf, a.fast, a.pool);
-    let pool_bytes = crate::size_flag("pool-size", pool)?;
+    let pool_bytes = crate::pool_bytes(pool)?;
     if pool_bytes < 1 << 20 {
         bail!("--pool-size {pool} is smaller than 1M: give e.g. 2G");
     }
@@ -141,7 +150,7 @@ pub(super) fn install(a: &Settings) -> Result<()> {
         files.push((p, text));
     }
     fs::create_dir_all(fast.join("jobs")).map_err(|e| {
-        anyhow!(
+        err!(
             "cannot create {}: {e}: give a --fast-dir on a writable file system",
             fast.join("jobs").display()
         )
@@ -223,15 +232,15 @@ pub(super) fn install(a: &Settings) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn uninstall(conf: &Path) -> Result<()> {
+/// `tierstack slurm uninstall`: removes the files `install` wrote (only those with its marker).
+pub fn uninstall(conf: &Path) -> Result<()> {
     let mut removed = 0;
     for name in FILES {
         let p = conf.join(name);
         match fs::read_to_string(&p) {
             Ok(t) if t.contains(MARKER) => {
-                fs::remove_file(&p).map_err(|e| {
-                    anyhow!("cannot remove {}: {e}: remove it by hand", p.display())
-                })?;
+                fs::remove_file(&p)
+                    .map_err(|e| err!("cannot remove {}: {e}: remove it by hand", p.display()))?;
                 removed += 1;
             }
             Ok(_) => eprintln!(
