@@ -8,7 +8,6 @@ mod doctor_cmd;
 mod io_cmd;
 mod mem_cmd;
 mod meta_cmd;
-mod metrics;
 mod mount_cmd;
 mod run_cmd;
 mod slurm_cmd;
@@ -46,6 +45,19 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
         code: 2,
         msg: msg.into(),
     })
+}
+
+/// A node service's error at the edge: a bad value is a usage error (exit 2).
+pub fn node_err(e: tierstack_node::NodeError) -> anyhow::Error {
+    match e {
+        tierstack_node::NodeError::Usage(m) => usage(m),
+        e => anyhow::Error::new(e),
+    }
+}
+
+/// `--metrics ADDR:PORT`, bound (a bad or busy address is a usage error).
+pub fn metrics_bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
+    tierstack_node::metrics::bind(addr).map_err(node_err)
 }
 
 /// The size given to `--FLAG` (8G, 512M, 4096...), or a usage error naming the flag.

@@ -409,11 +409,11 @@ pub fn mount(a: MountArgs) -> Result<()> {
         owner: a.owner.as_deref().map(owner_arg).transpose()?,
     };
     if let Some(m) = &a.metrics {
-        crate::metrics::check_addr(m)?;
+        tierstack_node::metrics::check_addr(m).map_err(crate::node_err)?;
     }
     if a.foreground {
         if let Some(m) = &a.metrics {
-            crate::metrics::serve_mount(m, &spec.mountpoint)?;
+            tierstack_node::metrics::serve_mount(m, &spec.mountpoint).map_err(crate::node_err)?;
         }
         return fsmount::run(spec, |s| {
             println!(
@@ -808,7 +808,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
 pub fn daemon(spec: &str, metrics: Option<&str>) -> Result<()> {
     let spec: MountSpec = serde_json::from_str(spec).context("bad mount-daemon spec")?;
     if let Some(m) = metrics {
-        crate::metrics::serve_mount(m, &spec.mountpoint)?;
+        tierstack_node::metrics::serve_mount(m, &spec.mountpoint).map_err(crate::node_err)?;
     }
     fsmount::run(spec, |s| {
         tracing::info!(

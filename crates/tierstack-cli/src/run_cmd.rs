@@ -7,10 +7,10 @@
 //! every process makes its drives in a fresh run folder under DIR that is removed when the
 //! program ends, however it ends.
 
-use crate::top_cmd::RunCounters;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use tierstack_node::runs::RunCounters;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -257,7 +257,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         None => None,
     };
     let lib = preload_lib()?;
-    let metrics_listener = a.metrics.as_deref().map(crate::metrics::bind).transpose()?;
+    let metrics_listener = a.metrics.as_deref().map(crate::metrics_bind).transpose()?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(&a.cmd[1..]);
     let mut preload = lib.into_os_string();
@@ -370,7 +370,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         libc::signal(libc::SIGHUP, pass_on as *const () as libc::sighandler_t);
     }
     // `tierstack top` finds the run through this record (removed when `_reg` drops).
-    let rec = crate::top_cmd::RunRecord {
+    let rec = tierstack_node::runs::RunRecord {
         tierstack_pid: std::process::id(),
         pid: child.id(),
         cmd: a
@@ -381,18 +381,18 @@ pub fn run(a: RunArgs) -> Result<()> {
             .join(" "),
         dram_bytes: dram,
         page_bytes: page,
-        started: crate::top_cmd::now_unix(),
+        started: tierstack_node::probe::now_unix(),
         stats_dir: run_dir.0.clone(),
         metrics: a.metrics.clone(),
     };
-    let _reg = crate::top_cmd::register_run(&rec);
+    let _reg = tierstack_node::runs::register_run(&rec);
     if let Some(l) = metrics_listener {
-        if let Err(e) = crate::metrics::serve_run(l, rec) {
+        if let Err(e) = tierstack_node::metrics::serve_run(l, rec) {
             eprintln!("tierstack: warning: {e}; the run goes on without metrics");
         }
     }
     let (code, max_rss) = wait_child(child.id())?;
-    let st = crate::top_cmd::run_counters(&run_dir.0);
+    let st = tierstack_node::runs::run_counters(&run_dir.0);
     if a.stats {
         eprintln!("{}", stats_line(&st, max_rss, code));
     }

@@ -1,6 +1,11 @@
 //! The interactive view (ratatui over crossterm).
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+use tierstack_common::fmt_size;
+use tierstack_node::top::{eta, frame, mbs, sample, tiers_line, Frame};
+
 use crossterm::event::{self, Event, KeyCode, KeyEventKind};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};

@@ -18,7 +18,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Result};
+use crate::{NodeError, Result};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -30,7 +30,8 @@ use prometheus::{
 };
 use std::sync::Mutex;
 
-use crate::top_cmd;
+use crate::probe::{dev_counters, dev_name, open_files, proc_io, rss_bytes};
+use crate::runs::{run_counters, RunRecord};
 
 /// Parses ADDR:PORT and binds it, with a one-line error naming the fix.
 pub fn bind(addr: &str) -> Result<TcpListener> {
@@ -39,12 +40,14 @@ pub fn bind(addr: &str) -> Result<TcpListener> {
         .ok()
         .and_then(|mut it| it.next())
         .ok_or_else(|| {
-            anyhow!("--metrics {addr} is not an address: give ADDR:PORT, e.g. 127.0.0.1:9464")
+            NodeError::Usage(format!(
+                "--metrics {addr} is not an address: give ADDR:PORT, e.g. 127.0.0.1:9464"
+            ))
         })?;
     TcpListener::bind(sa).map_err(|e| {
-        anyhow!(
+        NodeError::Usage(format!(
             "--metrics {addr}: cannot listen there ({e}): pick a free port, e.g. 127.0.0.1:9464"
-        )
+        ))
     })
 }
 
@@ -70,7 +73,10 @@ pub fn serve(
                 }
             }
         })
-        .map_err(|e| anyhow!("cannot start the metrics thread: {e}"))?;
+        .map_err(|source| NodeError::Io {
+            what: "cannot start the metrics thread".into(),
+            source,
+        })?;
     Ok(())
 }
 
@@ -122,8 +128,8 @@ fn answer(s: TcpStream, reg: &Registry, refresh: &mut impl FnMut()) -> std::io::
     w.flush()
 }
 
-fn reg_err(e: prometheus::Error) -> anyhow::Error {
-    anyhow!("metrics registry: {e}")
+fn reg_err(e: prometheus::Error) -> NodeError {
+    NodeError::Registry(e)
 }
 
 /// Raises an integer counter to `total` (counters only go up; a lower total is ignored).
@@ -269,10 +275,10 @@ impl Devices {
 
     fn update(&self, majmins: &std::collections::BTreeSet<String>) {
         for mm in majmins {
-            let Some(c) = top_cmd::dev_counters(mm) else {
+            let Some(c) = dev_counters(mm) else {
                 continue;
             };
-            let name = crate::top_cmd::dev_name(mm);
+            let name = dev_name(mm);
             let l = [name.as_str()];
             set_counter(&self.read_bytes, &l, c.read_bytes);
             set_counter(&self.write_bytes, &l, c.write_bytes);
@@ -327,6 +333,7 @@ pub struct MountMetrics {
 }
 
 impl MountMetrics {
+    /// Registers the mount's metrics for the mount at `mp` in `reg`.
     pub fn new(reg: &Registry, mp: &Path) -> Result<MountMetrics> {
         let ig = |n: &str, h: &str, l: &[&str]| -> Result<IntGaugeVec> {
             let g = IntGaugeVec::new(Opts::new(n, h), l).map_err(reg_err)?;
@@ -401,10 +408,14 @@ impl MountMetrics {
                 }
                 std::thread::sleep(Duration::from_secs(1));
             })
-            .map_err(|e| anyhow!("cannot start the metrics probe thread: {e}"))?;
+            .map_err(|source| NodeError::Io {
+                what: "cannot start the metrics probe thread".into(),
+                source,
+            })?;
         Ok(())
     }
 
+    /// Updates every figure from the mount's control socket, /proc and the drives' devices.
     pub fn refresh(&self) {
         let l = [self.mpl.as_str()];
         let t0 = Instant::now();
@@ -464,11 +475,11 @@ impl MountMetrics {
                 .with_label_values(&lo)
                 .set(o.max_us as f64 / 1e6);
         }
-        if let Some(io) = top_cmd::proc_io(std::process::id()) {
+        if let Some(io) = proc_io(std::process::id()) {
             set_counter(&self.proc_io.read, &l, io.read_bytes);
             set_counter(&self.proc_io.write, &l, io.write_bytes);
         }
-        let files: Vec<(PathBuf, String)> = top_cmd::open_files(std::process::id(), None)
+        let files: Vec<(PathBuf, String)> = open_files(std::process::id(), None)
             .into_iter()
             .filter(|(p, _)| !p.starts_with(&s.mountpoint) && !p.starts_with(&s.backing))
             .collect();
@@ -498,7 +509,7 @@ pub fn serve_mount(addr: &str, mp: &Path) -> Result<()> {
 }
 
 /// The metrics of a `tierstack run`, served from the `tierstack run` process.
-pub fn serve_run(listener: TcpListener, rec: top_cmd::RunRecord) -> Result<()> {
+pub fn serve_run(listener: TcpListener, rec: RunRecord) -> Result<()> {
     let reg = Registry::new();
     let l = ["pid"];
     let ig = |n: &str, h: &str| -> Result<IntGaugeVec> {
@@ -568,14 +579,14 @@ pub fn serve_run(listener: TcpListener, rec: top_cmd::RunRecord) -> Result<()> {
         page.with_label_values(&lv).set(rec.page_bytes as i64);
         let alive = tierstack_common::process::alive(rec.pid);
         up.with_label_values(&lv).set(i64::from(alive));
-        if let Some(r) = top_cmd::rss_bytes(rec.pid) {
+        if let Some(r) = rss_bytes(rec.pid) {
             rss.with_label_values(&lv).set(r as i64);
         }
-        if let Some(io) = top_cmd::proc_io(rec.pid) {
+        if let Some(io) = proc_io(rec.pid) {
             set_counter(&read, &lv, io.read_bytes);
             set_counter(&write, &lv, io.write_bytes);
         }
-        let c = top_cmd::run_counters(&rec.stats_dir);
+        let c = run_counters(&rec.stats_dir);
         set_counter(&exited, &lv, c.exited);
         paging.with_label_values(&lv).set(c.live as i64);
         set_counter(&faults, &lv, c.get("faults"));
@@ -585,7 +596,7 @@ pub fn serve_run(listener: TcpListener, rec: top_cmd::RunRecord) -> Result<()> {
         resident.with_label_values(&lv).set(c.live_resident as i64);
         fault_time.set(&lv, &c.fault_buckets, c.get("store_fault_ns") as f64 / 1e9);
         devices.update(
-            &top_cmd::open_files(rec.pid, Some(&rec.stats_dir))
+            &open_files(rec.pid, Some(&rec.stats_dir))
                 .into_iter()
                 .map(|(_, d)| d)
                 .collect(),
