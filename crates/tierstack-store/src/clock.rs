@@ -2,12 +2,17 @@
 //! buddy-allocated region per page, a map of them, and their clock (second-chance) order.
 //! Each block carries the sequence number of the put that made it, and clock entries of
 //! blocks that were replaced or left since are skipped (and pruned when they pile up).
+//!
+//! The region's allocator, [`buddy`], lives here, below both tiers that use it (the VRAM tier
+//! re-exports it as `vram::buddy`). Layering: `compressed` → `vram` → `clock` → `clock::buddy`.
+
+pub mod buddy;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use crate::vram::buddy::Buddy;
 use crate::PageKey;
+use buddy::Buddy;
 
 /// One page's block.
 #[derive(Debug)]

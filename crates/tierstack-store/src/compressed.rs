@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use parking_lot::RwLock;
 
 use crate::clock::{Block, Blocks};
-use crate::vram::buddy::Buddy;
+use crate::clock::buddy::Buddy;
 use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
 
 /// A page is kept only when it compresses to at most this share of its size (a quarter; its

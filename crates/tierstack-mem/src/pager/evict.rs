@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Relax
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::region::{PageState, RegionCore, WRITE_HEAT_MAX};
+use super::page::{runs, PageState};
+use super::region::{RegionCore, WRITE_HEAT_MAX};
 use super::Inner;
 
 /// Victims taken from the clock at a time.
@@ -229,7 +230,7 @@ impl Inner {
             // and the mapping stays until the region's drop, which marks the state dead
             // first (checked below before the result is used).
             self.zapper.read(pa, &mut bytes);
-            let same = hash.is_some_and(|h| super::fault::page_hash(&bytes) == h);
+            let same = hash.is_some_and(|h| super::page::page_hash(&bytes) == h);
             match hash {
                 Some(_) if same => unchanged += 1,
                 Some(_) => changed += 1,
@@ -457,19 +458,4 @@ impl Zapper {
                 unsafe { rustix::mm::madvise(a as *mut _, n, rustix::mm::Advice::LinuxDontNeed) };
         }
     }
-}
-
-/// Runs of adjacent numbers in a sorted list: (first, count).
-pub(super) fn runs(v: &[usize]) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < v.len() {
-        let mut j = i + 1;
-        while j < v.len() && v[j] == v[j - 1] + 1 {
-            j += 1;
-        }
-        out.push((v[i], j - i));
-        i = j;
-    }
-    out
 }

@@ -13,25 +13,9 @@ use std::time::{Duration, Instant};
 use crate::uffd::{Event, FaultKind};
 use parking_lot::Mutex;
 
-use super::region::{PageState, RState, RegionCore, WRITE_HEAT_MAX};
+use super::page::{page_hash, PageState, Placed};
+use super::region::{RState, RegionCore, WRITE_HEAT_MAX};
 use super::{fatal, Inner};
-
-/// How a page was mapped, and so how its eviction learns whether it was written.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Placed {
-    /// Write-protected: the first write takes a fault and marks it dirty.
-    Tracked,
-    /// Writable, with the hash of what the store holds for it (compared at eviction).
-    Hashed(u128),
-    /// Writable and counted written.
-    Dirty,
-}
-
-/// The hash that tells an unchanged page from a changed one at eviction (128 bits: an
-/// accidental match of a changed page, which would lose its write, is out of reach).
-pub(super) fn page_hash(data: &[u8]) -> u128 {
-    xxhash_rust::xxh3::xxh3_128(data)
-}
 
 /// A page fault to serve (read from the userfaultfd, or handed over by another thread).
 #[derive(Clone, Copy)]
@@ -296,7 +280,7 @@ impl Inner {
         // call, as far as there is room under the high watermark.
         let mut ahead = self.stream(&mut st, idx);
         let room = (self.high().saturating_sub(self.resident.load(Relaxed)) / page as u64) as usize;
-        let run_max = (super::readahead::RUN_BYTES / page).max(1).min(room + 1);
+        let run_max = (super::page::RUN_BYTES / page).max(1).min(room + 1);
         let mut run = vec![idx];
         if st.sequential {
             while run.len() < run_max

@@ -5,12 +5,18 @@
 //!
 //! - `fault`: the fault-thread loop, routing of faults to the thread on the faulting CPU
 //!   (mailboxes), missing and write-protect faults;
-//! - `region`: [`Region`] (map, discard, unmap) and the per-region page state;
+//! - `region`: [`Region`] (map, discard, unmap) and the per-region page state (its fault
+//!   streams included);
 //! - `readahead`: fault-stream detection and the prefetch threads;
-//! - `evict`: the evictor, victim selection, write-back and batched `MADV_DONTNEED`.
+//! - `evict`: the evictor, victim selection, write-back and batched `MADV_DONTNEED`;
+//! - `page`: what they all share below them (a page's state, how a loaded page was mapped,
+//!   the page hash, the read unit of a run, runs of adjacent pages).
+//!
+//! Layering (no module names one above it): `fault`, `readahead`, `evict` → `region` → `page`.
 
 mod evict;
 mod fault;
+mod page;
 mod readahead;
 mod region;
 

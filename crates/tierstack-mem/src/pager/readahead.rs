@@ -8,14 +8,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::fault::{page_hash, Placed};
-use super::region::{PageState, RState, RegionCore};
+use super::page::{page_hash, PageState, Placed, RUN_BYTES};
+use super::region::{RState, RegionCore, Stream};
 use super::Inner;
 
 /// Largest prefetch window, in bytes (at least 16 pages).
 pub(super) const PREFETCH_BYTES: usize = 4 << 20;
-/// Fault streams remembered per region.
-pub(super) const STREAMS: usize = 4;
 /// Largest stride (in pages) taken for a stream.
 const MAX_STRIDE: i64 = 64;
 
@@ -34,29 +32,12 @@ fn reach(stride: i64) -> i64 {
     }
 }
 
-#[derive(Clone, Copy, Default)]
-pub(super) struct Stream {
-    /// Page of the last fault of the stream.
-    last: i64,
-    stride: i64,
-    /// Last page prefetched (or faulted) along the stream: the prefetch frontier.
-    ahead: i64,
-    /// Consecutive faults that followed the stride.
-    hits: u32,
-    window: u64,
-    used: u64,
-}
-
 /// Pages to read ahead of a fault stream: one page, or a run of adjacent ones read and mapped
 /// together.
 pub(super) struct PrefetchJob {
     core: Arc<RegionCore>,
     idxs: Vec<usize>,
 }
-
-/// Largest run of adjacent pages read and mapped as one, in bytes: the read-ahead unit of a
-/// sequential stream grows to this, whatever the page size.
-pub(super) const RUN_BYTES: usize = 256 << 10;
 
 /// Threads that read prefetched pages in parallel (the store's reads are synchronous).
 pub(super) const PREFETCH_THREADS: usize = 8;

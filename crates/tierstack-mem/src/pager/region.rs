@@ -7,7 +7,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tierstack_store::TieredStore;
 
-use super::readahead::{Stream, STREAMS};
+use super::page::PageState;
 use super::{Inner, Pager, PagerOptions, RegionOptions};
 use crate::{MemCounters, MemError, Result};
 
@@ -17,21 +17,21 @@ pub(super) const WRITE_HEAT_MAX: u32 = 64;
 /// Store object ids of regions: unique in the process, so pagers may share a store.
 static NEXT_OBJ: AtomicU64 = AtomicU64::new(1);
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum PageState {
-    /// Never written, or evicted while all zero: served by the zero page.
-    Zero,
-    /// In the store.
-    Stored,
-    /// Being read from the store (by a fault or a prefetch); whoever set it maps and wakes.
-    Loading,
-    Resident,
-    /// Being written out by an eviction; writers wait in a write-protect fault.
-    Evicting,
-    /// The program mapped something else over (part of) the page (`mmap(MAP_FIXED)`): it is
-    /// no longer paged (never evicted, never read back); a fault in what is left of it gets
-    /// zeros.
-    Foreign,
+/// Fault streams remembered per region.
+pub(super) const STREAMS: usize = 4;
+
+/// A fault stream of a region, followed by `readahead` (see `Inner::stream`).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Stream {
+    /// Page of the last fault of the stream.
+    pub(super) last: i64,
+    pub(super) stride: i64,
+    /// Last page prefetched (or faulted) along the stream: the prefetch frontier.
+    pub(super) ahead: i64,
+    /// Consecutive faults that followed the stride.
+    pub(super) hits: u32,
+    pub(super) window: u64,
+    pub(super) used: u64,
 }
 
 pub(super) struct RState {
@@ -303,7 +303,7 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
     }
     // Clean pages are tracked again: write-protected, so the first write is seen. Where that
     // fails they count as dirty (written out before they are dropped).
-    for (a, n) in super::evict::runs(&resident_idx) {
+    for (a, n) in super::page::runs(&resident_idx) {
         if inner.uffd.write_protect(base + a * page, n * page).is_err() {
             for i in a..a + n {
                 st.dirty[i] = true;

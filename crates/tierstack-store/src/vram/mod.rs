@@ -20,7 +20,7 @@
 //! - `get_many` copies the pages of a run that lie next to each other on the GPU in one copy
 //!   (pages evicted together were placed together).
 
-pub mod buddy;
+pub use crate::clock::buddy;
 pub mod cuda;
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -28,9 +28,9 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::clock::buddy::{order_for, Buddy};
 use crate::clock::{Block, Blocks};
 use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
-use buddy::{order_for, Buddy};
 use cuda::{DeviceBuf, Gpu};
 
 struct State {
