@@ -1,7 +1,8 @@
 //! `tierstack run`: an unmodified program with a DRAM budget, paged to the array.
 //!
 //! The program runs with `LD_PRELOAD=libtierstack_preload.so` (found next to the `tierstack`
-//! binary, or at `$TIERSTACK_PRELOAD`) and its settings in `TIERSTACK_*` variables. Each
+//! binary, or at `$TIERSTACK_PRELOAD`) and its settings in the shim's private `_TIERSTACK_SHIM_*` variables
+//! (`tierstack_common::env`; a `TIERSTACK_*` variable of the caller passes through). Each
 //! process of the program that makes a large allocation gets its own pager, budget and store
 //! (see crates/tierstack-preload). With `--dir` (the default: the system's temporary folder)
 //! every process makes its drives in a fresh run folder under DIR that is removed when the

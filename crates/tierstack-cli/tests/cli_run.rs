@@ -341,6 +341,32 @@ fn exit_status_and_signals_of_the_program_are_passed_on() {
     assert_eq!(std::fs::read_dir(t.path()).expect("dir").count(), 0);
 }
 
+/// The shim's settings are private (`_TIERSTACK_SHIM_*`): the job's `TIERSTACK_DIR` (its SLURM
+/// buffer) reaches the program unchanged, and a stale shim setting in the caller's
+/// environment does not.
+#[test]
+fn the_callers_tierstack_variables_pass_through_and_shim_settings_do_not() {
+    let _s = serial();
+    if !uffd_usable() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let out = Command::new(BIN)
+        .args(["run", "--dir"])
+        .arg(t.path())
+        .args(["--dram", "64M", "--", "sh", "-c"])
+        .arg("echo \"dir=$TIERSTACK_DIR store=${_TIERSTACK_SHIM_STORE-unset} vram=${_TIERSTACK_SHIM_VRAM-unset}\"")
+        .env("TIERSTACK_DIR", "/jobs/42/mnt")
+        .env("_TIERSTACK_SHIM_VRAM", "1G")
+        .output()
+        .expect("run tierstack");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("dir=/jobs/42/mnt "), "{stdout}");
+    assert!(stdout.contains("vram=unset"), "a stale shim setting is cleared: {stdout}");
+    assert!(!stdout.contains("store=unset"), "run sets the store size: {stdout}");
+}
+
 #[test]
 fn bad_options_get_one_line_and_nothing_is_created() {
     let _s = serial();

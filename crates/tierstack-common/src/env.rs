@@ -1,7 +1,9 @@
 //! The environment contract between `tierstack run` and the preload shim in the program it
-//! starts: every `TIERSTACK_*` variable either side reads or writes, named once. The shim
-//! reads them with `getenv` before its allocator is safe to use, so each name is also a
-//! NUL-terminated C string.
+//! starts: every variable either side reads or writes, named once. They are private to the
+//! two, so they carry a prefix of their own, `_TIERSTACK_SHIM_`, apart from the `TIERSTACK_*`
+//! names users and sites set (`TIERSTACK_DIR`, the SLURM buffer of a job, passes through
+//! `run` untouched). The shim reads them with `getenv` before its allocator is safe to use,
+//! so each name is also a NUL-terminated C string.
 
 use std::ffi::CStr;
 
@@ -21,26 +23,29 @@ impl Var {
     }
 }
 
+/// The prefix of every variable of the contract.
+pub const PREFIX: &str = "_TIERSTACK_SHIM_";
+
 /// Bytes of DRAM the program's paged memory may take (`--dram`).
-pub const DRAM: Var = Var(c"TIERSTACK_DRAM");
+pub const DRAM: Var = Var(c"_TIERSTACK_SHIM_DRAM");
 /// The unit of faulting and eviction in bytes (`--page`).
-pub const PAGE: Var = Var(c"TIERSTACK_PAGE");
+pub const PAGE: Var = Var(c"_TIERSTACK_SHIM_PAGE");
 /// Allocations of at least this many bytes are paged (`--threshold`).
-pub const THRESHOLD: Var = Var(c"TIERSTACK_THRESHOLD");
+pub const THRESHOLD: Var = Var(c"_TIERSTACK_SHIM_THRESHOLD");
 /// The run folder the per-process file drives are made in (`--dir`).
-pub const DIR: Var = Var(c"TIERSTACK_DIR");
+pub const DIR: Var = Var(c"_TIERSTACK_SHIM_DIR");
 /// Bytes of each process's store array (`--store`).
-pub const STORE: Var = Var(c"TIERSTACK_STORE");
+pub const STORE: Var = Var(c"_TIERSTACK_SHIM_STORE");
 /// The descriptor of an array made with `array create` (`--array`).
-pub const ARRAY: Var = Var(c"TIERSTACK_ARRAY");
+pub const ARRAY: Var = Var(c"_TIERSTACK_SHIM_ARRAY");
 /// Bytes of GPU memory for a VRAM tier (`--vram`).
-pub const VRAM: Var = Var(c"TIERSTACK_VRAM");
+pub const VRAM: Var = Var(c"_TIERSTACK_SHIM_VRAM");
 /// The GPU of the VRAM tier (`--gpu`).
-pub const GPU: Var = Var(c"TIERSTACK_GPU");
+pub const GPU: Var = Var(c"_TIERSTACK_SHIM_GPU");
 /// `0`: no compressed tier (`--no-compress`).
-pub const COMPRESS: Var = Var(c"TIERSTACK_COMPRESS");
+pub const COMPRESS: Var = Var(c"_TIERSTACK_SHIM_COMPRESS");
 /// Where each process writes its pager's counters (live, and at exit).
-pub const STATS_DIR: Var = Var(c"TIERSTACK_STATS_DIR");
+pub const STATS_DIR: Var = Var(c"_TIERSTACK_SHIM_STATS_DIR");
 
 /// What `run` sets, or clears when its option is not given, for its program: nothing the
 /// caller's environment held passes through unchosen.
@@ -55,10 +60,10 @@ mod tests {
     #[test]
     fn names_are_distinct_and_prefixed() {
         let mut names: Vec<&str> = RUN_SETTINGS.iter().map(|v| v.name()).collect();
-        assert!(names.iter().all(|n| n.starts_with("TIERSTACK_")));
+        assert!(names.iter().all(|n| n.starts_with(PREFIX)));
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), RUN_SETTINGS.len());
-        assert_eq!(DRAM.c().to_bytes_with_nul(), b"TIERSTACK_DRAM\0");
+        assert_eq!(DRAM.c().to_bytes_with_nul(), b"_TIERSTACK_SHIM_DRAM\0");
     }
 }

@@ -35,7 +35,7 @@ pub const DEFAULT_PAGE: usize = 4096;
 /// [`DEFAULT_PAGE`] as the `--page` options of `run` and `bench mem` write their default.
 pub const DEFAULT_PAGE_ARG: &str = "4K";
 
-/// Bytes of paging store the preload shim makes when `run` does not say (`TIERSTACK_STORE`).
+/// Bytes of paging store the preload shim makes when `run` does not say (`_TIERSTACK_SHIM_STORE`).
 pub const DEFAULT_STORE: u64 = 64 << 30;
 
 /// The paging store `run` makes in the folder `dir` unless told (`--store`): half of the

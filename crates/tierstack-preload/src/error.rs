@@ -17,7 +17,7 @@ pub(crate) enum PreloadError {
         #[source]
         source: std::io::Error,
     },
-    /// The array named by `TIERSTACK_ARRAY` did not open.
+    /// The array named by `_TIERSTACK_SHIM_ARRAY` did not open.
     #[error("cannot open array {desc}: {source}")]
     OpenArray {
         desc: String,

@@ -3,16 +3,16 @@
 //! Interposes the malloc family (`malloc`, `calloc`, `realloc`, `reallocarray`, `free`,
 //! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`, `malloc_usable_size`)
 //! and anonymous private `mmap` / `munmap` / `mremap`. A request of at least the threshold
-//! (`TIERSTACK_THRESHOLD`, default 64 MiB) becomes a region of the process's
+//! (`_TIERSTACK_SHIM_THRESHOLD`, default 64 MiB) becomes a region of the process's
 //! [`tierstack_mem::Pager`]: its pages live in DRAM up to the process's budget
-//! (`TIERSTACK_DRAM`) and in the tiered store (an array of file drives) beyond it. Everything
+//! (`_TIERSTACK_SHIM_DRAM`) and in the tiered store (an array of file drives) beyond it. Everything
 //! smaller goes to glibc's allocator (`__libc_malloc` and friends), as do requests made by
 //! tierstack's own threads (named `ts-*`) and by the shim while it works (a thread-local flag).
 //!
-//! - The pager and its store start on the first large request. With `TIERSTACK_DIR` the
+//! - The pager and its store start on the first large request. With `_TIERSTACK_SHIM_DIR` the
 //!   process makes its own RAID 5 of four sparse file drives in `DIR/<pid>/` and unlinks them
 //!   at once (the space is freed when the process ends, even by `kill -9`); with
-//!   `TIERSTACK_ARRAY` it opens that array (one process at a time; its paging data from
+//!   `_TIERSTACK_SHIM_ARRAY` it opens that array (one process at a time; its paging data from
 //!   earlier runs is discarded).
 //! - A region is only created when the store can hold all of it (the pager's commit limit):
 //!   otherwise the call fails like an allocation failure (NULL / `MAP_FAILED`, errno ENOMEM).
@@ -27,7 +27,7 @@
 //!   runs the program's start routine) and the thread that makes the first region tell the
 //!   pager where the kernel publishes their current CPU, so each of their faults is served by
 //!   the fault thread on their own CPU ([`tierstack_mem::register_current_thread`]).
-//! - With `TIERSTACK_STATS_DIR` the process writes its counters to `DIR/<pid>.json` at exit;
+//! - With `_TIERSTACK_SHIM_STATS_DIR` the process writes its counters to `DIR/<pid>.json` at exit;
 //!   `tierstack run --stats` prints them.
 
 use std::cell::Cell;
@@ -277,7 +277,7 @@ fn start() -> Result<Engine, PreloadError> {
         (a, dir)
     } else {
         let dir = paging_dir().ok_or(PreloadError::NotSet(
-            "neither TIERSTACK_DIR nor TIERSTACK_ARRAY",
+            "neither _TIERSTACK_SHIM_DIR nor _TIERSTACK_SHIM_ARRAY",
         ))?;
         (own_array(&dir, page, dram)?, dir)
     };
@@ -311,7 +311,7 @@ fn build_engine(
     dir: std::path::PathBuf,
     vram: Option<tierstack_mem::setup::Vram>,
 ) -> Result<Engine, PreloadError> {
-    // `run --no-compress` sets TIERSTACK_COMPRESS=0.
+    // `run --no-compress` sets _TIERSTACK_SHIM_COMPRESS=0.
     let compress = env_size(contract::COMPRESS) != Some(0);
     let (store, options) =
         tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page, vram, compress)?;
