@@ -192,7 +192,7 @@ impl Backing {
 
 fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, BenchError> {
     if t.in_memory {
-        let store = tierstack_store::TieredStore::new(map + (64 << 20), Vec::new())?;
+        let store = tierstack_store::StackSpec::new(map + (64 << 20)).build()?;
         let opts = tierstack_mem::RegionOptions {
             page: t.page,
             budget: t.dram.max(4 * t.page as u64),

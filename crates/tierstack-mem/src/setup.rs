@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tierstack_array::{Array, ArrayOptions, CreateParams, Level};
-use tierstack_store::{ArrayTier, Tier, TieredStore};
+use tierstack_store::TieredStore;
 
 use crate::{MemError, PagerOptions, Result};
 
@@ -232,27 +232,15 @@ pub fn store_over(
     compress: bool,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
     let cfg = engine_config(&array, dram, page, vram, compress);
-    let array_tier: Box<dyn Tier> = Box::new(ArrayTier::shared(array));
-    let first: Box<dyn Tier> = match vram {
-        Some(v) => Box::new(
-            tierstack_store::VramTier::on_gpu(v.gpu, v.bytes, array_tier)
-                .map_err(|e| MemError::Config(e.to_string()))?,
-        ),
-        None => array_tier,
-    };
-    let first: Box<dyn Tier> = if cfg.compressed_bytes > 0 {
-        Box::new(tierstack_store::CompressedTier::new(
-            cfg.compressed_bytes,
-            first,
-        ))
-    } else {
-        first
-    };
-    let mut tiers: Vec<Box<dyn Tier>> = vec![first];
-    for s in snapshots {
-        tiers.push(Box::new(ArrayTier::shared(s.clone())));
+    let mut spec = tierstack_store::StackSpec::new(cfg.store_dram_bytes)
+        .array(array)
+        .compressed(cfg.compressed_bytes)
+        .snapshots(snapshots);
+    if let Some(v) = vram {
+        spec = spec.vram(v.gpu, v.bytes);
     }
-    let store = TieredStore::new(cfg.store_dram_bytes, tiers)
+    let store = spec
+        .build()
         .map_err(|e| MemError::Config(e.to_string()))?;
     Ok((
         Arc::new(store),

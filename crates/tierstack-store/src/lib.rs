@@ -14,11 +14,13 @@
 mod clock;
 pub mod compressed;
 mod dram;
+mod stack;
 mod tier;
 pub mod vram;
 
 pub use compressed::CompressedTier;
 pub use dram::{DramTier, PageData};
+pub use stack::StackSpec;
 pub use tier::{ArrayTier, Tier, TierCounters, TierStatus};
 pub use vram::cuda::{Gpu, GpuError, GpuInfo};
 pub use vram::VramTier;
