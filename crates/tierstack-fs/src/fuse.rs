@@ -1,7 +1,7 @@
 //! The FUSE side: the file system's operations over [`Core`] ([`TierFs::serve`], one
 //! decoded request [`Op`] in, one [`Out`] answer back), and the `fuser::Filesystem` that
 //! carries them over `/dev/fuse`. [`crate::uring`] carries the same operations over the
-//! kernel's io_uring queues.
+//! kernel's io_uring queues; the operations themselves are the table of [`crate::ops`].
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -17,6 +17,7 @@ use fuser::{
 };
 
 use crate::core::{now_ns, Attr, Core, Kind, PAGE};
+pub use crate::ops::{Answer, Caller, Op, OpKind, Out, Statfs};
 use crate::refresh::{is_direct, may_write, open_flags, Refresher, STALE_NS};
 
 /// Attributes and entries may be cached by the kernel this long: only this daemon changes
@@ -35,8 +36,19 @@ pub struct TierFs {
     pub direct_writes: bool,
     /// Drops the kernel's entries of files written by such handles.
     pub refresh: Arc<Refresher>,
-    /// FUSE over io_uring, when the mount asks for it (see [`crate::uring`]).
-    pub ring: Option<Arc<crate::uring::Ring>>,
+    /// A second transport that INIT may offer the kernel (FUSE over io_uring, see
+    /// [`crate::uring`]), when the mount asks for it.
+    pub ring: Option<Arc<dyn InitOffer>>,
+}
+
+/// A transport that is agreed in the FUSE INIT handshake (FUSE over io_uring): INIT asks
+/// whether to offer it, and reports the kernel's answer. Implemented by `uring::Ring`; a
+/// trait so that this module does not depend on the transports that carry its operations.
+pub trait InitOffer: Send + Sync {
+    /// Whether INIT offers the transport to the kernel (asked once, by INIT).
+    fn wanted(&self) -> bool;
+    /// INIT's outcome: whether the kernel agreed.
+    fn negotiated(&self, agreed: bool);
 }
 
 fn st(ns: i64) -> SystemTime {
@@ -141,221 +153,6 @@ impl TierFs {
     }
 }
 
-/// Who asked: the caller's user and group ids, from the request's header.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Caller {
-    /// The caller's effective user id.
-    pub uid: u32,
-    /// The caller's effective group id.
-    pub gid: u32,
-}
-
-/// A file-system request, decoded from whichever transport carried it (`fuser`'s
-/// `/dev/fuse` loop or the io_uring queues of [`crate::uring`]). Names and data borrow the
-/// request's buffer.
-/// The fields are named as in the FUSE protocol; each variant's doc says what it asks.
-#[derive(Debug)]
-#[allow(missing_docs)]
-pub enum Op<'a> {
-    /// Look `name` up in directory `parent`.
-    Lookup { parent: u64, name: &'a [u8] },
-    /// The attributes of `ino`.
-    Getattr { ino: u64 },
-    /// Change attributes (each `Some` is set; a time of `Some(None)` is "now"); `fh`: the
-    /// handle the kernel wrote through, if any.
-    Setattr {
-        ino: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<Option<SystemTime>>,
-        mtime: Option<Option<SystemTime>>,
-        fh: Option<u64>,
-    },
-    /// A symlink's target.
-    Readlink { ino: u64 },
-    /// Make a node of type and mode `mode` (a regular file, FIFO, socket or device).
-    Mknod {
-        parent: u64,
-        name: &'a [u8],
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-    },
-    /// Make a directory.
-    Mkdir {
-        parent: u64,
-        name: &'a [u8],
-        mode: u32,
-        umask: u32,
-    },
-    /// Remove a name that is not a directory.
-    Unlink { parent: u64, name: &'a [u8] },
-    /// Remove an empty directory.
-    Rmdir { parent: u64, name: &'a [u8] },
-    /// Make symlink `name` pointing at `target`.
-    Symlink {
-        parent: u64,
-        name: &'a [u8],
-        target: &'a [u8],
-    },
-    /// Rename (`flags`: `RENAME_NOREPLACE`, ...).
-    Rename {
-        parent: u64,
-        name: &'a [u8],
-        newparent: u64,
-        newname: &'a [u8],
-        flags: u32,
-    },
-    /// Add hard link `newname` to `ino`.
-    Link {
-        ino: u64,
-        newparent: u64,
-        newname: &'a [u8],
-    },
-    /// Open a file with open(2) `flags`.
-    Open { ino: u64, flags: i32 },
-    /// Read up to `size` bytes at `offset`.
-    Read { ino: u64, offset: u64, size: u32 },
-    /// Write `data` at `offset` through handle `fh`; `kill_suidgid`: the kernel asks for
-    /// set-ID bits to be cleared.
-    Write {
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        data: &'a [u8],
-        kill_suidgid: bool,
-    },
-    /// A `close` of handle `fh`.
-    Flush { ino: u64, fh: u64 },
-    /// The last close of handle `fh`.
-    Release { ino: u64, fh: u64 },
-    /// Make the file durable.
-    Fsync { ino: u64 },
-    /// Open a directory.
-    Opendir { ino: u64 },
-    /// Entries of a directory after position `offset`, at most `size` bytes of them.
-    Readdir { ino: u64, offset: u64, size: u32 },
-    /// Make a directory durable.
-    Fsyncdir { ino: u64 },
-    /// The file system's sizes.
-    Statfs,
-    /// Create and open a file.
-    Create {
-        parent: u64,
-        name: &'a [u8],
-        mode: u32,
-        umask: u32,
-        flags: i32,
-    },
-    /// Set extended attribute `name` (`flags`: `XATTR_CREATE`, `XATTR_REPLACE`).
-    Setxattr {
-        ino: u64,
-        name: &'a [u8],
-        value: &'a [u8],
-        flags: i32,
-    },
-    /// Read extended attribute `name` (`size` 0: its size).
-    Getxattr { ino: u64, name: &'a [u8], size: u32 },
-    /// List the extended attributes (`size` 0: the list's size).
-    Listxattr { ino: u64, size: u32 },
-    /// Remove extended attribute `name`.
-    Removexattr { ino: u64, name: &'a [u8] },
-    /// The next data (`SEEK_DATA`) or hole (`SEEK_HOLE`) at or after `offset`.
-    Lseek { ino: u64, offset: u64, whence: i32 },
-    /// Reserve, punch or zero `length` bytes at `offset` (`fallocate(2)` `mode`).
-    Fallocate {
-        ino: u64,
-        offset: u64,
-        length: u64,
-        mode: i32,
-    },
-}
-
-impl Op<'_> {
-    /// The operation's name in `status --json` (see [`crate::opstats::OPS`]).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Op::Lookup { .. } => "lookup",
-            Op::Getattr { .. } => "getattr",
-            Op::Setattr { .. } => "setattr",
-            Op::Readlink { .. } => "readlink",
-            Op::Mknod { .. } => "mknod",
-            Op::Mkdir { .. } => "mkdir",
-            Op::Unlink { .. } => "unlink",
-            Op::Rmdir { .. } => "rmdir",
-            Op::Symlink { .. } => "symlink",
-            Op::Rename { .. } => "rename",
-            Op::Link { .. } => "link",
-            Op::Open { .. } => "open",
-            Op::Read { .. } => "read",
-            Op::Write { .. } => "write",
-            Op::Flush { .. } => "flush",
-            Op::Release { .. } => "release",
-            Op::Fsync { .. } => "fsync",
-            Op::Opendir { .. } => "opendir",
-            Op::Readdir { .. } => "readdir",
-            Op::Fsyncdir { .. } => "fsyncdir",
-            Op::Statfs => "statfs",
-            Op::Create { .. } => "create",
-            Op::Setxattr { .. } => "setxattr",
-            Op::Getxattr { .. } => "getxattr",
-            Op::Listxattr { .. } => "listxattr",
-            Op::Removexattr { .. } => "removexattr",
-            Op::Fallocate { .. } => "fallocate",
-            Op::Lseek { .. } => "lseek",
-        }
-    }
-}
-
-/// The file system's sizes, as statfs(2) reports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Statfs {
-    /// Blocks of `bsize` bytes in all.
-    pub blocks: u64,
-    /// Free blocks.
-    pub bfree: u64,
-    /// Free blocks for unprivileged users.
-    pub bavail: u64,
-    /// Block size.
-    pub bsize: u32,
-    /// Longest name.
-    pub namelen: u32,
-}
-
-/// What an operation answers, whichever transport carries it back.
-#[derive(Debug)]
-pub enum Out {
-    /// A directory entry (kept by the kernel for [`TTL`]).
-    Entry(Attr),
-    /// A name that is not there, kept by the kernel as a negative entry.
-    Negative,
-    /// Attributes (kept for [`TTL`]).
-    Attr(Attr),
-    /// Bytes: a read's data, a symlink's target, an extended attribute or their list.
-    Data(Vec<u8>),
-    /// The size an extended attribute (or their list) would take.
-    Size(u32),
-    /// Done, nothing to return.
-    Empty,
-    /// An opened handle and its `FOPEN_*` flags.
-    Open(u64, FopenFlags),
-    /// A created and opened file.
-    Created(Attr, u64, FopenFlags),
-    /// Bytes written.
-    Written(u32),
-    /// An offset in a file (`lseek`).
-    Offset(u64),
-    /// The file system's sizes.
-    Statfs(Statfs),
-    /// Directory entries: (inode, position after the entry, type, name).
-    Dir(Vec<(u64, u64, Kind, Vec<u8>)>),
-}
-
-/// An operation's answer: [`Out`] or an errno.
-pub type Answer = std::result::Result<Out, i32>;
-
 impl TierFs {
     /// Serves `op` for `caller` and sends the answer with `send`, then does what must follow
     /// the reply (see [`TierFs::answer`]).
@@ -378,7 +175,7 @@ impl TierFs {
     /// The answer to `op` for `caller`, and the inode whose kernel entries are to be dropped
     /// once the answer is sent ([`TierFs::after_reply`]). Timed in `status --json`'s `ops`.
     pub fn answer(&self, op: Op<'_>, caller: Caller) -> (Answer, Option<u64>) {
-        let _t = self.core.ops.time(op.name());
+        let _t = self.core.ops.time(op.kind());
         let core = &self.core;
         let r: Answer = match op {
             Op::Lookup { parent, name } => match core.lookup(parent, name) {

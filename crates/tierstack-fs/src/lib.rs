@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+pub mod attr;
 pub mod backing;
 pub mod buffers;
 pub mod core;
@@ -21,6 +22,7 @@ pub mod error;
 pub mod fuse;
 pub mod intent;
 pub mod mount;
+pub mod ops;
 pub mod opstats;
 pub mod poll;
 pub mod refresh;

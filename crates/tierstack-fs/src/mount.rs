@@ -21,7 +21,7 @@ use tierstack_store::TieredStore;
 
 use crate::core::Core;
 use crate::db::Db;
-use crate::drain::Drainer;
+use crate::drain::{policy, Drainer};
 use crate::error::{io_err, FsError, Result};
 
 /// What the daemon is asked to do (passed as JSON by `tierstack mount`).
@@ -749,7 +749,7 @@ impl Daemon {
             core: core.clone(),
             direct_writes: spec.direct_writes,
             refresh: refresh.clone(),
-            ring: Some(ring.clone()),
+            ring: Some(ring.clone() as Arc<dyn crate::fuse::InitOffer>),
         };
         let ring_fs = fs.clone();
         let mut dev = None;
@@ -943,12 +943,7 @@ impl Daemon {
         // mount of the same fast tier.
         self.core.force.store(true, Relaxed);
         self.core.wake_drainer();
-        while !self.drainer.idle() && !self.drainer.settled() && !self.core.force_stop.load(Relaxed)
-        {
-            self.core.force.store(true, Relaxed);
-            self.core.wake_drainer();
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.drain_for_stop(None);
         self.drainer.stop.store(true, Relaxed);
         self.core.stopping.store(true, Relaxed);
         self.core.store.flush()?;
@@ -975,6 +970,28 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// Asks for the drain again and again while the drain policy says a stop drains
+    /// ([`policy::stop_drain_goes_on`]): until nothing is left but quarantined rows, the
+    /// drain is cut short (`umount --force`, a second signal) or `limit` has passed.
+    fn drain_for_stop(&self, limit: Option<Duration>) {
+        let cfg = policy::Config::DEFAULT;
+        let t0 = std::time::Instant::now();
+        loop {
+            let at = policy::AtStop {
+                drained: self.drainer.idle() || self.drainer.settled(),
+                cut_short: self.core.force_stop.load(Relaxed),
+                elapsed: t0.elapsed(),
+                limit,
+            };
+            if !policy::stop_drain_goes_on(&at) {
+                return;
+            }
+            self.core.force.store(true, Relaxed);
+            self.core.wake_drainer();
+            std::thread::sleep(cfg.stop_poll);
+        }
+    }
+
     /// The stop by signal, in this order: `syncfs` of the mount (the kernel's writeback
     /// cache holds what nobody fsync'd), with [`OnStop::Drain`] a drain bounded by
     /// [`STOP_DRAIN_LIMIT`], the daemon's DRAM onto the array and the journal durable, a lazy
@@ -1000,16 +1017,7 @@ impl Daemon {
             }
         }
         if self.spec.on_stop == OnStop::Drain {
-            let t0 = std::time::Instant::now();
-            while !self.drainer.idle()
-                && !self.drainer.settled()
-                && !self.core.force_stop.load(Relaxed)
-                && t0.elapsed() < STOP_DRAIN_LIMIT
-            {
-                self.core.force.store(true, Relaxed);
-                self.core.wake_drainer();
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            self.drain_for_stop(Some(STOP_DRAIN_LIMIT));
         }
         self.core.sync_all()?;
         if let Err(e) = detach_mount(&mp, true) {

@@ -7,45 +7,13 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-/// The operations measured, in the order `status` lists them.
-pub const OPS: &[&str] = &[
-    "lookup",
-    "getattr",
-    "setattr",
-    "readlink",
-    "mknod",
-    "mkdir",
-    "unlink",
-    "rmdir",
-    "symlink",
-    "rename",
-    "link",
-    "open",
-    "read",
-    "write",
-    "flush",
-    "release",
-    "fsync",
-    "opendir",
-    "readdir",
-    "fsyncdir",
-    "statfs",
-    "create",
-    "setxattr",
-    "getxattr",
-    "listxattr",
-    "removexattr",
-    "fallocate",
-    "lseek",
-];
+use crate::ops::OpKind;
 
 /// Latencies (microseconds, 3 significant digits up to 100 s) of each operation.
 pub struct OpStats {
-    /// One per operation of [`OPS`] (None only if hdrhistogram refused the bounds).
+    /// One per row of the operation table, [`OpKind`] (None only if hdrhistogram refused
+    /// the bounds).
     hists: Vec<Option<Mutex<Histogram<u64>>>>,
-    /// Operations that [`OPS`] does not list (a new one added to `fuse::Op` only): timed
-    /// all the same, listed after the others, never silently dropped.
-    others: Mutex<Vec<(&'static str, Histogram<u64>)>>,
     /// Operations started since the mount started (all kinds).
     started: std::sync::atomic::AtomicU64,
 }
@@ -53,7 +21,7 @@ pub struct OpStats {
 /// One operation's figures.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpFigures {
-    /// The operation's name (one of [`OPS`]).
+    /// The operation's name ([`OpKind::name`]).
     pub op: String,
     /// Operations served since the mount started.
     pub count: u64,
@@ -74,30 +42,16 @@ pub struct OpFigures {
 /// Records the time from its creation to its drop under one operation.
 pub struct Timer<'a> {
     stats: &'a OpStats,
-    op: &'static str,
-    idx: usize,
+    op: OpKind,
     t0: Instant,
 }
 
 impl Drop for Timer<'_> {
     fn drop(&mut self) {
         let us = self.t0.elapsed().as_micros().min(100_000_000) as u64;
-        if let Some(Some(h)) = self.stats.hists.get(self.idx) {
+        if let Some(Some(h)) = self.stats.hists.get(self.op.index()) {
             h.lock().saturating_record(us.max(1));
-            return;
         }
-        let mut others = self.stats.others.lock();
-        let at = match others.iter().position(|(o, _)| *o == self.op) {
-            Some(i) => i,
-            None => match new_hist() {
-                Some(h) => {
-                    others.push((self.op, h));
-                    others.len() - 1
-                }
-                None => return,
-            },
-        };
-        others[at].1.saturating_record(us.max(1));
     }
 }
 
@@ -108,22 +62,20 @@ fn new_hist() -> Option<Histogram<u64>> {
 impl Default for OpStats {
     fn default() -> Self {
         OpStats {
-            hists: OPS.iter().map(|_| new_hist().map(Mutex::new)).collect(),
-            others: Mutex::new(Vec::new()),
+            hists: OpKind::all().map(|_| new_hist().map(Mutex::new)).collect(),
             started: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
 
 impl OpStats {
-    /// Starts timing operation `op` (one of [`OPS`]); recorded when the timer drops.
-    pub fn time(&self, op: &'static str) -> Timer<'_> {
+    /// Starts timing operation `op`; recorded when the timer drops.
+    pub fn time(&self, op: OpKind) -> Timer<'_> {
         self.started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Timer {
             stats: self,
             op,
-            idx: OPS.iter().position(|o| *o == op).unwrap_or(usize::MAX),
             t0: Instant::now(),
         }
     }
@@ -135,18 +87,10 @@ impl OpStats {
 
     /// The figures of every operation served at least once.
     pub fn figures(&self) -> Vec<OpFigures> {
-        let mut out: Vec<OpFigures> = OPS
-            .iter()
+        OpKind::all()
             .zip(&self.hists)
-            .filter_map(|(op, h)| figures_of(op, &h.as_ref()?.lock()))
-            .collect();
-        out.extend(
-            self.others
-                .lock()
-                .iter()
-                .filter_map(|(op, h)| figures_of(op, h)),
-        );
-        out
+            .filter_map(|(op, h)| figures_of(op.name(), &h.as_ref()?.lock()))
+            .collect()
     }
 }
 
@@ -183,10 +127,10 @@ mod tests {
     fn records_per_operation() {
         let s = OpStats::default();
         for _ in 0..10 {
-            let _t = s.time("lookup");
+            let _t = s.time(OpKind::Lookup);
         }
         {
-            let _t = s.time("write");
+            let _t = s.time(OpKind::Write);
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         let f = s.figures();
@@ -198,13 +142,6 @@ mod tests {
         // Ten lookups of a few microseconds at most, one write of 2 ms or more (le 2.5 ms,
         // 5 ms or later on a busy machine).
         assert_eq!(f[0].buckets.iter().sum::<u64>(), 10);
-        // An operation the list lacks is timed all the same, after the others.
-        drop(s.time("copy_file_range"));
-        let g = s.figures();
-        assert_eq!(
-            g.last().map(|x| (x.op.as_str(), x.count)),
-            Some(("copy_file_range", 1))
-        );
         assert_eq!(f[1].buckets.iter().sum::<u64>(), 1);
         let w = f[1].buckets.iter().position(|&c| c == 1).unwrap_or(0);
         assert!(
@@ -214,5 +151,22 @@ mod tests {
             "{:?}",
             f[1]
         );
+    }
+
+    /// Every row of the operation table is timed and listed under its name, in table order.
+    #[test]
+    fn every_operation_is_timed() {
+        let s = OpStats::default();
+        for (i, k) in OpKind::all().enumerate() {
+            for _ in 0..=i {
+                drop(s.time(k));
+            }
+        }
+        let f = s.figures();
+        assert_eq!(f.len(), OpKind::COUNT);
+        for ((i, k), x) in OpKind::all().enumerate().zip(&f) {
+            assert_eq!((x.op.as_str(), x.count), (k.name(), i as u64 + 1));
+        }
+        assert_eq!(s.started(), (1..=OpKind::COUNT as u64).sum::<u64>());
     }
 }

@@ -34,9 +34,7 @@ use parking_lot::Mutex;
 
 use crate::core::Link;
 
-/// A direct handle whose file was last written this long after its open gets its entries
-/// dropped at close (a jiffy at 250 Hz, the kernel clock's granularity for file times).
-pub const STALE_NS: i64 = 4_000_000;
+pub use crate::core::STALE_NS;
 
 /// The handle and open flags for an open with `flags` (`fresh`: the open created the file):
 /// a direct handle (its number is `started`, the time in ns the open reached the daemon, never

@@ -42,6 +42,7 @@ mod space;
 
 pub use data::{FileData, Page};
 pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, NAME_MAX};
+pub use namespace::STALE_NS;
 
 /// The page size of file contents in the store (the store's largest value).
 pub const PAGE: u64 = 1 << 20;
@@ -128,7 +129,7 @@ pub struct Core {
     pub force: AtomicBool,
     /// When the foreground last changed something (a namespace transaction or a write), in
     /// nanoseconds since `epoch`: the drainer waits for a gap in this work (see
-    /// `drain::DRAIN_QUIET`).
+    /// `drain::policy::DRAIN_QUIET`).
     activity: AtomicU64,
     epoch: std::time::Instant,
     /// Bytes of file contents written to BACKING by the drainer since the mount started.
@@ -555,7 +556,13 @@ impl Core {
 
     /// How long the foreground has been quiet.
     pub fn quiet_for(&self) -> std::time::Duration {
-        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.quiet_at(std::time::Instant::now())
+    }
+
+    /// How long the foreground has been quiet at `now` (the drainer reads the clock once for
+    /// all the durations its policy compares; see `drain::policy`).
+    pub fn quiet_at(&self, now: std::time::Instant) -> std::time::Duration {
+        let now = now.saturating_duration_since(self.epoch).as_nanos() as u64;
         std::time::Duration::from_nanos(now.saturating_sub(self.activity.load(Relaxed)))
     }
 

@@ -6,11 +6,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+/// A direct handle whose file was last written this long after its open gets its entries
+/// dropped at close (a jiffy at 250 Hz, the kernel clock's granularity for file times).
+pub const STALE_NS: i64 = 4_000_000;
+
 use parking_lot::Mutex;
 
 use crate::backing::Backing;
 use crate::db::{self, OpKind};
-use crate::refresh::STALE_NS;
 
 use super::{
     check_name, eio, join_rel, now_ns, ns_of, row_of, Attr, Core, FileData, Kind, Node, Ns,

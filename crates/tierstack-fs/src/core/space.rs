@@ -11,6 +11,21 @@ use crate::error::Result;
 
 use super::{eio, Core, FileData, PAGE, R, WRITE_BACK_START};
 
+/// Room a writer that waited leaves free before it ends the pressure (four pages), so that
+/// the next writer does not raise it again at once.
+const PRESSURE_SLACK: u64 = 4 * PAGE;
+
+/// Whether `len` more bytes fit in the fast tier, `held` of `limit` bytes held: if not, the
+/// writer waits and raises the pressure (the drain turns urgent: see `drain::policy`).
+fn fits(held: u64, len: u64, limit: u64) -> bool {
+    held + len <= limit
+}
+
+/// Whether a writer that waited for space ends the pressure: [`PRESSURE_SLACK`] is free.
+fn pressure_relieved(held: u64, limit: u64) -> bool {
+    held + PRESSURE_SLACK < limit
+}
+
 impl Core {
     /// Waits until the store has room for `len` more bytes: wakes the drainer and drops clean
     /// pages; never fails.
@@ -21,7 +36,7 @@ impl Core {
             return;
         }
         let mut waited = false;
-        while self.held.load(Relaxed) + len > self.limit {
+        while !fits(self.held.load(Relaxed), len, self.limit) {
             if !waited {
                 self.pressure.store(true, Relaxed);
                 self.wake_drainer();
@@ -33,7 +48,7 @@ impl Core {
             let mut g = self.space_lock.lock();
             self.space_cv.wait_for(&mut g, Duration::from_millis(50));
         }
-        if waited && self.held.load(Relaxed) + 4 * PAGE < self.limit {
+        if waited && pressure_relieved(self.held.load(Relaxed), self.limit) {
             self.pressure.store(false, Relaxed);
         }
     }
@@ -426,5 +441,20 @@ impl Core {
             self.queue_data(&ns, ino)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pressure_starts_when_a_write_does_not_fit_and_ends_with_slack() {
+        let limit = 100 * PAGE;
+        assert!(fits(90 * PAGE, 10 * PAGE, limit));
+        assert!(!fits(90 * PAGE, 10 * PAGE + 1, limit));
+        // Room for the write alone does not end it: four pages must be free.
+        assert!(!pressure_relieved(96 * PAGE, limit));
+        assert!(pressure_relieved(96 * PAGE - 1, limit));
     }
 }

@@ -19,10 +19,13 @@
 //!   lists it, and it is retried on `drain --retry` or the next mount. Nothing is skipped
 //!   silently or lost, and nothing is retried for ever in silence.
 //!
-//! The parts, by job: this file holds the [`Drainer`] (dispatcher, workers, rate limit,
-//! retries and the quarantine); `meta.rs` applies namespace rows to BACKING and keeps the
-//! backing paths of the namespace up to date; `data.rs` drains a file's contents (staging,
-//! writing the dirty pages, copying within BACKING).
+//! The parts, by job: `policy.rs` decides *when* and *whether* (the quiet time, the max
+//! delay, urgency, the worker limit, retries and the quarantine), as pure functions of what
+//! the drainer tells it; this file holds the [`Drainer`], the mechanism (dispatcher, workers,
+//! rate limit, the quarantine's table) that gathers that and carries out what the policy
+//! says; `meta.rs` applies namespace rows to BACKING and keeps the backing paths of the
+//! namespace up to date; `data.rs` drains a file's contents (staging, writing the dirty
+//! pages, copying within BACKING).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -32,47 +35,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::core::{Core, TMP_PREFIX};
 use crate::db::{JOp, OpKind};
 
+pub use policy::{may_heal, DRAIN_MAX_DELAY, DRAIN_QUIET, PERMANENT_TRIES};
+use policy::{
+    under, AfterFailure, Backlog, Choice, Refused, RowKind, Signals, Slots, State, Tries,
+};
+
 mod data;
 mod meta;
-
-/// Tries of an op that failed with an error that will not heal before it is quarantined.
-pub const PERMANENT_TRIES: u32 = 3;
-
-/// Whether BACKING may stop giving this error by itself (space freed, file system remounted
-/// read-write, a transient I/O or network error): such errors are retried without end.
-pub fn may_heal(e: &io::Error) -> bool {
-    match e.raw_os_error() {
-        Some(c) => [
-            libc::ENOSPC,
-            libc::EDQUOT,
-            libc::EIO,
-            libc::EROFS,
-            libc::EAGAIN,
-            libc::EINTR,
-            libc::ENOMEM,
-            libc::ETIMEDOUT,
-            libc::ESTALE,
-            libc::EBUSY,
-            libc::ENOLCK,
-            libc::ENFILE,
-            libc::EMFILE,
-            libc::ENOTCONN,
-            libc::ECONNRESET,
-            libc::ECONNREFUSED,
-            libc::ENETDOWN,
-            libc::ENETUNREACH,
-            libc::EHOSTUNREACH,
-        ]
-        .contains(&c),
-        // Not an errno: the fast tier or the journal failed, not BACKING's answer.
-        None => true,
-    }
-}
+pub mod policy;
 
 /// A token bucket over bytes written to BACKING.
 pub struct RateLimit {
@@ -118,11 +93,24 @@ struct Inflight {
     total: usize,
 }
 
+impl Inflight {
+    /// What is in flight, as the policy sees it for a row of inode `ino`.
+    fn slots(&self, ino: u64, jobs: usize) -> Slots {
+        Slots {
+            in_flight: self.total,
+            same_file: self.per_ino.get(&ino).copied().unwrap_or(0),
+            jobs,
+        }
+    }
+}
+
 /// The drainer: a dispatcher thread that reads the journal in order and a pool of workers
 /// that drain data rows, with retries, the quarantine and an optional rate limit.
 pub struct Drainer {
     core: Arc<Core>,
     jobs: usize,
+    /// The policy's settings: quiet time, max delay, urgency, backoff, quarantine.
+    policy: policy::Config,
     rate: Option<RateLimit>,
     inflight: Mutex<Inflight>,
     inflight_cv: Condvar,
@@ -140,54 +128,9 @@ pub struct Drainer {
     /// that lives on under another name or through an open handle).
     pub pinned: AtomicU64,
     /// The rows in the quarantine since it was last released: a later row that depends on
-    /// one (see [`waits_for`]) is held behind it, never tried against a BACKING that lacks
-    /// what it needs.
+    /// one (see [`policy::waits_for`]) is held behind it, never tried against a BACKING that
+    /// lacks what it needs.
     refused: Mutex<Vec<Refused>>,
-}
-
-/// A quarantined row, as later rows may depend on it.
-#[derive(Debug, Clone)]
-struct Refused {
-    ino: u64,
-    /// The paths it would have made or changed in BACKING.
-    paths: Vec<Vec<u8>>,
-    /// "Kind path", for the rows held behind it.
-    what: String,
-}
-
-impl Refused {
-    fn of(op: &JOp) -> Refused {
-        let mut paths = vec![op.p1.clone()];
-        if matches!(op.kind, OpKind::Rename | OpKind::Link) {
-            paths.push(op.p2.clone());
-        }
-        Refused {
-            ino: op.ino,
-            paths,
-            what: format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
-        }
-    }
-}
-
-/// The quarantined row that `op` depends on, if any: one of the same inode (its creation,
-/// an earlier rename or data of it), or one whose paths hold a path of `op` (a directory
-/// BACKING refused to make, a name a refused rename was to bring). Such a row is held behind
-/// it, and goes back into the journal with it, in journal order.
-fn waits_for<'a>(op: &JOp, refused: &'a [Refused]) -> Option<&'a Refused> {
-    let mut mine = vec![op.p1.as_slice()];
-    if matches!(op.kind, OpKind::Rename | OpKind::Link) {
-        mine.push(&op.p2);
-    }
-    refused.iter().find(|r| {
-        (r.ino == op.ino && op.ino != 0)
-            || r.paths
-                .iter()
-                .any(|rp| !rp.is_empty() && mine.iter().any(|p| under(p, rp)))
-    })
-}
-
-fn backoff(attempt: u32) -> Duration {
-    Duration::from_millis((100u64 << attempt.min(6)).min(5000))
 }
 
 /// The name of the drainer's temporary file for inode `ino` (suffix: a further link).
@@ -205,6 +148,7 @@ impl Drainer {
         Arc::new(Drainer {
             core,
             jobs: jobs.max(1),
+            policy: policy::Config::DEFAULT,
             rate: rate.filter(|r| *r > 0).map(RateLimit::new),
             inflight: Mutex::new(Inflight::default()),
             inflight_cv: Condvar::new(),
@@ -293,7 +237,7 @@ impl Drainer {
 
     /// Moves `op` to the quarantine behind the row it depends on, untried.
     fn hold_behind(&self, op: &JOp, on: &Refused) {
-        let msg = format!("waits for {} (quarantined before it)", on.what);
+        let msg = format!("waits for {} (quarantined before it)", on.what());
         tracing::info!(
             "drain: {:?} {} {msg}: held in the quarantine behind it",
             op.kind,
@@ -310,7 +254,7 @@ impl Drainer {
             if self.stop.load(Relaxed) {
                 return;
             }
-            std::thread::sleep(backoff(attempt));
+            std::thread::sleep(self.policy.backoff(attempt));
             attempt += 1;
         }
         self.core.stuck_inos.lock().insert(op.ino);
@@ -322,52 +266,52 @@ impl Drainer {
     }
 
     /// Applies `op` with `f` until it succeeds (its row is then deleted), BACKING refuses it
-    /// for good (quarantined) or the drainer stops (the row stays for the next mount).
+    /// for good (quarantined) or the drainer stops (the row stays for the next mount); held
+    /// in the quarantine untried when it depends on a quarantined row. The policy decides
+    /// ([`policy::waits_for`], [`policy::after_failure`]).
     fn apply_with_retry(&self, op: &JOp, f: impl Fn(&JOp) -> io::Result<()>) {
-        let on = waits_for(op, &self.refused.lock()).cloned();
+        let on = policy::waits_for(op, &self.refused.lock()).cloned();
         if let Some(on) = on {
             self.hold_behind(op, &on);
             return;
         }
-        let mut attempt = 0;
-        let mut refused = 0;
+        let mut tries = Tries::default();
         loop {
-            match f(op) {
-                Ok(()) => {
-                    self.finish_row(op.seq);
-                    return;
-                }
-                Err(e) => {
-                    if !may_heal(&e) {
-                        refused += 1;
-                        if refused >= PERMANENT_TRIES {
-                            self.quarantine(op, &e);
-                            return;
-                        }
-                    }
-                    self.note_error(
-                        &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
-                        &e,
-                    );
-                    if self.stop.load(Relaxed) {
-                        return;
-                    }
-                    std::thread::sleep(backoff(attempt));
-                    attempt += 1;
-                }
+            let Err(e) = f(op) else {
+                self.finish_row(op.seq);
+                return;
+            };
+            tries = tries.and_failed(may_heal(&e));
+            let next = policy::after_failure(&tries, self.stop.load(Relaxed), &self.policy);
+            if next == AfterFailure::Quarantine {
+                self.quarantine(op, &e);
+                return;
+            }
+            self.note_error(
+                &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
+                &e,
+            );
+            match next {
+                AfterFailure::Retry(after) => std::thread::sleep(after),
+                _ => return,
             }
         }
+    }
+
+    /// Waits until the policy lets a row of `kind` (of inode `ino`) start
+    /// ([`policy::may_start`]); returns the in-flight count, locked.
+    fn wait_slot(&self, kind: RowKind, ino: u64) -> MutexGuard<'_, Inflight> {
+        let mut fl = self.inflight.lock();
+        while !policy::may_start(kind, &fl.slots(ino, self.jobs)) {
+            self.inflight_cv.wait(&mut fl);
+        }
+        fl
     }
 
     /// Moves the quarantined rows back into the journal once nothing is in flight; the
     /// dispatcher then reads the journal from its start.
     fn release_stuck(&self) -> bool {
-        {
-            let mut fl = self.inflight.lock();
-            while fl.total > 0 {
-                self.inflight_cv.wait(&mut fl);
-            }
-        }
+        drop(self.wait_slot(RowKind::Barrier, 0));
         match self.core.db.lock().release_stuck() {
             Ok(_) => {
                 self.core.stuck_inos.lock().clear();
@@ -381,13 +325,16 @@ impl Drainer {
         }
     }
 
+    /// The dispatcher: gathers what the policy needs ([`State`]), asks it ([`policy::choose`])
+    /// and carries out its choice, until the drainer stops.
     fn dispatch(self: Arc<Self>, tx: mpsc::Sender<JOp>) {
+        let cfg = self.policy;
+        // The journal's cursor: rows up to it were handed on.
         let mut last = 0i64;
         // Since when journal rows have been waiting for a gap in the foreground's work.
         let mut waiting_since: Option<Instant> = None;
-        // Until when the drain goes on without waiting for gaps (after `drain`, under
-        // pressure).
-        let mut urgent_until = Instant::now();
+        // When the drain last turned urgent (after `drain`, under pressure).
+        let mut urgent_at: Option<Instant> = None;
         loop {
             self.sample();
             if self.stop.load(Relaxed) {
@@ -397,117 +344,148 @@ impl Drainer {
                 last = 0;
             }
             let pressure = self.core.pressure.load(Relaxed);
-            if pressure || self.core.force.swap(false, Relaxed) {
-                urgent_until = Instant::now() + URGENT_FOR;
+            // A request is taken (cleared) only when pressure does not make the drain urgent
+            // anyway: under pressure it stays for the turn after.
+            let forced = !pressure && self.core.force.swap(false, Relaxed);
+            if policy::turns_urgent(pressure, forced) {
+                urgent_at = Some(Instant::now());
                 if let Err(e) = self.core.queue_all_dirty() {
                     self.note_error("queueing dirty files", &e);
                 }
             }
-            let any = match self.core.db.lock().has_ops_after(last) {
-                Ok(a) => a,
-                Err(e) => {
-                    self.note_error("reading the journal", &e);
-                    std::thread::sleep(Duration::from_millis(500));
-                    continue;
+            let state = self.state(last, &mut waiting_since, urgent_at);
+            match policy::choose(&state, &cfg) {
+                Choice::Sleep(d) => {
+                    waiting_since = None;
+                    let mut g = self.core.wake_lock.lock();
+                    self.core.wake_cv.wait_for(&mut g, d);
                 }
-            };
-            if !any {
-                waiting_since = None;
-                let mut g = self.core.wake_lock.lock();
-                self.core
-                    .wake_cv
-                    .wait_for(&mut g, Duration::from_millis(200));
-                continue;
-            }
-            // Drain in the gaps of the foreground's work: while the job creates, writes and
-            // removes, the drain would take CPU and disk from it, and a file created and
-            // removed within the burst need never reach BACKING (see `cancels`).
-            let since = *waiting_since.get_or_insert_with(Instant::now);
-            let quiet = self.core.quiet_for();
-            if Instant::now() >= urgent_until
-                && quiet < DRAIN_QUIET
-                && since.elapsed() < DRAIN_MAX_DELAY
-            {
-                // Sleep through the foreground's wake-ups meanwhile (each of its operations
-                // wakes the drainer; answering each with a journal query under the database
-                // lock cost a busy job a context switch and lock contention per operation),
-                // looking only at the flags that end the wait early.
-                let until = Instant::now() + (DRAIN_QUIET - quiet).min(Duration::from_millis(100));
-                while Instant::now() < until
-                    && !self.stop.load(Relaxed)
-                    && !self.core.force.load(Relaxed)
-                    && !self.core.pressure.load(Relaxed)
-                    && !self.core.retry.load(Relaxed)
-                {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                continue;
-            }
-            // Only committed rows reach BACKING: a row of a group that a `kill -9` would
-            // lose must not have been applied there.
-            let batch = {
-                let mut db = self.core.db.lock();
-                db.commit_group().and_then(|()| db.ops_after(last, BATCH))
-            };
-            let ops = match batch {
-                Ok(o) => o,
-                Err(e) => {
-                    self.note_error("reading the journal", &e);
-                    std::thread::sleep(Duration::from_millis(500));
-                    continue;
-                }
-            };
-            waiting_since = None;
-            // Rows of this batch dropped with a create they cancel with.
-            let mut dropped = std::collections::HashSet::new();
-            // All the rows cancelled in this batch (some may lie beyond it): deleted in one
-            // transaction once the batch is done, before the next is read. A crash before
-            // that leaves them in the journal, to be applied by the next mount (a create and
-            // its unlink: harmless).
-            let mut cancelled = Vec::new();
-            for op in ops {
-                last = op.seq;
-                if dropped.remove(&op.seq) {
-                    continue;
-                }
-                if op.kind == OpKind::Create {
-                    if let Some(seqs) = self.cancel(&op) {
-                        dropped.extend(seqs.iter().copied());
-                        cancelled.extend(seqs);
-                        continue;
+                Choice::Pause(d) => std::thread::sleep(d),
+                Choice::Wait(d) => self.nap(d),
+                Choice::Drain(_) => {
+                    // Only committed rows reach BACKING: a row of a group that a `kill -9`
+                    // would lose must not have been applied there.
+                    let batch = {
+                        let mut db = self.core.db.lock();
+                        db.commit_group().and_then(|()| db.ops_after(last, BATCH))
+                    };
+                    let ops = match batch {
+                        Ok(o) => o,
+                        Err(e) => {
+                            self.note_error("reading the journal", &e);
+                            std::thread::sleep(cfg.journal_pause);
+                            continue;
+                        }
+                    };
+                    waiting_since = None;
+                    match self.run_batch(ops, &tx, &mut last) {
+                        Flow::Next => {}
+                        Flow::Pause => std::thread::sleep(cfg.journal_pause),
+                        Flow::End => return,
                     }
                 }
-                if op.kind == OpKind::Data {
-                    let mut fl = self.inflight.lock();
-                    while fl.total >= self.jobs || fl.per_ino.get(&op.ino).is_some_and(|c| *c > 0) {
-                        self.inflight_cv.wait(&mut fl);
-                    }
-                    fl.total += 1;
-                    *fl.per_ino.entry(op.ino).or_default() += 1;
-                    drop(fl);
-                    if tx.send(op).is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                if op.kind.is_barrier() {
-                    let mut fl = self.inflight.lock();
-                    while fl.total > 0 {
-                        self.inflight_cv.wait(&mut fl);
-                    }
-                }
-                self.apply_with_retry(&op, |op| self.apply_meta(op));
-                if self.stop.load(Relaxed) {
-                    return;
-                }
-            }
-            if !self.drop_cancelled(&cancelled) {
-                // They stay in the journal: read it from its start again (they are cancelled
-                // again, or applied if their file came back), after a pause.
-                last = 0;
-                std::thread::sleep(Duration::from_millis(500));
             }
         }
+    }
+
+    /// What the policy needs to choose, measured at one `now`: the rows after `last` (since
+    /// when they wait: `waiting_since`, set when they are first found), the quiet time, the
+    /// time since the drain turned urgent.
+    fn state(
+        &self,
+        last: i64,
+        waiting_since: &mut Option<Instant>,
+        urgent_at: Option<Instant>,
+    ) -> State {
+        let any = self.core.db.lock().has_ops_after(last);
+        let now = Instant::now();
+        let backlog = match any {
+            Ok(false) => Backlog::Empty,
+            Ok(true) => Backlog::Rows {
+                waited: now.saturating_duration_since(*waiting_since.get_or_insert(now)),
+            },
+            Err(e) => {
+                self.note_error("reading the journal", &e);
+                Backlog::Unreadable
+            }
+        };
+        State {
+            backlog,
+            quiet_for: self.core.quiet_at(now),
+            since_urgent: urgent_at.map(|t| now.saturating_duration_since(t)),
+        }
+    }
+
+    /// Waits up to `d` for a gap in the foreground's work. It sleeps through the
+    /// foreground's wake-ups meanwhile (each of its operations wakes the drainer; answering
+    /// each with a journal query under the database lock cost a busy job a context switch
+    /// and lock contention per operation), looking only at the signals that end the wait
+    /// early ([`policy::cuts_wait`]).
+    fn nap(&self, d: Duration) {
+        let until = Instant::now() + d;
+        while Instant::now() < until && !policy::cuts_wait(&self.signals()) {
+            std::thread::sleep(self.policy.signal_poll);
+        }
+    }
+
+    /// The signals raised for the dispatcher, as they stand (none is taken).
+    fn signals(&self) -> Signals {
+        Signals {
+            stop: self.stop.load(Relaxed),
+            force: self.core.force.load(Relaxed),
+            pressure: self.core.pressure.load(Relaxed),
+            retry: self.core.retry.load(Relaxed),
+        }
+    }
+
+    /// Hands the rows of a batch on in order, moving the cursor `last` past each: data rows
+    /// to the workers (as the worker limit allows), namespace rows applied here (a barrier
+    /// once nothing is in flight), rows that cancel out deleted.
+    fn run_batch(&self, ops: Vec<JOp>, tx: &mpsc::Sender<JOp>, last: &mut i64) -> Flow {
+        // Rows of this batch dropped with a create they cancel with.
+        let mut dropped = std::collections::HashSet::new();
+        // All the rows cancelled in this batch (some may lie beyond it): deleted in one
+        // transaction once the batch is done, before the next is read. A crash before that
+        // leaves them in the journal, to be applied by the next mount (a create and its
+        // unlink: harmless).
+        let mut cancelled = Vec::new();
+        for op in ops {
+            *last = op.seq;
+            if dropped.remove(&op.seq) {
+                continue;
+            }
+            if op.kind == OpKind::Create {
+                if let Some(seqs) = self.cancel(&op) {
+                    dropped.extend(seqs.iter().copied());
+                    cancelled.extend(seqs);
+                    continue;
+                }
+            }
+            if op.kind == OpKind::Data {
+                let mut fl = self.wait_slot(RowKind::Data, op.ino);
+                fl.total += 1;
+                *fl.per_ino.entry(op.ino).or_default() += 1;
+                drop(fl);
+                if tx.send(op).is_err() {
+                    return Flow::End;
+                }
+                continue;
+            }
+            if op.kind.is_barrier() {
+                drop(self.wait_slot(RowKind::Barrier, op.ino));
+            }
+            self.apply_with_retry(&op, |op| self.apply_meta(op));
+            if self.stop.load(Relaxed) {
+                return Flow::End;
+            }
+        }
+        if !self.drop_cancelled(&cancelled) {
+            // They stay in the journal: read it from its start again (they are cancelled
+            // again, or applied if their file came back), after a pause.
+            *last = 0;
+            return Flow::Pause;
+        }
+        Flow::Next
     }
 
     /// Deletes the journal rows `seqs` (cancelled: they never reach BACKING), in one
@@ -550,7 +528,7 @@ impl Drainer {
         let mut attempt = 0;
         while let Err(e) = self.core.db.lock().del_op(seq) {
             self.note_error("deleting a journal row", &e);
-            std::thread::sleep(backoff(attempt));
+            std::thread::sleep(self.policy.backoff(attempt));
             attempt += 1;
         }
     }
@@ -593,14 +571,16 @@ impl Drainer {
 
 /// Journal rows read at once.
 const BATCH: usize = 1024;
-/// The drain waits until the foreground has done no namespace work or write for this long
-/// (a gap in the job's I/O) ...
-pub const DRAIN_QUIET: Duration = Duration::from_millis(300);
-/// ... or until rows have waited this long, whichever comes first.
-pub const DRAIN_MAX_DELAY: Duration = Duration::from_secs(5);
-/// After `tierstack drain` (and `drain --wait`, `umount`) or under pressure, the drain does
-/// not wait for gaps for this long.
-const URGENT_FOR: Duration = Duration::from_secs(2);
+
+/// How the dispatcher goes on after a batch.
+enum Flow {
+    /// With the next choice.
+    Next,
+    /// After a pause (the journal failed; the cursor is back at its start).
+    Pause,
+    /// Not at all: the drainer stops.
+    End,
+}
 
 /// The rows that cancel out with `create` given the rows of its inode after it (`later`,
 /// in order): a regular file created and unlinked again before either reached BACKING, with
@@ -622,29 +602,29 @@ fn cancels(create: &JOp, later: &[JOp]) -> Option<Vec<i64>> {
     None
 }
 
-fn under(p: &[u8], root: &[u8]) -> bool {
-    p == root || (p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/')
-}
-
 /// The path of the drainer's staging file for inode `ino` in directory `dir`.
 pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     dir.join(std::ffi::OsStr::from_bytes(&tmp_name(ino, "")))
 }
 
+/// A journal row for the drain's tests: `kind` of inode `ino` at `p1`.
+#[cfg(test)]
+pub(crate) fn test_op(seq: i64, kind: OpKind, ino: u64, p1: &str) -> JOp {
+    JOp {
+        seq,
+        kind,
+        ino,
+        p1: p1.as_bytes().to_vec(),
+        p2: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn op(seq: i64, kind: OpKind, ino: u64, p1: &str) -> JOp {
-        JOp {
-            seq,
-            kind,
-            ino,
-            p1: p1.as_bytes().to_vec(),
-            p2: Vec::new(),
-        }
-    }
+    use super::test_op as op;
 
     #[test]
     fn a_create_and_its_unlink_cancel() {
@@ -668,44 +648,6 @@ mod tests {
     }
 
     #[test]
-    fn rows_wait_for_the_refused_rows_they_depend_on() {
-        let mkdir = Refused::of(&op(1, OpKind::Mkdir, 10, "x"));
-        let ren = Refused::of(&JOp {
-            p2: b"y/b".to_vec(),
-            ..op(2, OpKind::Rename, 11, "a")
-        });
-        let refused = [mkdir, ren];
-        let w = |o: &JOp| waits_for(o, &refused).map(|r| r.what.clone());
-        // Under the directory BACKING refused to make.
-        assert_eq!(
-            w(&op(3, OpKind::Create, 12, "x/f")).as_deref(),
-            Some("Mkdir x")
-        );
-        // A later row of the same inode.
-        assert_eq!(
-            w(&op(4, OpKind::Data, 11, "q")).as_deref(),
-            Some("Rename a")
-        );
-        // The name a refused rename was to bring, as a rename's target.
-        let r2 = JOp {
-            p2: b"y/b".to_vec(),
-            ..op(5, OpKind::Rename, 13, "c")
-        };
-        assert_eq!(w(&r2).as_deref(), Some("Rename a"));
-        // Unrelated rows, and names that only share a prefix, go on.
-        assert_eq!(w(&op(6, OpKind::Create, 14, "xy")), None);
-        assert_eq!(w(&op(7, OpKind::Mkdir, 15, "z")), None);
-    }
-
-    #[test]
-    fn under_matches_whole_components() {
-        assert!(under(b"a/b", b"a"));
-        assert!(under(b"a", b"a"));
-        assert!(!under(b"ab", b"a"));
-        assert!(!under(b"a", b"a/b"));
-    }
-
-    #[test]
     fn rate_limit_paces_bytes() {
         let r = RateLimit::new(10_000_000);
         let t0 = Instant::now();
@@ -718,12 +660,5 @@ mod tests {
             "{:?}",
             t0.elapsed()
         );
-    }
-
-    #[test]
-    fn backoff_grows_and_caps() {
-        assert_eq!(backoff(0), Duration::from_millis(100));
-        assert!(backoff(3) > backoff(2));
-        assert_eq!(backoff(30), Duration::from_millis(5000));
     }
 }

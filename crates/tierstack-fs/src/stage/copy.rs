@@ -7,44 +7,17 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use xxhash_rust::xxh3::Xxh3;
 
 use super::special::{make_hard_link, make_special, verify_special};
-use super::{io_err, FileJob, LinkJob, Options, Plan, Report, Skipped, StageError, CHUNK};
+use super::{io_err, tmp_name, FileJob, TmpGuard, LinkJob, Options, Plan, Report, Skipped, StageError, CHUNK};
 
 // ---------------------------------------------------------------------------------------------
 // Carrying out a plan
 
-static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
-
-pub(super) fn tmp_name(dst: &Path) -> PathBuf {
-    let name = dst
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Keep the name within NAME_MAX.
-    let short: String = name.chars().take(160).collect();
-    let n = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
-    let file = format!(".{short}.tierstack-stage-{}-{n}", std::process::id());
-    match dst.parent() {
-        Some(p) => p.join(file),
-        None => PathBuf::from(file),
-    }
-}
-
-/// Removes a temporary file unless disarmed.
-pub(super) struct TmpGuard(pub(super) Option<PathBuf>);
-
-impl Drop for TmpGuard {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
 
 /// Zeros hashed for the holes of sparse files.
 pub(super) static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
@@ -434,7 +407,7 @@ mod tests {
             mtime: None,
             link_id: None,
         };
-        let done = AtomicU64::new(0);
+        let done = std::sync::atomic::AtomicU64::new(0);
         let progress = |n: u64| {
             done.fetch_add(n, Ordering::Relaxed);
         };

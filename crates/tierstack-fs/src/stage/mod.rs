@@ -35,6 +35,7 @@
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use tierstack_common::{io_err, PathIoError};
@@ -275,6 +276,34 @@ pub struct Skipped {
     pub path: PathBuf,
     /// Why, as a message.
     pub reason: String,
+}
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn tmp_name(dst: &std::path::Path) -> PathBuf {
+    let name = dst
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Keep the name within NAME_MAX.
+    let short: String = name.chars().take(160).collect();
+    let n = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
+    let file = format!(".{short}.tierstack-stage-{}-{n}", std::process::id());
+    match dst.parent() {
+        Some(p) => p.join(file),
+        None => PathBuf::from(file),
+    }
+}
+
+/// Removes a temporary file unless disarmed.
+pub(crate) struct TmpGuard(pub(crate) Option<PathBuf>);
+
+impl Drop for TmpGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = fs::remove_file(p);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::FopenFlags;
 
 use crate::core::{Attr, PAGE};
-use crate::fuse::{Answer, Op, Out};
+use crate::ops::{Answer, Op, Out};
 
 /// Opcodes (`enum fuse_opcode`).
 pub mod opcode {

@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use crate::core::PAGE;
-use crate::fuse::{Caller, Out, TierFs};
+use crate::fuse::{InitOffer, TierFs};
+use crate::ops::{Caller, Out};
 
 /// Threads (each with one ring entry) per CPU queue.
 pub const THREADS_PER_QUEUE: usize = 2;
@@ -75,23 +76,6 @@ impl Ring {
             want,
             state: AtomicU8::new(PENDING),
         })
-    }
-
-    /// Whether INIT asks for io_uring: when the mount wants it and [`Ring::start`] has not
-    /// given up waiting for INIT (then nobody would register the queues, and the kernel
-    /// would hold every request). INIT then reports its outcome with [`Ring::negotiated`].
-    pub fn wanted(&self) -> bool {
-        self.want
-            && self
-                .state
-                .compare_exchange(PENDING, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-    }
-
-    /// INIT's outcome: whether the kernel agreed to io_uring.
-    pub fn negotiated(&self, agreed: bool) {
-        let s = if agreed { AGREED } else { REFUSED };
-        self.state.store(s, Ordering::Release);
     }
 
     /// Waits (at most `within`) until INIT's outcome is known; then, if the kernel agreed to
@@ -178,6 +162,25 @@ impl Ring {
         }
         tracing::info!("FUSE over io_uring: {queues} queues, {THREADS_PER_QUEUE} threads each");
         Ok(())
+    }
+}
+
+impl InitOffer for Ring {
+    /// Whether INIT asks for io_uring: when the mount wants it and [`Ring::start`] has not
+    /// given up waiting for INIT (then nobody would register the queues, and the kernel
+    /// would hold every request). INIT then reports its outcome with [`Ring::negotiated`].
+    fn wanted(&self) -> bool {
+        self.want
+            && self
+                .state
+                .compare_exchange(PENDING, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// INIT's outcome: whether the kernel agreed to io_uring.
+    fn negotiated(&self, agreed: bool) {
+        let s = if agreed { AGREED } else { REFUSED };
+        self.state.store(s, Ordering::Release);
     }
 }
 
