@@ -3,6 +3,23 @@
 //! Every namespace change is one transaction that updates the inode and entry tables and
 //! appends one row to `journal`; the drainer replays `journal` to BACKING in `seq` order and
 //! deletes each row once it has been applied there.
+//!
+//! **Operation kinds this version does not know.** A row's `kind` is one of [`OpKind`]'s
+//! numbers; a later tierstack may add kinds. Such a row cannot be skipped: the rows after it
+//! may depend on it (a path it makes, a rename it does), and a row left in the journal
+//! unapplied would count as pending work forever (a mount that never settles, an `umount`
+//! that waits for a drain that never comes). Nor can it be quarantined: the quarantine is for
+//! rows BACKING refused, and each new mount moves them back into the journal. So, as a file
+//! system refuses a feature flag it does not know, [`Db::open`] refuses a journal (or
+//! quarantine) holding a row of an unknown kind, before it changes anything in the file: the
+//! error is [`crate::error::FsError::Io`] with the database's path, of kind
+//! [`std::io::ErrorKind::InvalidData`], whose source is a [`NewerJournal`] (see
+//! [`NewerJournal::of`]) that names the row and says what to do: this journal was written by
+//! a newer tierstack; upgrade. The rows stay as they are for that newer version. Past
+//! [`Db::open`], a reader that meets such a row anyway (a row written behind the daemon's
+//! back) fails with an error rather than skip it, so what `count_ops` and `has_ops_after`
+//! count is always what the readers return or an error. [`Db::pending`] (read-only, for
+//! `buffers`) counts every row whatever its kind: such a journal is never shown drained.
 
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
@@ -44,6 +61,21 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// Every kind, in the order of their numbers.
+    pub const ALL: [OpKind; 11] = [
+        OpKind::Mkdir,
+        OpKind::Create,
+        OpKind::Symlink,
+        OpKind::Link,
+        OpKind::Rename,
+        OpKind::Unlink,
+        OpKind::Rmdir,
+        OpKind::SetAttr,
+        OpKind::Data,
+        OpKind::Mknod,
+        OpKind::Xattr,
+    ];
+
     fn from_i64(v: i64) -> Option<OpKind> {
         Some(match v {
             1 => OpKind::Mkdir,
@@ -123,19 +155,106 @@ pub struct Stuck {
     pub since: i64,
 }
 
-/// A journal (or quarantine) row from its first five columns: seq, kind, ino, p1, p2 (None
-/// for a kind this version does not know).
-fn jop_of(r: &rusqlite::Row) -> rusqlite::Result<Option<JOp>> {
-    let Some(kind) = OpKind::from_i64(r.get::<_, i64>(1)?) else {
-        return Ok(None);
+/// A journal (or quarantine) row of a kind this version does not know: the journal was
+/// written by a newer tierstack (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewerJournal {
+    /// The table the row is in: `journal` or `stuck` (the quarantine).
+    pub table: &'static str,
+    /// The first such row's `seq`.
+    pub seq: i64,
+    /// Its `kind`, as SQLite holds it.
+    pub kind: String,
+    /// How many rows of unknown kinds the table holds (from [`Db::open`]; 1 when a reader
+    /// met one).
+    pub rows: u64,
+}
+
+impl std::fmt::Display for NewerJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "row {} of table `{}` has operation kind {}, which tierstack {} does not know \
+             ({} such row(s)): this journal was written by a newer tierstack: upgrade \
+             tierstack to mount it and drain it (its rows are kept as they are)",
+            self.seq,
+            self.table,
+            self.kind,
+            env!("CARGO_PKG_VERSION"),
+            self.rows
+        )
+    }
+}
+
+impl std::error::Error for NewerJournal {}
+
+impl NewerJournal {
+    /// The [`NewerJournal`] inside `e`, if that is what `e` is.
+    pub fn of(e: &crate::error::FsError) -> Option<&NewerJournal> {
+        match e {
+            crate::error::FsError::Io { source, .. } => source.get_ref()?.downcast_ref(),
+            _ => None,
+        }
+    }
+
+    /// The first row of an unknown kind in `table` of `conn` (which exists), if any.
+    fn find(conn: &Connection, table: &'static str) -> rusqlite::Result<Option<NewerJournal>> {
+        let known = OpKind::ALL
+            .iter()
+            .map(|k| (*k as i64).to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        // Whatever SQLite holds (NULL, text, a real, another number) is not a known kind
+        // unless it is one of the integers.
+        let unknown = format!("NOT (typeof(kind) = 'integer' AND kind IN ({known}))");
+        let rows: i64 = conn.query_row(
+            &format!("SELECT COUNT(*) FROM {table} WHERE {unknown}"),
+            [],
+            |r| r.get(0),
+        )?;
+        if rows == 0 {
+            return Ok(None);
+        }
+        conn.query_row(
+            &format!("SELECT seq, quote(kind) FROM {table} WHERE {unknown} ORDER BY seq LIMIT 1"),
+            [],
+            |r| {
+                Ok(Some(NewerJournal {
+                    table,
+                    seq: r.get(0)?,
+                    kind: r.get(1)?,
+                    rows: rows as u64,
+                }))
+            },
+        )
+    }
+}
+
+/// A row of `table` (the journal or the quarantine) from its first five columns: seq, kind,
+/// ino, p1, p2; an error for a kind this version does not know (never skipped: see the module
+/// docs).
+fn jop_of(r: &rusqlite::Row, table: &'static str) -> rusqlite::Result<JOp> {
+    let seq = r.get::<_, i64>(0)?;
+    let raw = r.get::<_, i64>(1)?;
+    let Some(kind) = OpKind::from_i64(raw) else {
+        return Err(rusqlite::Error::FromSqlConversionFailure(
+            1,
+            rusqlite::types::Type::Integer,
+            Box::new(NewerJournal {
+                table,
+                seq,
+                kind: raw.to_string(),
+                rows: 1,
+            }),
+        ));
     };
-    Ok(Some(JOp {
-        seq: r.get::<_, i64>(0)?,
+    Ok(JOp {
+        seq,
         kind,
         ino: r.get::<_, i64>(2)? as u64,
         p1: r.get::<_, Option<Vec<u8>>>(3)?.unwrap_or_default(),
         p2: r.get::<_, Option<Vec<u8>>>(4)?.unwrap_or_default(),
-    }))
+    })
 }
 
 /// An extended attribute: (inode, name, value).
@@ -194,8 +313,26 @@ pub struct Db {
 
 impl Db {
     /// Opens (or creates) the database at `path`, creating missing tables and columns.
+    /// Refuses a journal that holds a row of an operation kind this version does not know,
+    /// before changing anything in it: an [`FsError::Io`](crate::error::FsError::Io) whose
+    /// source is a [`NewerJournal`] (see the module docs).
     pub fn open(path: &Path) -> Result<Db> {
         let conn = Connection::open(path)?;
+        for table in ["journal", "stuck"] {
+            let exists = conn
+                .prepare("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?1")?
+                .exists([table])?;
+            if let Some(newer) = exists
+                .then(|| NewerJournal::find(&conn, table))
+                .transpose()?
+                .flatten()
+            {
+                return Err(crate::error::FsError::Io {
+                    path: path.to_path_buf(),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, newer),
+                });
+            }
+        }
         conn.execute_batch(
             "PRAGMA journal_mode=WAL;
              PRAGMA synchronous=NORMAL;
@@ -327,12 +464,8 @@ impl Db {
         let mut st = self.conn.prepare_cached(
             "SELECT seq, kind, ino, p1, p2 FROM journal WHERE seq > ?1 ORDER BY seq LIMIT ?2",
         )?;
-        let rows = st.query_map(params![seq, limit as i64], jop_of)?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.extend(r?);
-        }
-        Ok(out)
+        let rows = st.query_map(params![seq, limit as i64], |r| jop_of(r, "journal"))?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
     }
 
     /// Moves journal row `op` to the quarantine with the error BACKING gave.
@@ -367,13 +500,13 @@ impl Db {
         let rows = st.query_map([], |r| {
             let error = r.get::<_, Option<String>>(5)?.unwrap_or_default();
             let since = r.get::<_, i64>(6)?;
-            Ok(jop_of(r)?.map(|op| Stuck { op, error, since }))
+            Ok(Stuck {
+                op: jop_of(r, "stuck")?,
+                error,
+                since,
+            })
         })?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.extend(r?);
-        }
-        Ok(out)
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
     }
 
     /// Moves every quarantined row back into the journal (at its old place in the order).
@@ -402,12 +535,8 @@ impl Db {
         let mut st = self.conn.prepare_cached(
             "SELECT seq, kind, ino, p1, p2 FROM journal WHERE ino=?1 AND seq > ?2 ORDER BY seq",
         )?;
-        let rows = st.query_map(params![ino as i64, seq], jop_of)?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.extend(r?);
-        }
-        Ok(out)
+        let rows = st.query_map(params![ino as i64, seq], |r| jop_of(r, "journal"))?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
     }
 
     /// Deletes journal rows `seqs` in one transaction.
@@ -590,6 +719,52 @@ pub fn set_bpath(tx: &Connection, ino: u64, bpath: Option<&[u8]>) -> Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A row of a kind this version does not know, in the journal or the quarantine, or a
+    /// kind that is no number at all: the journal is refused, typed, with the fix named.
+    #[test]
+    fn a_journal_with_an_unknown_kind_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (i, (table, kind)) in [
+            ("journal", "12"),
+            ("journal", "NULL"),
+            ("journal", "'2'"),
+            ("journal", "2.5"),
+            ("stuck", "0"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let p = dir.path().join(format!("j{i}.db"));
+            let db = Db::open(&p).expect("open");
+            db.in_savepoint(|tx| push_op(tx, OpKind::Mkdir, 2, b"a", b""))
+                .expect("op");
+            db.conn
+                .execute_batch(&format!(
+                    "INSERT INTO {table}(seq, kind, ino, p1, p2) VALUES (7, {kind}, 3, x'62', x'');"
+                ))
+                .expect("insert");
+            // The reader meets it: an error, not fewer rows.
+            let read = if table == "journal" {
+                db.ops_after(0, 10).map(|v| v.len())
+            } else {
+                db.stuck().map(|v| v.len())
+            };
+            if kind == "'2'" {
+                // Stored as the integer 2 (the column's affinity): a known kind.
+                assert_eq!(read.expect("read"), 2);
+                drop(db);
+                Db::open(&p).expect("a known kind");
+                continue;
+            }
+            assert!(read.is_err(), "{table} {kind}");
+            drop(db);
+            let e = Db::open(&p).err().expect("refused");
+            let newer = NewerJournal::of(&e).expect("typed");
+            assert_eq!((newer.table, newer.seq, newer.rows), (table, 7, 1));
+            assert!(e.to_string().contains("upgrade"), "{e}");
+        }
+    }
 
     /// An operation that fails leaves nothing of itself, and the group's earlier operations
     /// stay; one that succeeds is kept; a panic inside one rolls it back too.

@@ -17,7 +17,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tierstack_array::{descriptor, Array, ArrayOptions, CreateParams, Level};
 use tierstack_common::mounts::mounted_type;
-use tierstack_store::TieredStore;
 
 use crate::core::Core;
 use crate::db::Db;
@@ -676,17 +675,10 @@ impl Daemon {
         }
         let array = Arc::new(array);
         let capacity = array.status().capacity_bytes;
-        let tier = tierstack_store::ArrayTier::shared(array.clone());
-        let first: Box<dyn tierstack_store::Tier> = if spec.vram > 0 {
-            Box::new(tierstack_store::VramTier::on_gpu(
-                spec.gpu,
-                spec.vram,
-                Box::new(tier),
-            )?)
-        } else {
-            Box::new(tier)
-        };
-        let store = TieredStore::new(spec.dram, vec![first])?;
+        let store = tierstack_store::StackSpec::new(spec.dram)
+            .array(array.clone())
+            .vram(spec.gpu, spec.vram)
+            .build()?;
         // The array is a log: keep half of it free for the cleaner.
         let limit = spec.dram + spec.vram + capacity / 2;
         // The intent log of sync mode's small fsyncs, beside the journal; its records are
