@@ -47,6 +47,36 @@ pub enum ArrayError {
     /// More drives are missing or failed in a redundancy group than the level tolerates.
     #[error("array is not redundant enough: {0}")]
     Redundancy(String),
+    /// A drive carries a superblock (with a valid checksum) of an on-disk format version this
+    /// code does not read: written by a newer tierstack. Such a drive is never counted as
+    /// failed or free (a rebuild or a create would overwrite what the newer version wrote).
+    #[error(
+        "drive {} has on-disk format version {version}; this tierstack reads version {supported}: {}",
+        path.display(),
+        version_fix(*version, *supported)
+    )]
+    FormatVersion {
+        /// Path of the drive.
+        path: PathBuf,
+        /// The format version its superblock names.
+        version: u32,
+        /// The format version this code reads and writes (`format::FORMAT_VERSION`).
+        supported: u32,
+    },
+    /// Stripe summaries (the records of which key's version lives where, deletions included)
+    /// failed their checksums and redundancy could not repair them: the newest versions and
+    /// deletions they recorded are unknown, so reads could silently return older values or
+    /// deleted keys. `Array::open` refuses the array (as md refuses to start an array it cannot
+    /// trust) unless `ArrayOptions::accept_damaged` is set.
+    #[error(
+        "{} damaged beyond repair ({}): keys written or deleted there may read back stale; open with accept_damaged to quarantine them and read the rest, then copy the data off",
+        count_summaries(stripes.len()),
+        list_stripes(stripes)
+    )]
+    DamagedSummaries {
+        /// The damaged stripes: (segment, stripe within the segment), in order.
+        stripes: Vec<(u32, u32)>,
+    },
     /// An array descriptor file could not be read, parsed or written.
     #[error("descriptor {path}: {msg}")]
     Descriptor {
@@ -79,6 +109,38 @@ pub enum FormatError {
 
 /// Result type of the array layer, failing with [`ArrayError`] unless told otherwise.
 pub type Result<T, E = ArrayError> = std::result::Result<T, E>;
+
+/// What to do about a drive of format version `version` when this code reads `supported`.
+fn version_fix(version: u32, supported: u32) -> &'static str {
+    if version > supported {
+        "upgrade tierstack"
+    } else {
+        "no tierstack writes that version: check the drive"
+    }
+}
+
+/// "1 stripe summary is" / "3 stripe summaries are".
+fn count_summaries(n: usize) -> String {
+    if n == 1 {
+        "1 stripe summary is".into()
+    } else {
+        format!("{n} stripe summaries are")
+    }
+}
+
+/// "segment 1 stripe 0, segment 4 stripe 2", the first 8 of `stripes` and a count of the rest.
+fn list_stripes(stripes: &[(u32, u32)]) -> String {
+    const SHOWN: usize = 8;
+    let mut out: Vec<String> = stripes
+        .iter()
+        .take(SHOWN)
+        .map(|(seg, s)| format!("segment {seg} stripe {s}"))
+        .collect();
+    if stripes.len() > SHOWN {
+        out.push(format!("{} more", stripes.len() - SHOWN));
+    }
+    out.join(", ")
+}
 
 impl ArrayError {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{ArrayError, Result};
-use crate::format::{DriveState, Superblock, SB_SIZE};
+use crate::format::{DriveState, FormatError, Superblock, FORMAT_VERSION, SB_MAGIC, SB_SIZE};
 use crate::image::StripeImage;
 use crate::io::{self, DriveFile};
 use crate::layout::{Geometry, Level};
@@ -71,18 +71,69 @@ pub fn prepare_drive(path: &Path, size: Option<u64>) -> Result<(bool, u64)> {
     Ok((created, cur))
 }
 
-/// Reads the newest valid superblock copy of a drive.
-pub fn read_superblock_path(path: &Path) -> Result<Superblock> {
+/// What the superblock area of a drive holds.
+#[derive(Debug)]
+enum SbProbe {
+    /// A copy (with a valid checksum) of an on-disk format version this code does not read.
+    /// It wins over a valid copy: a newer tierstack wrote to the drive.
+    Version(u32),
+    /// The newest valid copy.
+    Valid(Superblock),
+    /// A copy carries the superblock magic but does not decode (a bad checksum or field): the
+    /// drive was part of an array and its superblock is damaged. The error of the first such
+    /// copy.
+    Damaged(FormatError),
+    /// No copy carries the superblock magic: no superblock. The first copy's error.
+    Blank(FormatError),
+}
+
+/// Reads both superblock copies of a drive and says what they hold.
+fn probe_superblock(path: &Path) -> Result<SbProbe> {
     let f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
     let mut buf = vec![0u8; 2 * SB_SIZE];
     use std::os::unix::fs::FileExt;
     f.read_exact_at(&mut buf, 0).map_err(|e| io_err(path, e))?;
-    let a = Superblock::decode(&buf[..SB_SIZE]);
-    let b = Superblock::decode(&buf[SB_SIZE..]);
-    match (a, b) {
-        (Ok(x), Ok(y)) => Ok(if y.generation > x.generation { y } else { x }),
-        (Ok(x), Err(_)) | (Err(_), Ok(x)) => Ok(x),
-        (Err(e), Err(_)) => Err(e.into()),
+    let copies = [&buf[..SB_SIZE], &buf[SB_SIZE..]];
+    let decoded = copies.map(Superblock::decode);
+    if let Some(v) = decoded.iter().find_map(|d| match d {
+        Err(FormatError::Version(v)) => Some(*v),
+        _ => None,
+    }) {
+        return Ok(SbProbe::Version(v));
+    }
+    let [a, b] = decoded;
+    Ok(match (a, b) {
+        (Ok(x), Ok(y)) => SbProbe::Valid(if y.generation > x.generation { y } else { x }),
+        (Ok(x), Err(_)) | (Err(_), Ok(x)) => SbProbe::Valid(x),
+        (Err(ea), Err(eb)) => {
+            let magic = |c: &[u8]| &c[..SB_MAGIC.len()] == SB_MAGIC;
+            if magic(copies[0]) {
+                SbProbe::Damaged(ea)
+            } else if magic(copies[1]) {
+                SbProbe::Damaged(eb)
+            } else {
+                SbProbe::Blank(ea)
+            }
+        }
+    })
+}
+
+/// Reads the newest valid superblock copy of a drive. A copy of another format version (with
+/// a valid checksum) makes it fail with `FormatError::Version`, even beside a valid copy.
+pub fn read_superblock_path(path: &Path) -> Result<Superblock> {
+    match probe_superblock(path)? {
+        SbProbe::Valid(sb) => Ok(sb),
+        SbProbe::Version(v) => Err(FormatError::Version(v).into()),
+        SbProbe::Damaged(e) | SbProbe::Blank(e) => Err(e.into()),
+    }
+}
+
+/// The error for a drive whose superblock names format version `version`.
+pub(super) fn version_error(path: &Path, version: u32) -> ArrayError {
+    ArrayError::FormatVersion {
+        path: path.to_path_buf(),
+        version,
+        supported: FORMAT_VERSION,
     }
 }
 
@@ -127,17 +178,31 @@ impl Array {
     ) -> Result<Array> {
         // Refuse drives that already belong to an array unless... they are ours to overwrite:
         // a drive of another live array is never silently reused.
+        // A superblock that does not decode is refused as well: a newer tierstack's format, or
+        // a damaged superblock (the drive may still hold an array's data).
         for p in paths {
-            if let Ok(sb) = read_superblock_path(p) {
-                return Err(ArrayError::Drive {
-                    path: p.clone(),
-                    msg: format!(
-                        "already belongs to array {} (drive {}): wipe it or pick another drive",
-                        hex(&sb.uuid),
-                        sb.drive_index
-                    ),
-                });
-            }
+            let msg = match probe_superblock(p) {
+                Ok(SbProbe::Valid(sb)) => format!(
+                    "already belongs to array {} (drive {}): wipe it or pick another drive",
+                    hex(&sb.uuid),
+                    sb.drive_index
+                ),
+                Ok(SbProbe::Version(v)) => format!(
+                    "carries a tierstack superblock of on-disk format version {v} (this tierstack \
+                     reads version {FORMAT_VERSION}): it may belong to an array of another \
+                     tierstack version; wipe it or pick another drive"
+                ),
+                Ok(SbProbe::Damaged(e)) => format!(
+                    "carries a damaged tierstack superblock ({e}): it may belong to an array; \
+                     wipe it or pick another drive"
+                ),
+                // No superblock, or nothing to read yet (a new or short file).
+                Ok(SbProbe::Blank(_)) | Err(_) => continue,
+            };
+            return Err(ArrayError::Drive {
+                path: p.clone(),
+                msg,
+            });
         }
         let mut sizes = Vec::new();
         for p in paths {
@@ -214,6 +279,7 @@ impl Array {
                     map: HashMap::new(),
                     tombs: HashMap::new(),
                     segs,
+                    damaged: Vec::new(),
                 }),
                 seq: AtomicU64::new(seq),
                 counters: Counters::default(),
@@ -231,9 +297,17 @@ impl Array {
     /// Opens an existing array from its drives (in any order; missing paths may be given and
     /// are treated as failed drives). Rebuilds the index from the segment summaries.
     pub fn open(paths: &[PathBuf], opts: &ArrayOptions) -> Result<Array> {
+        // A drive of a newer format version stops the open: counted as failed, it would be
+        // rebuilt over. A drive whose superblock is damaged (or missing, or unreadable) is
+        // treated as failed: that is a fault of the drive, which redundancy covers.
         let mut sbs: Vec<(PathBuf, Option<Superblock>)> = Vec::new();
         for p in paths {
-            sbs.push((p.clone(), read_superblock_path(p).ok()));
+            let sb = match probe_superblock(p) {
+                Ok(SbProbe::Valid(sb)) => Some(sb),
+                Ok(SbProbe::Version(v)) => return Err(version_error(p, v)),
+                Ok(SbProbe::Damaged(_) | SbProbe::Blank(_)) | Err(_) => None,
+            };
+            sbs.push((p.clone(), sb));
         }
         let newest = sbs
             .iter()
@@ -275,6 +349,12 @@ impl Array {
                 "superblock geometry is inconsistent".into(),
             ));
         }
+        // `rows` (the drives' rows when the array was created; no reader uses it) is kept as
+        // the superblocks have it, so that later superblock writes repeat it.
+        let geo = Geometry {
+            rows: newest.rows,
+            ..geo
+        };
         // Place each drive at the index its superblock names.
         let mut slot: Vec<Option<(PathBuf, Superblock)>> = vec![None; n];
         let mut unplaced: Vec<PathBuf> = Vec::new();
@@ -341,7 +421,7 @@ impl Array {
             geo.nsegs as usize
         ];
         let arr = Array::from_parts(geo, newest.uuid, drives, segs, opts, 1);
-        arr.recover()?;
+        arr.recover(opts.accept_damaged)?;
         Ok(arr)
     }
 }

@@ -116,7 +116,13 @@ impl Array {
     fn move_live(&self, w: &mut Writer, victim: u32) -> Result<()> {
         let stripes = self.inner.index.read().segs[victim as usize].stripes;
         for s in 0..stripes {
-            let Some((_, ents)) = self.read_summary(victim, s) else {
+            // A stripe whose summary cannot be read keeps its records counted live, so the
+            // segment is not freed below.
+            let Some(ents) = self
+                .read_summary(victim, s)
+                .ok()
+                .and_then(|sum| sum.entries())
+            else {
                 continue;
             };
             for e in ents {

@@ -75,6 +75,14 @@ pub struct ArrayOptions {
     /// How long to wait for another owner to release the array's drives. A process killed
     /// with I/O in flight keeps its drives locked until the kernel has completed that I/O.
     pub lock_wait: Duration,
+    /// Open even when stripe summaries are damaged beyond what redundancy repairs (what md's
+    /// `--force` is to an array it cannot trust). Without it `open` fails with
+    /// [`ArrayError::DamagedSummaries`]. With it the segments holding such stripes are
+    /// quarantined: never written, cleaned or reused; the records of their intact stripes are
+    /// read; `status` says `damaged`, [`Array::damaged_stripes`] lists them and scrub counts
+    /// them unrepairable. Keys whose newest version or deletion was recorded in a damaged
+    /// summary read their older value (or none): copy the data off and recreate the array.
+    pub accept_damaged: bool,
 }
 
 impl Default for ArrayOptions {
@@ -85,6 +93,7 @@ impl Default for ArrayOptions {
             direct: true,
             stripes_in_flight: MAX_INFLIGHT,
             lock_wait: Duration::from_secs(10),
+            accept_damaged: false,
         }
     }
 }
@@ -144,6 +153,10 @@ enum SegState {
     Free,
     Open,
     Sealed,
+    /// Holds a stripe whose summary is damaged beyond repair (opened with
+    /// [`ArrayOptions::accept_damaged`]): read, scrubbed and rebuilt like a sealed segment,
+    /// never allocated, cleaned or freed.
+    Damaged,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -197,6 +210,9 @@ struct Index {
     map: HashMap<Key, Loc>,
     tombs: HashMap<Key, Tomb>,
     segs: Vec<SegInfo>,
+    /// Stripes whose summaries are damaged beyond repair, (segment, stripe), in order: their
+    /// segments are [`SegState::Damaged`].
+    damaged: Vec<(u32, u32)>,
 }
 
 /// For each key, the newest summary entry found on the drives and where: (entry, seg, stripe).

@@ -218,15 +218,35 @@ impl Array {
         len: usize,
         check: &dyn Fn(&[u8]) -> bool,
     ) -> Result<AlignedBuf> {
+        match self.read_checked_raw(gs, off, len, check)? {
+            Ok(buf) => Ok(buf),
+            Err(_) if self.inner.geo.m == 0 => Err(ArrayError::DataLoss(format!(
+                "checksum mismatch in stripe {gs} (RAID 0 has no redundancy)"
+            ))),
+            Err(_) => Err(ArrayError::DataLoss(format!(
+                "checksum mismatch in stripe {gs} at offset {off} that redundancy cannot repair"
+            ))),
+        }
+    }
+
+    /// [`Array::read_checked`], telling a range that fails its check apart from a failed
+    /// read: `Ok(Ok(buf))` passed the check (repaired if needed), `Ok(Err(raw))` fails it and
+    /// redundancy cannot repair it (`raw` is what the drives returned), `Err` the range could
+    /// not be read at all.
+    pub(super) fn read_checked_raw(
+        &self,
+        gs: u64,
+        off: usize,
+        len: usize,
+        check: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<std::result::Result<AlignedBuf, AlignedBuf>> {
         let buf = self.read_raw(gs, off, len, &[])?;
         if check(&buf) {
-            return Ok(buf);
+            return Ok(Ok(buf));
         }
         let geo = &self.inner.geo;
         if geo.m == 0 {
-            return Err(ArrayError::DataLoss(format!(
-                "checksum mismatch in stripe {gs} (RAID 0 has no redundancy)"
-            )));
+            return Ok(Err(buf));
         }
         for bad in culprit_sets(geo, gs, off, len) {
             let Ok(fixed) = self.read_raw(gs, off, len, &bad) else {
@@ -236,12 +256,10 @@ impl Array {
                 if !self.inner.read_only {
                     self.repair_in_place(gs, off, &buf, &fixed, &bad);
                 }
-                return Ok(fixed);
+                return Ok(Ok(fixed));
             }
         }
-        Err(ArrayError::DataLoss(format!(
-            "checksum mismatch in stripe {gs} at offset {off} that redundancy cannot repair"
-        )))
+        Ok(Err(buf))
     }
 
     /// Writes the corrected pieces back to the drives that returned bad data.

@@ -5,12 +5,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{ArrayError, Result};
+use crate::error::{ArrayError, FormatError, Result};
 use crate::format::DriveState;
 use crate::image::StripeImage;
 use crate::io::DriveFile;
 
-use super::assemble::{lock_drive, prepare_drive, read_superblock_path};
+use super::assemble::{lock_drive, prepare_drive, read_superblock_path, version_error};
 use super::{check_tolerance, hex, io_err, same_file, Array, SegState};
 
 impl Array {
@@ -63,8 +63,12 @@ impl Array {
                 }
             }
         }
-        if let Ok(sb) = read_superblock_path(path) {
-            if sb.uuid != self.inner.uuid {
+        match read_superblock_path(path) {
+            // A drive of a newer format is never rebuilt over.
+            Err(ArrayError::Format(FormatError::Version(v))) => {
+                return Err(version_error(path, v));
+            }
+            Ok(sb) if sb.uuid != self.inner.uuid => {
                 return Err(ArrayError::Drive {
                     path: path.to_path_buf(),
                     msg: format!(
@@ -73,6 +77,7 @@ impl Array {
                     ),
                 });
             }
+            _ => {}
         }
         let need = self.inner.geo.drive_bytes_used();
         let (created, size) = prepare_drive(path, Some(need))?;
@@ -164,7 +169,7 @@ impl Array {
                 let info = self.inner.index.read().segs[seg];
                 let upto = match info.state {
                     SegState::Free => 1,
-                    SegState::Sealed => info.stripes as u64,
+                    SegState::Sealed | SegState::Damaged => info.stripes as u64,
                     SegState::Open if w.seg == Some(seg as u32) => w.stripe as u64,
                     SegState::Open => info.stripes as u64,
                 };

@@ -1,17 +1,58 @@
 //! Recovery at open: the index is rebuilt from the stripe summaries on the drives alone;
 //! stripes torn by a crash (only those that were in flight) are voided.
+//!
+//! A summary that fails its checksums is repaired from redundancy (parity, or a mirror) and
+//! rewritten in place. One that cannot be repaired is never taken for the end of the log or
+//! for free space: among the newest `MAX_INFLIGHT` stripes it may have been torn by a crash
+//! (its records were never acknowledged), so it is voided; anywhere else it is damage, and
+//! `open` fails with [`ArrayError::DamagedSummaries`] unless told to quarantine its segment
+//! ([`super::ArrayOptions::accept_damaged`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::error::Result;
-use crate::format::{self, Entry, Footer, FOOTER_FREE};
+use crate::error::{ArrayError, FormatError, Result};
+use crate::format::{self, Entry, Footer, FOOTER_FREE, FOOTER_SIZE};
 use crate::layout::BLOCK;
 
 use super::{Array, Key, Loc, Newest, SegInfo, SegState, MAX_INFLIGHT};
 
+/// What the end of a stripe holds, as [`Array::read_summary`] reads it.
+#[derive(Debug)]
+pub(super) enum Summary {
+    /// A summary of this array that decodes (repaired from redundancy where needed).
+    Valid(Footer, Vec<Entry>),
+    /// No summary of this array: never written (zeros), or bytes that are no footer of it.
+    Absent,
+    /// A summary of this array that fails its checksums, beyond what redundancy repairs: the
+    /// footer when it decodes (then its entries are what failed).
+    Damaged(Option<Footer>),
+}
+
+impl Summary {
+    /// The entries of a valid summary.
+    pub(super) fn entries(self) -> Option<Vec<Entry>> {
+        match self {
+            Summary::Valid(_, e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A stripe of a segment's current use, as recovery found it.
+struct Found {
+    /// When it was sealed, as a rank: `2 * stripe_seq + 1` for a stripe whose footer decodes;
+    /// `2 * stripe_seq` of the next stripe of its use for a damaged one without a footer (it
+    /// was sealed just before that one).
+    order: u64,
+    seg: u32,
+    stripe: u32,
+    /// Its summary is damaged beyond repair.
+    damaged: bool,
+}
+
 impl Array {
-    pub(super) fn recover(&self) -> Result<()> {
+    pub(super) fn recover(&self, accept_damaged: bool) -> Result<()> {
         let geo = self.inner.geo.clone();
         let mut best: Newest = HashMap::new();
         let mut segs = vec![
@@ -25,27 +66,68 @@ impl Array {
             geo.nsegs as usize
         ];
         let mut max_seq = 0u64;
-        let mut latest: Vec<(u64, u32, u32)> = Vec::new(); // (stripe_seq, seg, stripe)
+        let mut found: Vec<Found> = Vec::new();
+        // Damaged stripes that cannot have been in flight at a crash.
+        let mut lost: Vec<(u32, u32)> = Vec::new();
         for seg in 0..geo.nsegs as u32 {
             let mut seg_seq = None;
             for s in 0..geo.seg_stripes as u32 {
-                let Some((f, ents)) = self.read_summary(seg, s) else {
-                    break;
+                let sum = self.read_summary(seg, s)?;
+                // Whether a footer is that of stripe `s` of this segment's current use.
+                let current = |f: &Footer| {
+                    f.seg == seg && f.stripe == s && (s == 0 || Some(f.seg_seq) == seg_seq)
+                };
+                let (f, ents) = match sum {
+                    Summary::Valid(f, ents) if current(&f) => (f, Some(ents)),
+                    Summary::Damaged(Some(f)) if current(&f) => (f, None),
+                    Summary::Damaged(None) if s == 0 => {
+                        // Stripe 0 always holds a footer or zeros (see `unrepaired`).
+                        lost.push((seg, s));
+                        segs[seg as usize] = SegInfo {
+                            state: SegState::Sealed,
+                            seq: 0,
+                            stripes: 1,
+                            live_blocks: 0,
+                            live_recs: 0,
+                        };
+                        break;
+                    }
+                    // A free segment (or one of another array).
+                    _ if s == 0 => break,
+                    _ => {
+                        // Not a stripe of the current use: where it ends, unless a later stripe
+                        // of the use follows (then this one was written, and is lost).
+                        let Some(seq) = seg_seq else { break };
+                        let Some(next) = self.later_stripe_of_use(seg, s + 1, seq)? else {
+                            break;
+                        };
+                        found.push(Found {
+                            order: 2 * next,
+                            seg,
+                            stripe: s,
+                            damaged: true,
+                        });
+                        segs[seg as usize].stripes = s + 1;
+                        continue;
+                    }
                 };
                 max_seq = max_seq.max(f.stripe_seq).max(f.seg_seq);
-                if f.seg != seg || f.stripe != s {
-                    break;
-                }
+                found.push(Found {
+                    order: 2 * f.stripe_seq + 1,
+                    seg,
+                    stripe: s,
+                    damaged: ents.is_none(),
+                });
                 if s == 0 {
                     if f.flags & FOOTER_FREE != 0 {
-                        latest.push((f.stripe_seq, seg, s));
+                        // A FREE marker: whatever its entries, the segment is free.
+                        if let Some(last) = found.last_mut() {
+                            last.damaged = false;
+                        }
                         break;
                     }
                     seg_seq = Some(f.seg_seq);
-                } else if Some(f.seg_seq) != seg_seq {
-                    break;
                 }
-                latest.push((f.stripe_seq, seg, s));
                 segs[seg as usize] = SegInfo {
                     state: SegState::Sealed,
                     seq: f.seg_seq,
@@ -53,7 +135,7 @@ impl Array {
                     live_blocks: 0,
                     live_recs: 0,
                 };
-                for e in ents {
+                for e in ents.into_iter().flatten() {
                     max_seq = max_seq.max(e.version);
                     let k = (e.obj, e.page);
                     if best.get(&k).is_none_or(|b| e.version > b.0.version) {
@@ -63,18 +145,63 @@ impl Array {
             }
         }
         self.inner.seq.store(max_seq + 1, Relaxed);
+        // Only the stripes that were in flight can be torn by a crash, and at most
+        // MAX_INFLIGHT were: the newest ones. A damaged summary among them is voided (its
+        // records were never acknowledged by a flush); any other is damage.
+        found.sort_by_key(|f| std::cmp::Reverse(f.order));
+        let window = found.len().min(MAX_INFLIGHT);
+        lost.extend(
+            found[window..]
+                .iter()
+                .filter(|f| f.damaged)
+                .map(|f| (f.seg, f.stripe)),
+        );
+        lost.sort_unstable();
+        if !lost.is_empty() {
+            if !accept_damaged {
+                return Err(ArrayError::DamagedSummaries { stripes: lost });
+            }
+            for &(seg, s) in &lost {
+                tracing::error!(
+                    "the summary of stripe {s} of segment {seg} is damaged beyond repair; \
+                     segment {seg} is quarantined and keys written there may read back stale"
+                );
+                segs[seg as usize].state = SegState::Damaged;
+            }
+        }
         let mut idx = self.inner.index.write();
         idx.segs = segs;
+        idx.damaged = lost;
         idx.install(best);
         drop(idx);
-        // Only the stripes that were in flight can be torn by a crash, and at most
-        // MAX_INFLIGHT were: check the newest ones and void any whose records cannot be read
-        // back (they were never acknowledged by a flush).
-        latest.sort_unstable_by_key(|l| std::cmp::Reverse(l.0));
-        for &(_, seg, s) in latest.iter().take(MAX_INFLIGHT) {
-            self.check_torn(seg, s)?;
+        for f in found[..window].iter().filter(|f| f.damaged) {
+            tracing::warn!(
+                "the summary of stripe {} of segment {} was torn by a crash; voiding the stripe \
+                 (its records were never acknowledged)",
+                f.stripe,
+                f.seg
+            );
+            self.void_stripe(f.seg, f.stripe)?;
+        }
+        for f in found[..window].iter().filter(|f| !f.damaged) {
+            self.check_torn(f.seg, f.stripe)?;
         }
         Ok(())
+    }
+
+    /// The stripe_seq of the first stripe of `seg` from `from` on that belongs to the use of
+    /// the segment numbered `seg_seq` (its footer decodes, whether or not its entries do).
+    fn later_stripe_of_use(&self, seg: u32, from: u32, seg_seq: u64) -> Result<Option<u64>> {
+        for s in from..self.inner.geo.seg_stripes as u32 {
+            let f = match self.read_summary(seg, s)? {
+                Summary::Valid(f, _) | Summary::Damaged(Some(f)) => f,
+                _ => continue,
+            };
+            if f.seg == seg && f.stripe == s && f.seg_seq == seg_seq {
+                return Ok(Some(f.stripe_seq));
+            }
+        }
+        Ok(None)
     }
 
     fn check_torn(&self, seg: u32, s: u32) -> Result<()> {
@@ -154,7 +281,7 @@ impl Array {
                 continue;
             }
             for s in 0..info.stripes {
-                let Some((_, ents)) = self.read_summary(seg as u32, s) else {
+                let Some(ents) = self.read_summary(seg as u32, s)?.entries() else {
                     continue;
                 };
                 for e in ents {
@@ -170,31 +297,68 @@ impl Array {
         Ok(())
     }
 
-    /// Reads and verifies the summary of stripe `s` of `seg`; None if it is not a valid stripe.
-    pub(super) fn read_summary(&self, seg: u32, s: u32) -> Option<(Footer, Vec<Entry>)> {
+    /// Reads and verifies the summary of stripe `s` of `seg`, repairing it from redundancy
+    /// where it fails its checksums (the footer's, and the entries' whether they share the
+    /// footer's block or not). Fails only where the drives cannot be read.
+    pub(super) fn read_summary(&self, seg: u32, s: u32) -> Result<Summary> {
         let geo = &self.inner.geo;
+        let uuid = self.inner.uuid;
         let gs = geo.seg_stripes * seg as u64 + s as u64;
         let sd = geo.stripe_data();
         let max_blocks = geo.stripe_blocks() as u32;
-        let check_footer = |b: &[u8]| -> bool {
-            format::Footer::decode(&b[b.len() - format::FOOTER_SIZE..])
-                .map(|f| f.uuid == self.inner.uuid)
-                .unwrap_or(false)
+        let ours = |b: &[u8]| {
+            Footer::decode(&b[b.len() - FOOTER_SIZE..])
+                .ok()
+                .filter(|f| f.uuid == uuid)
         };
-        let last = self
-            .read_checked(gs, sd - BLOCK, BLOCK, &check_footer)
-            .ok()?;
-        let footer = format::Footer::decode(&last[BLOCK - format::FOOTER_SIZE..]).ok()?;
-        let need = format::summary_bytes(footer.nentries as usize).div_ceil(BLOCK) * BLOCK;
-        if need > sd {
-            return None;
-        }
+        let need_of =
+            |f: &Footer| format::summary_bytes(f.nentries as usize).div_ceil(BLOCK) * BLOCK;
+        // The last block passes if its footer does, and the whole summary where it fits in
+        // the block: a flipped entry is repaired like a flipped footer.
+        let check_last = |b: &[u8]| match ours(b) {
+            Some(f) if need_of(&f) <= BLOCK => format::decode_summary(b, max_blocks).is_ok(),
+            Some(f) => need_of(&f) <= sd,
+            None => false,
+        };
+        let last = match self.read_checked_raw(gs, sd - BLOCK, BLOCK, &check_last)? {
+            Ok(b) => b,
+            Err(raw) => return Ok(self.unrepaired(&raw, s)),
+        };
+        let Some(footer) = ours(&last) else {
+            return Ok(Summary::Absent);
+        };
+        let need = need_of(&footer);
         let tail = if need <= BLOCK {
             last
         } else {
             let check = |b: &[u8]| format::decode_summary(b, max_blocks).is_ok();
-            self.read_checked(gs, sd - need, need, &check).ok()?
+            match self.read_checked_raw(gs, sd - need, need, &check)? {
+                Ok(b) => b,
+                Err(_) => return Ok(Summary::Damaged(Some(footer))),
+            }
         };
-        format::decode_summary(&tail, max_blocks).ok()
+        Ok(match format::decode_summary(&tail, max_blocks) {
+            Ok((f, e)) => Summary::Valid(f, e),
+            Err(_) => Summary::Damaged(Some(footer)),
+        })
+    }
+
+    /// What the last block of stripe `s` of a segment holds when it fails the checks of
+    /// [`Array::read_summary`] and redundancy cannot repair it. A footer of this array (its
+    /// entries are what failed), or a footer's magic with a bad checksum, is damage. So is
+    /// anything but zeros without the magic in stripe 0: `create` and the cleaner leave a
+    /// FREE marker there (or zeros, in drive files `create` made), so stripe 0 always holds a
+    /// footer or nothing; a later stripe may hold whatever the drive held before.
+    fn unrepaired(&self, raw: &[u8], s: u32) -> Summary {
+        let fb = &raw[raw.len() - FOOTER_SIZE..];
+        match Footer::decode(fb) {
+            Ok(f) if f.uuid == self.inner.uuid => Summary::Damaged(Some(f)),
+            Ok(_) => Summary::Absent,
+            Err(FormatError::Magic) if s == 0 && fb.iter().any(|&b| b != 0) => {
+                Summary::Damaged(None)
+            }
+            Err(FormatError::Magic) => Summary::Absent,
+            Err(_) => Summary::Damaged(None),
+        }
     }
 }

@@ -64,6 +64,7 @@ impl Array {
                     map: idx.map.clone(),
                     tombs: idx.tombs.clone(),
                     segs: idx.segs.clone(),
+                    damaged: idx.damaged.clone(),
                 }),
                 seq: AtomicU64::new(inner.seq.load(Relaxed)),
                 counters: Counters::default(),

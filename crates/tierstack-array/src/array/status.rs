@@ -39,7 +39,10 @@ pub struct ArrayStatus {
     pub group_size: usize,
     /// Drives in the array, whatever their state.
     pub drives_total: usize,
-    /// online | degraded | rebuilding | failed
+    /// online | degraded | rebuilding | damaged | failed: `damaged` where an array opened
+    /// with `ArrayOptions::accept_damaged` holds stripe summaries damaged beyond repair
+    /// ([`Array::damaged_stripes`]); `failed` where more drives are gone than the level
+    /// tolerates.
     pub state: String,
     /// Progress of a running rebuild in percent; `None` when no drive is rebuilding.
     pub rebuild_percent: Option<f64>,
@@ -116,6 +119,8 @@ impl Array {
             .any(|d| d.state == DriveState::Rebuilding);
         let state = if check_tolerance(geo, &drives.list).is_err() {
             "failed"
+        } else if !idx.damaged.is_empty() {
+            "damaged"
         } else if rebuilding {
             "rebuilding"
         } else if failed > 0 {
@@ -169,6 +174,14 @@ impl Array {
                 })
                 .collect(),
         }
+    }
+
+    /// The stripes whose summaries were found damaged beyond repair at open, as (segment,
+    /// stripe within the segment), in order; empty unless the array was opened with
+    /// `ArrayOptions::accept_damaged`. Their segments are quarantined (never written, cleaned
+    /// or reused) and scrub counts each such stripe unrepairable.
+    pub fn damaged_stripes(&self) -> Vec<(u32, u32)> {
+        self.inner.index.read().damaged.clone()
     }
 
     /// Bytes written to drives (data, parity and padding) since open.
