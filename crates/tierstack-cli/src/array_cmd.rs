@@ -300,152 +300,31 @@ pub fn run(cmd: ArrayCmd) -> Result<()> {
             size,
             drives,
             eng,
-        } => {
-            let level = parse_level(&level)?;
-            let chunk = parse_chunk(&chunk)?;
-            let size = size
-                .as_deref()
-                .map(parse_size)
-                .transpose()
-                .map_err(anyhow::Error::msg)?;
-            tierstack_array::Geometry::new(
-                level,
-                drives.len(),
-                chunk,
-                groups,
-                size.unwrap_or(u64::MAX),
-            )?;
-            precheck_create(&array, &drives, size)?;
-            let params = CreateParams {
-                level,
-                chunk,
-                groups,
-                size,
-            };
-            let a = Array::create(&drives, &params, &eng.options()?)?;
-            if let Err(e) = Descriptor::for_array(&a).save(&array) {
-                // Leave nothing half-created: wipe the superblocks we wrote.
-                let paths = a.drive_paths();
-                drop(a);
-                wipe(&paths, &drives);
-                return Err(e.into());
-            }
-            let st = a.status();
-            println!(
-                "created RAID {} array {} over {} drives: {} usable, chunk {}, stripe {}",
-                st.level,
-                array.display(),
-                st.drives_total,
-                fmt_size(st.capacity_bytes),
-                fmt_size(st.chunk as u64),
-                fmt_size(st.stripe_bytes as u64)
-            );
-            Ok(())
-        }
-        ArrayCmd::Show { array, json, eng } => {
-            // A busy array (a background rebuild) is shown from its superblocks at once.
-            let opts = ArrayOptions {
-                lock_wait: std::time::Duration::from_millis(300),
-                ..eng.options()?
-            };
-            let st = match descriptor::open_array(&array, &opts).map_err(anyhow::Error::from) {
-                Ok(a) => a.status(),
-                Err(e) if is_busy(&e) => offline_status(&array)?,
-                Err(e) => return Err(e),
-            };
-            if json {
-                println!("{}", serde_json::to_string(&st)?);
-            } else {
-                print!("{}", render_status(&array, &st));
-            }
-            Ok(())
-        }
+        } => create(
+            &array,
+            &level,
+            &chunk,
+            groups,
+            size.as_deref(),
+            &drives,
+            &eng,
+        ),
+        ArrayCmd::Show { array, json, eng } => show(&array, json, &eng),
         ArrayCmd::Put {
             array,
             key,
             file,
             eng,
-        } => {
-            let store = ObjectStore::open(open(&array, &eng)?)?;
-            let info = match &file {
-                Some(f) => {
-                    let mut r = BufReader::new(
-                        File::open(f).with_context(|| format!("cannot open {}", f.display()))?,
-                    );
-                    store.put(&key, &mut r)?
-                }
-                None => store.put(&key, &mut std::io::stdin().lock())?,
-            };
-            eprintln!("stored {} ({} bytes)", info.name, info.size);
-            Ok(())
-        }
+        } => put(&array, &key, file.as_deref(), &eng),
         ArrayCmd::Get {
             array,
             key,
             file,
             eng,
-        } => {
-            let store = ObjectStore::open(open(&array, &eng)?)?;
-            if store.stat(&key)?.is_none() {
-                bail!(
-                    "no object '{key}' in {}: list objects with `tierstack array list`",
-                    array.display()
-                );
-            }
-            match &file {
-                Some(f) => {
-                    let tmp = f.with_extension("tierstack-partial");
-                    let mut w = BufWriter::new(
-                        File::create(&tmp)
-                            .with_context(|| format!("cannot create {}", f.display()))?,
-                    );
-                    let r = store
-                        .get(&key, &mut w)
-                        .map_err(anyhow::Error::from)
-                        .and_then(|_| Ok(w.flush()?));
-                    if let Err(e) = r {
-                        let _ = std::fs::remove_file(&tmp);
-                        return Err(e);
-                    }
-                    std::fs::rename(&tmp, f)?;
-                }
-                None => {
-                    let mut out = BufWriter::new(std::io::stdout().lock());
-                    store.get(&key, &mut out)?;
-                    out.flush()?;
-                }
-            }
-            Ok(())
-        }
-        ArrayCmd::Delete { array, key, eng } => {
-            let store = ObjectStore::open(open(&array, &eng)?)?;
-            if !store.delete(&key)? {
-                bail!("no object '{key}' in {}", array.display());
-            }
-            Ok(())
-        }
-        ArrayCmd::List { array, json, eng } => {
-            let store = ObjectStore::open(open(&array, &eng)?)?;
-            let list = store.list()?;
-            if json {
-                let v: Vec<_> = list
-                    .iter()
-                    .map(|o| serde_json::json!({"name": o.name, "size": o.size}))
-                    .collect();
-                println!("{}", serde_json::Value::Array(v));
-            } else {
-                for o in list {
-                    println!("{}\t{}", o.size, o.name);
-                }
-            }
-            Ok(())
-        }
-        ArrayCmd::Fail { array, drive, eng } => {
-            let a = open(&array, &eng)?;
-            a.fail_drive(drive)?;
-            println!("drive {drive} marked failed; array is {}", a.status().state);
-            Ok(())
-        }
+        } => get(&array, &key, file.as_deref(), &eng),
+        ArrayCmd::Delete { array, key, eng } => delete(&array, &key, &eng),
+        ArrayCmd::List { array, json, eng } => list(&array, json, &eng),
+        ArrayCmd::Fail { array, drive, eng } => fail(&array, drive, &eng),
         ArrayCmd::Replace {
             array,
             drive,
@@ -453,74 +332,246 @@ pub fn run(cmd: ArrayCmd) -> Result<()> {
             rate,
             background,
             eng,
-        } => {
-            let rate = parse_rate(&rate)?;
-            let a = open(&array, &eng)?;
-            a.replace_drive(drive, &newdrive)?;
-            Descriptor::for_array(&a).save(&array)?;
-            if background {
-                drop(a);
-                spawn_background_rebuild(&array, rate, &eng)?;
-                println!("drive {drive} replaced by {}; rebuilding in the background (see `tierstack array show`)", newdrive.display());
-                return Ok(());
-            }
-            rebuild_with_bar(&a, &array, rate)?;
-            println!("drive {drive} rebuilt; array is {}", a.status().state);
-            Ok(())
-        }
-        ArrayCmd::Rebuild { array, rate, eng } => {
-            let rate = parse_rate(&rate)?;
-            let a = open(&array, &eng)?;
-            rebuild_with_bar(&a, &array, rate)?;
-            println!("array is {}", a.status().state);
-            Ok(())
-        }
+        } => replace(&array, drive, &newdrive, &rate, background, &eng),
+        ArrayCmd::Rebuild { array, rate, eng } => rebuild(&array, &rate, &eng),
         ArrayCmd::Scrub {
             array,
             repair,
             json,
             eng,
-        } => {
-            let a = open(&array, &eng)?;
-            let pb = bar(a.geometry().total_stripes(), "scrub");
-            if json {
-                pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-            }
-            let rep = a.scrub(repair, &|d, _| pb.set_position(d))?;
-            pb.finish_and_clear();
-            if json {
-                println!("{}", serde_json::to_string(&rep)?);
-            } else {
-                println!(
-                    "scrub: {} stripes, {} records checked; {} checksum errors, {} parity errors, {} repaired, {} unrepairable",
-                    rep.stripes_checked, rep.records_checked, rep.checksum_errors, rep.parity_errors, rep.repaired, rep.unrepairable
-                );
-            }
-            if rep.unrepairable > 0 {
-                bail!("scrub found {} stripes it cannot repair: restore those objects from another copy", rep.unrepairable);
-            }
-            if !repair && !rep.clean() {
-                bail!("scrub found errors: run `tierstack array scrub --repair` to fix them");
-            }
-            Ok(())
-        }
-        ArrayCmd::Assemble { array, drives, eng } => {
-            let a = descriptor::assemble(&array, &drives, &eng.options()?)?;
-            let st = a.status();
-            println!(
-                "assembled RAID {} array {} ({} of {} drives found, {})",
-                st.level,
-                array.display(),
-                st.drives
-                    .iter()
-                    .filter(|d| d.state != tierstack_array::DriveState::Failed)
-                    .count(),
-                st.drives_total,
-                st.state
+        } => scrub(&array, repair, json, &eng),
+        ArrayCmd::Assemble { array, drives, eng } => assemble(&array, &drives, &eng),
+    }
+}
+
+/// `array create`: validates the geometry, creates the array and writes its descriptor.
+fn create(
+    array: &Path,
+    level: &str,
+    chunk: &str,
+    groups: Option<usize>,
+    size: Option<&str>,
+    drives: &[PathBuf],
+    eng: &EngineArgs,
+) -> Result<()> {
+    let level = parse_level(level)?;
+    let chunk = parse_chunk(chunk)?;
+    let size = size
+        .map(parse_size)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    tierstack_array::Geometry::new(level, drives.len(), chunk, groups, size.unwrap_or(u64::MAX))?;
+    precheck_create(array, drives, size)?;
+    let params = CreateParams {
+        level,
+        chunk,
+        groups,
+        size,
+    };
+    let a = Array::create(drives, &params, &eng.options()?)?;
+    if let Err(e) = Descriptor::for_array(&a).save(array) {
+        // Leave nothing half-created: wipe the superblocks we wrote.
+        let paths = a.drive_paths();
+        drop(a);
+        wipe(&paths, drives);
+        return Err(e.into());
+    }
+    let st = a.status();
+    println!(
+        "created RAID {} array {} over {} drives: {} usable, chunk {}, stripe {}",
+        st.level,
+        array.display(),
+        st.drives_total,
+        fmt_size(st.capacity_bytes),
+        fmt_size(st.chunk as u64),
+        fmt_size(st.stripe_bytes as u64)
+    );
+    Ok(())
+}
+
+/// `array show`: prints the status table (or JSON), even while another process owns the array.
+fn show(array: &Path, json: bool, eng: &EngineArgs) -> Result<()> {
+    // A busy array (a background rebuild) is shown from its superblocks at once.
+    let opts = ArrayOptions {
+        lock_wait: std::time::Duration::from_millis(300),
+        ..eng.options()?
+    };
+    let st = match descriptor::open_array(array, &opts).map_err(anyhow::Error::from) {
+        Ok(a) => a.status(),
+        Err(e) if is_busy(&e) => offline_status(array)?,
+        Err(e) => return Err(e),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&st)?);
+    } else {
+        print!("{}", render_status(array, &st));
+    }
+    Ok(())
+}
+
+/// `array put`: stores a file (or stdin) as an object.
+fn put(array: &Path, key: &str, file: Option<&Path>, eng: &EngineArgs) -> Result<()> {
+    let store = ObjectStore::open(open(array, eng)?)?;
+    let info = match file {
+        Some(f) => {
+            let mut r = BufReader::new(
+                File::open(f).with_context(|| format!("cannot open {}", f.display()))?,
             );
-            Ok(())
+            store.put(key, &mut r)?
+        }
+        None => store.put(key, &mut std::io::stdin().lock())?,
+    };
+    eprintln!("stored {} ({} bytes)", info.name, info.size);
+    Ok(())
+}
+
+/// `array get`: writes an object to a file (atomically, via a partial file) or to stdout.
+fn get(array: &Path, key: &str, file: Option<&Path>, eng: &EngineArgs) -> Result<()> {
+    let store = ObjectStore::open(open(array, eng)?)?;
+    if store.stat(key)?.is_none() {
+        bail!(
+            "no object '{key}' in {}: list objects with `tierstack array list`",
+            array.display()
+        );
+    }
+    match file {
+        Some(f) => {
+            let tmp = f.with_extension("tierstack-partial");
+            let mut w = BufWriter::new(
+                File::create(&tmp).with_context(|| format!("cannot create {}", f.display()))?,
+            );
+            let r = store
+                .get(key, &mut w)
+                .map_err(anyhow::Error::from)
+                .and_then(|_| Ok(w.flush()?));
+            if let Err(e) = r {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            std::fs::rename(&tmp, f)?;
+        }
+        None => {
+            let mut out = BufWriter::new(std::io::stdout().lock());
+            store.get(key, &mut out)?;
+            out.flush()?;
         }
     }
+    Ok(())
+}
+
+/// `array delete`: removes an object, failing if there is none by that name.
+fn delete(array: &Path, key: &str, eng: &EngineArgs) -> Result<()> {
+    let store = ObjectStore::open(open(array, eng)?)?;
+    if !store.delete(key)? {
+        bail!("no object '{key}' in {}", array.display());
+    }
+    Ok(())
+}
+
+/// `array list`: prints the objects with their sizes (or JSON).
+fn list(array: &Path, json: bool, eng: &EngineArgs) -> Result<()> {
+    let store = ObjectStore::open(open(array, eng)?)?;
+    let list = store.list()?;
+    if json {
+        let v: Vec<_> = list
+            .iter()
+            .map(|o| serde_json::json!({"name": o.name, "size": o.size}))
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+    } else {
+        for o in list {
+            println!("{}\t{}", o.size, o.name);
+        }
+    }
+    Ok(())
+}
+
+/// `array fail`: marks a drive failed.
+fn fail(array: &Path, drive: usize, eng: &EngineArgs) -> Result<()> {
+    let a = open(array, eng)?;
+    a.fail_drive(drive)?;
+    println!("drive {drive} marked failed; array is {}", a.status().state);
+    Ok(())
+}
+
+/// `array replace`: swaps in a new drive and rebuilds onto it, here or in the background.
+fn replace(
+    array: &Path,
+    drive: usize,
+    newdrive: &Path,
+    rate: &Option<String>,
+    background: bool,
+    eng: &EngineArgs,
+) -> Result<()> {
+    let rate = parse_rate(rate)?;
+    let a = open(array, eng)?;
+    a.replace_drive(drive, newdrive)?;
+    Descriptor::for_array(&a).save(array)?;
+    if background {
+        drop(a);
+        spawn_background_rebuild(array, rate, eng)?;
+        println!("drive {drive} replaced by {}; rebuilding in the background (see `tierstack array show`)", newdrive.display());
+        return Ok(());
+    }
+    rebuild_with_bar(&a, array, rate)?;
+    println!("drive {drive} rebuilt; array is {}", a.status().state);
+    Ok(())
+}
+
+/// `array rebuild`: runs (or resumes) the rebuild of drives in state rebuilding.
+fn rebuild(array: &Path, rate: &Option<String>, eng: &EngineArgs) -> Result<()> {
+    let rate = parse_rate(rate)?;
+    let a = open(array, eng)?;
+    rebuild_with_bar(&a, array, rate)?;
+    println!("array is {}", a.status().state);
+    Ok(())
+}
+
+/// `array scrub`: verifies checksums and parity, reports, and fails on errors left.
+fn scrub(array: &Path, repair: bool, json: bool, eng: &EngineArgs) -> Result<()> {
+    let a = open(array, eng)?;
+    let pb = bar(a.geometry().total_stripes(), "scrub");
+    if json {
+        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let rep = a.scrub(repair, &|d, _| pb.set_position(d))?;
+    pb.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string(&rep)?);
+    } else {
+        println!(
+            "scrub: {} stripes, {} records checked; {} checksum errors, {} parity errors, {} repaired, {} unrepairable",
+            rep.stripes_checked, rep.records_checked, rep.checksum_errors, rep.parity_errors, rep.repaired, rep.unrepairable
+        );
+    }
+    if rep.unrepairable > 0 {
+        bail!(
+            "scrub found {} stripes it cannot repair: restore those objects from another copy",
+            rep.unrepairable
+        );
+    }
+    if !repair && !rep.clean() {
+        bail!("scrub found errors: run `tierstack array scrub --repair` to fix them");
+    }
+    Ok(())
+}
+
+/// `array assemble`: rebuilds a lost descriptor from the array's drives.
+fn assemble(array: &Path, drives: &[PathBuf], eng: &EngineArgs) -> Result<()> {
+    let a = descriptor::assemble(array, drives, &eng.options()?)?;
+    let st = a.status();
+    println!(
+        "assembled RAID {} array {} ({} of {} drives found, {})",
+        st.level,
+        array.display(),
+        st.drives
+            .iter()
+            .filter(|d| d.state != tierstack_array::DriveState::Failed)
+            .count(),
+        st.drives_total,
+        st.state
+    );
+    Ok(())
 }
 
 fn wipe(paths: &[PathBuf], given: &[PathBuf]) {

@@ -1,5 +1,7 @@
 //! The `tierstack` command.
 
+#![warn(clippy::too_many_lines)]
+
 mod array_cmd;
 mod buffers_cmd;
 mod cost_cmd;

@@ -106,6 +106,94 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     if !a.cmd.is_empty() {
         return bench_program(&a, dram);
     }
+    let run = Synthetic::from_args(&a, map, dram)?;
+    let exe = std::env::current_exe()?;
+    if a.compare {
+        return bench_compare(&a, &run, &exe);
+    }
+    let r = run
+        .run(&exe, &a.engine, &a.dir)
+        .map_err(anyhow::Error::msg)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        print!("{}", mem::render(&r));
+    }
+    run.draw(&a, &[r])
+}
+
+/// The synthetic workload of `bench mem` and the tierstack engine's settings, validated.
+struct Synthetic {
+    spec: WorkerSpec,
+    dram: u64,
+    page: usize,
+    level: tierstack_array::Level,
+    /// The tierstack engine's settings, as the plot names them.
+    note: String,
+}
+
+impl Synthetic {
+    /// Checks the synthetic workload's flags and builds its worker spec, before any run.
+    fn from_args(a: &BenchMemArgs, map: u64, dram: u64) -> Result<Synthetic> {
+        let (ratio, pattern, page) = check_workload(a, map, dram)?;
+        if let Some(p) = &a.plot {
+            // Fail before a long run, not after it.
+            plot::check_target(p).map_err(anyhow::Error::msg)?;
+            plot::check_font().map_err(anyhow::Error::msg)?;
+        }
+        let level = tierstack_level(a)?;
+        let vram = vram_tier(a)?;
+        let note = engine_note(page, level, a.no_compress, vram);
+        let spec = WorkerSpec {
+            map,
+            threads: a.threads,
+            read_ratio: ratio,
+            pattern,
+            seconds: a.seconds,
+            cgroup_procs: None,
+            tierstack: None,
+            fill: a.fill.parse().map_err(anyhow::Error::msg)?,
+            vram,
+            no_compress: a.no_compress,
+        };
+        Ok(Synthetic {
+            spec,
+            dram,
+            page,
+            level,
+            note,
+        })
+    }
+
+    /// Runs the workload once under `engine`.
+    fn run(
+        &self,
+        exe: &Path,
+        engine: &str,
+        dir: &Path,
+    ) -> Result<mem::MemReport, tierstack_bench::BenchError> {
+        mem::run_engine(
+            exe, engine, &self.spec, self.dram, dir, self.page, self.level,
+        )
+    }
+
+    /// Draws `--plot` from the reports of the engines that ran, when it was asked for.
+    fn draw(&self, a: &BenchMemArgs, reports: &[mem::MemReport]) -> Result<()> {
+        if let Some(p) = &a.plot {
+            let ran_tierstack = reports.iter().any(|r| r.engine == "tierstack");
+            plot::plot_mem(p, reports, ran_tierstack.then_some(self.note.as_str()))
+                .map_err(anyhow::Error::msg)?;
+            if !a.json {
+                println!("plot: {}", p.display());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks --map, --dram, --threads, --read-ratio, --seconds, --pattern and --page; returns
+/// the read ratio, the pattern and the page size.
+fn check_workload(a: &BenchMemArgs, map: u64, dram: u64) -> Result<(f64, Pattern, usize)> {
     if map < 4096 {
         bail!(
             "--map {} is smaller than one 4 KiB page: use e.g. --map 1536M",
@@ -143,11 +231,11 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
             a.page
         );
     }
-    if let Some(p) = &a.plot {
-        // Fail before a long run, not after it.
-        plot::check_target(p).map_err(anyhow::Error::msg)?;
-        plot::check_font().map_err(anyhow::Error::msg)?;
-    }
+    Ok((ratio, pattern, page))
+}
+
+/// The tierstack engine's RAID level (--level): one its four drives can make.
+fn tierstack_level(a: &BenchMemArgs) -> Result<tierstack_array::Level> {
     let level: tierstack_array::Level = a
         .level
         .parse()
@@ -161,16 +249,30 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
             a.level
         );
     }
-    let vram = match &a.vram {
+    Ok(level)
+}
+
+/// The VRAM tier of --vram and --gpu, checked against the GPU; none without --vram.
+fn vram_tier(a: &BenchMemArgs) -> Result<Option<tierstack_mem::setup::Vram>> {
+    Ok(match &a.vram {
         Some(v) => {
             let bytes = crate::size_flag("vram", v)?;
             crate::mount_cmd::check_gpu("--vram", a.gpu, bytes)?;
             Some(tierstack_mem::setup::Vram { gpu: a.gpu, bytes })
         }
         None => None,
-    };
+    })
+}
+
+/// The tierstack engine's settings in words (page, RAID level, tiers), for the plot.
+fn engine_note(
+    page: usize,
+    level: tierstack_array::Level,
+    no_compress: bool,
+    vram: Option<tierstack_mem::setup::Vram>,
+) -> String {
     let mut note = format!("tierstack page {}, RAID {}", fmt_size(page as u64), level);
-    if a.no_compress {
+    if no_compress {
         note.push_str(", no compressed tier");
     }
     if let Some(v) = vram {
@@ -180,140 +282,135 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
             v.gpu
         ));
     }
-    let draw = |reports: &[mem::MemReport]| -> Result<()> {
-        if let Some(p) = &a.plot {
-            let ran_tierstack = reports.iter().any(|r| r.engine == "tierstack");
-            plot::plot_mem(p, reports, ran_tierstack.then_some(note.as_str()))
-                .map_err(anyhow::Error::msg)?;
-            if !a.json {
-                println!("plot: {}", p.display());
-            }
+    note
+}
+
+/// The runs of `bench mem --compare`, each engine's in round order.
+struct MemRuns {
+    tierstack: Vec<mem::MemReport>,
+    kernel: Vec<mem::MemReport>,
+    zswap: Vec<mem::MemReport>,
+    /// Why kernel swap with zswap failed (it is not run again after).
+    zswap_error: Option<String>,
+}
+
+/// Runs tierstack, kernel swap and (where the host has it) kernel swap with zswap, `repeat`
+/// times alternately.
+fn compare_rounds(a: &BenchMemArgs, run: &Synthetic, exe: &Path, repeat: usize) -> Result<MemRuns> {
+    // Kernel swap with zswap too, where the host has it (set for the run, restored after).
+    let zswap = if a.no_zswap { None } else { Zswap::find() };
+    let mut zswap_error: Option<String> = None;
+    let mut ts = Vec::new();
+    let mut ks = Vec::new();
+    let mut zs = Vec::new();
+    for i in 0..repeat {
+        if repeat > 1 && !a.json {
+            eprintln!("round {} of {repeat}", i + 1);
         }
-        Ok(())
-    };
-    let spec = WorkerSpec {
-        map,
-        threads: a.threads,
-        read_ratio: ratio,
-        pattern,
-        seconds: a.seconds,
-        cgroup_procs: None,
-        tierstack: None,
-        fill: a.fill.parse().map_err(anyhow::Error::msg)?,
-        vram,
-        no_compress: a.no_compress,
-    };
-    let exe = std::env::current_exe()?;
-    if a.compare {
-        // Back to back, same workload, same folder for the swap file and the drives; with
-        // --repeat, alternately, and each engine's median run is reported (this machine's
-        // disk swings run to run).
-        let repeat = a.repeat as usize;
-        // Kernel swap with zswap too, where the host has it (set for the run, restored after).
-        let zswap = if a.no_zswap { None } else { Zswap::find() };
-        let mut zswap_error: Option<String> = None;
-        let mut ts = Vec::new();
-        let mut ks = Vec::new();
-        let mut zs = Vec::new();
-        for i in 0..repeat {
-            if repeat > 1 && !a.json {
-                eprintln!("round {} of {repeat}", i + 1);
-            }
-            ts.push(
-                mem::run_engine(&exe, "tierstack", &spec, dram, &a.dir, page, level)
-                    .map_err(anyhow::Error::msg)?,
-            );
-            ks.push(
-                mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page, level)
-                    .map_err(anyhow::Error::msg)?,
-            );
-            if let (Some(z), None) = (&zswap, &zswap_error) {
-                let r = z.with_enabled(|| {
-                    mem::run_engine(&exe, "kernel-swap", &spec, dram, &a.dir, page, level)
-                });
-                // A peer that fails is reported, not the end of the comparison (a cancel is).
-                match r {
-                    Ok(mut r) => {
-                        r.engine = "kernel-swap-zswap".into();
-                        zs.push(r);
-                    }
-                    Err(e @ tierstack_bench::BenchError::Cancelled) => {
-                        return Err(anyhow::Error::msg(e))
-                    }
-                    Err(e) => zswap_error = Some(e.to_string()),
+        ts.push(
+            run.run(exe, "tierstack", &a.dir)
+                .map_err(anyhow::Error::msg)?,
+        );
+        ks.push(
+            run.run(exe, "kernel-swap", &a.dir)
+                .map_err(anyhow::Error::msg)?,
+        );
+        if let (Some(z), None) = (&zswap, &zswap_error) {
+            let r = z.with_enabled(|| run.run(exe, "kernel-swap", &a.dir));
+            // A peer that fails is reported, not the end of the comparison (a cancel is).
+            match r {
+                Ok(mut r) => {
+                    r.engine = "kernel-swap-zswap".into();
+                    zs.push(r);
                 }
-            }
-        }
-        let rounds: Vec<serde_json::Value> = ts
-            .iter()
-            .zip(&ks)
-            .enumerate()
-            .map(|(i, (t, k))| match zs.get(i) {
-                Some(z) => {
-                    serde_json::json!([t.accesses_per_s, k.accesses_per_s, z.accesses_per_s])
+                Err(e @ tierstack_bench::BenchError::Cancelled) => {
+                    return Err(anyhow::Error::msg(e))
                 }
-                None => serde_json::json!([t.accesses_per_s, k.accesses_per_s]),
-            })
-            .collect();
-        let median_run = |runs| {
-            tierstack_bench::median_by(runs, |r: &mem::MemReport| r.accesses_per_s)
-                .ok_or_else(|| anyhow::anyhow!("no run"))
-        };
-        let t = median_run(ts)?;
-        let k = median_run(ks)?;
-        let z = if zswap_error.is_none() {
-            median_run(zs).ok()
-        } else {
-            None
-        };
-        let ratio_of = |o: &mem::MemReport| {
-            if o.accesses_per_s > 0.0 {
-                t.accesses_per_s / o.accesses_per_s
-            } else {
-                0.0
+                Err(e) => zswap_error = Some(e.to_string()),
             }
-        };
-        let ratio = ratio_of(&k);
-        let ratio_zswap = z.as_ref().map(ratio_of);
-        if a.json {
-            println!(
-                "{}",
-                serde_json::json!({"tierstack": t, "kernel_swap": k, "ratio": ratio,
-                    "kernel_swap_zswap": z, "ratio_zswap": ratio_zswap,
-                    "zswap_error": zswap_error,
-                    "fill": a.fill, "repeat": repeat, "rounds_accesses_per_s": rounds})
-            );
-        } else {
-            print!("{}{}", mem::render(&t), mem::render(&k));
-            if let Some(z) = &z {
-                print!("{}", mem::render(z));
-            }
-            if repeat > 1 {
-                println!("(median of {repeat} rounds each)");
-            }
-            println!("ratio (tierstack / kernel-swap accesses/s): {ratio:.2}");
-            println!(
-                "{}",
-                zswap_line(
-                    ratio_zswap,
-                    &zswap_error,
-                    a.no_zswap,
-                    "tierstack / kernel-swap with zswap"
-                )
-            );
         }
-        let mut all = vec![t, k];
-        all.extend(z);
-        return draw(&all);
     }
-    let r = mem::run_engine(&exe, &a.engine, &spec, dram, &a.dir, page, level)
-        .map_err(anyhow::Error::msg)?;
-    if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+    Ok(MemRuns {
+        tierstack: ts,
+        kernel: ks,
+        zswap: zs,
+        zswap_error,
+    })
+}
+
+/// `bench mem --compare`: tierstack against kernel swap (and with zswap), reported and plotted.
+fn bench_compare(a: &BenchMemArgs, run: &Synthetic, exe: &Path) -> Result<()> {
+    // Back to back, same workload, same folder for the swap file and the drives; with
+    // --repeat, alternately, and each engine's median run is reported (this machine's
+    // disk swings run to run).
+    let repeat = a.repeat as usize;
+    let MemRuns {
+        tierstack: ts,
+        kernel: ks,
+        zswap: zs,
+        zswap_error,
+    } = compare_rounds(a, run, exe, repeat)?;
+    let rounds: Vec<serde_json::Value> = ts
+        .iter()
+        .zip(&ks)
+        .enumerate()
+        .map(|(i, (t, k))| match zs.get(i) {
+            Some(z) => {
+                serde_json::json!([t.accesses_per_s, k.accesses_per_s, z.accesses_per_s])
+            }
+            None => serde_json::json!([t.accesses_per_s, k.accesses_per_s]),
+        })
+        .collect();
+    let median_run = |runs| {
+        tierstack_bench::median_by(runs, |r: &mem::MemReport| r.accesses_per_s)
+            .ok_or_else(|| anyhow::anyhow!("no run"))
+    };
+    let t = median_run(ts)?;
+    let k = median_run(ks)?;
+    let z = if zswap_error.is_none() {
+        median_run(zs).ok()
     } else {
-        print!("{}", mem::render(&r));
+        None
+    };
+    let ratio_of = |o: &mem::MemReport| {
+        if o.accesses_per_s > 0.0 {
+            t.accesses_per_s / o.accesses_per_s
+        } else {
+            0.0
+        }
+    };
+    let ratio = ratio_of(&k);
+    let ratio_zswap = z.as_ref().map(ratio_of);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"tierstack": t, "kernel_swap": k, "ratio": ratio,
+                "kernel_swap_zswap": z, "ratio_zswap": ratio_zswap,
+                "zswap_error": zswap_error,
+                "fill": a.fill, "repeat": repeat, "rounds_accesses_per_s": rounds})
+        );
+    } else {
+        print!("{}{}", mem::render(&t), mem::render(&k));
+        if let Some(z) = &z {
+            print!("{}", mem::render(z));
+        }
+        if repeat > 1 {
+            println!("(median of {repeat} rounds each)");
+        }
+        println!("ratio (tierstack / kernel-swap accesses/s): {ratio:.2}");
+        println!(
+            "{}",
+            zswap_line(
+                ratio_zswap,
+                &zswap_error,
+                a.no_zswap,
+                "tierstack / kernel-swap with zswap"
+            )
+        );
     }
-    draw(&[r])
+    let mut all = vec![t, k];
+    all.extend(z);
+    run.draw(a, &all)
 }
 
 /// The host's zswap switch, when it can be set.
@@ -381,7 +478,46 @@ pub fn worker(spec: &str) -> Result<()> {
 
 /// `bench mem [--compare] -- CMD`: the user's program under `tierstack run` and kernel swap.
 fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
-    use tierstack_bench::program::{self, ProgramSpec};
+    use tierstack_bench::program;
+    let spec = program_spec(a, dram)?;
+    let exe = std::env::current_exe()?;
+    let shown: Vec<String> = a
+        .cmd
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .collect();
+    let run_line = format!(
+        "tierstack run --dram {} --dir {}{}{} -- {}",
+        a.dram,
+        a.dir.display(),
+        if spec.run_flags.is_empty() { "" } else { " " },
+        spec.run_flags.join(" "),
+        shown.join(" ")
+    );
+    if !a.compare {
+        let engine = a.engine.as_str();
+        let r =
+            program::run_program(&exe, engine, engine, &spec, dram).map_err(anyhow::Error::msg)?;
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            print!("{}{}", program::HEADER, program::render(&r));
+        }
+        return Ok(());
+    }
+    let runs = program_rounds(a, &exe, &spec, &run_line)?;
+    let cmp = ProgramComparison::of(runs, a.repeat as usize)?;
+    if a.json {
+        cmp.print_json(&shown, &run_line, &spec.run_flags);
+    } else {
+        cmp.print_text(&run_line, &spec.run_flags, a.no_zswap);
+    }
+    Ok(())
+}
+
+/// Checks a program run's flags and builds its spec, with the `run` flags that depart from
+/// run's defaults.
+fn program_spec(a: &BenchMemArgs, dram: u64) -> Result<tierstack_bench::program::ProgramSpec> {
     if dram == 0 {
         bail!("--dram must be above 0: use e.g. --dram 512M");
     }
@@ -410,40 +546,39 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
             a.gpu.to_string(),
         ]);
     }
-    let spec = ProgramSpec {
+    Ok(tierstack_bench::program::ProgramSpec {
         cmd: a.cmd.clone(),
         dram,
         dir: a.dir.clone(),
         run_flags,
         swap_bytes,
         timeout: std::time::Duration::from_secs(a.timeout),
-    };
-    let exe = std::env::current_exe()?;
-    let shown: Vec<String> = a
-        .cmd
-        .iter()
-        .map(|c| c.to_string_lossy().into_owned())
-        .collect();
-    let run_line = format!(
-        "tierstack run --dram {} --dir {}{}{} -- {}",
-        a.dram,
-        a.dir.display(),
-        if spec.run_flags.is_empty() { "" } else { " " },
-        spec.run_flags.join(" "),
-        shown.join(" ")
-    );
-    let one = |engine: &str, limit: u64| {
-        program::run_program(&exe, engine, engine, &spec, limit).map_err(anyhow::Error::msg)
-    };
-    if !a.compare {
-        let r = one(engine, dram)?;
-        if a.json {
-            println!("{}", serde_json::to_string(&r)?);
-        } else {
-            print!("{}{}", program::HEADER, program::render(&r));
-        }
-        return Ok(());
-    }
+    })
+}
+
+/// The runs of `bench mem --compare -- CMD`, each engine's in round order.
+struct ProgramRuns {
+    tierstack: Vec<tierstack_bench::program::ProgramReport>,
+    kernel: Vec<tierstack_bench::program::ProgramReport>,
+    zswap: Vec<tierstack_bench::program::ProgramReport>,
+    /// Why kernel swap failed (it is not run again after).
+    kernel_error: Option<String>,
+    /// Why kernel swap with zswap failed (it is not run again after).
+    zswap_error: Option<String>,
+    /// Each round's wall times: tierstack's, then each peer's (None where it failed).
+    rounds: Vec<Vec<Option<f64>>>,
+}
+
+/// Runs the program under tierstack, then kernel swap (and with zswap) given its peak RSS,
+/// --repeat times; a peer that fails is recorded, a cancel ends the comparison.
+fn program_rounds(
+    a: &BenchMemArgs,
+    exe: &Path,
+    spec: &tierstack_bench::program::ProgramSpec,
+    run_line: &str,
+) -> Result<ProgramRuns> {
+    use tierstack_bench::program;
+    let dram = spec.dram;
     let repeat = a.repeat as usize;
     let zswap = if a.no_zswap { None } else { Zswap::find() };
     // A peer that fails (out of memory, past --timeout) is reported, not the end of the
@@ -456,7 +591,8 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
         if !a.json {
             eprintln!("round {} of {repeat}: {run_line}", i + 1);
         }
-        let t = one("tierstack", dram)?;
+        let t = program::run_program(exe, "tierstack", "tierstack", spec, dram)
+            .map_err(anyhow::Error::msg)?;
         // Kernel swap gets the memory the program had under tierstack: its peak RSS.
         let limit = t.peak_rss_bytes.max(dram);
         let mut round = vec![Some(t.wall_s)];
@@ -466,7 +602,7 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
                 if error.is_some() {
                     return Ok(());
                 }
-                let run = || program::run_program(&exe, "kernel-swap", name, &spec, limit);
+                let run = || program::run_program(exe, "kernel-swap", name, spec, limit);
                 match z.map_or_else(run, |z| z.with_enabled(run)) {
                     Ok(r) => {
                         round.push(Some(r.wall_s));
@@ -489,53 +625,110 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
         rounds.push(round);
         ts.push(t);
     }
-    let same_output = ts
-        .iter()
-        .chain(&ks)
-        .chain(&zs)
-        .all(|r| r.output_hash == ts[0].output_hash);
-    let median = |runs| tierstack_bench::median_by(runs, |r: &program::ProgramReport| r.wall_s);
-    let t = median(ts).ok_or_else(|| anyhow::anyhow!("no tierstack run"))?;
-    let k = if kernel_error.is_none() {
-        median(ks)
-    } else {
-        None
-    };
-    let z = if zswap_error.is_none() {
-        median(zs)
-    } else {
-        None
-    };
-    // Above 1: tierstack finished sooner.
-    let ratio_of = |o: &program::ProgramReport| o.wall_s / t.wall_s.max(1e-9);
-    let ratio = k.as_ref().map(ratio_of);
-    let ratio_zswap = z.as_ref().map(ratio_of);
-    if a.json {
+    Ok(ProgramRuns {
+        tierstack: ts,
+        kernel: ks,
+        zswap: zs,
+        kernel_error,
+        zswap_error,
+        rounds,
+    })
+}
+
+/// Each engine's median run of a program comparison and their ratios to tierstack.
+struct ProgramComparison {
+    t: tierstack_bench::program::ProgramReport,
+    k: Option<tierstack_bench::program::ProgramReport>,
+    z: Option<tierstack_bench::program::ProgramReport>,
+    /// Kernel swap's wall time over tierstack's (above 1: tierstack finished sooner).
+    ratio: Option<f64>,
+    /// The same for kernel swap with zswap.
+    ratio_zswap: Option<f64>,
+    /// Whether every run printed the same output.
+    same_output: bool,
+    kernel_error: Option<String>,
+    zswap_error: Option<String>,
+    rounds: Vec<Vec<Option<f64>>>,
+    repeat: usize,
+}
+
+impl ProgramComparison {
+    /// Takes each engine's median run (none for an engine that failed) and the ratios.
+    fn of(runs: ProgramRuns, repeat: usize) -> Result<ProgramComparison> {
+        use tierstack_bench::program;
+        let ProgramRuns {
+            tierstack: ts,
+            kernel: ks,
+            zswap: zs,
+            kernel_error,
+            zswap_error,
+            rounds,
+        } = runs;
+        let same_output = ts
+            .iter()
+            .chain(&ks)
+            .chain(&zs)
+            .all(|r| r.output_hash == ts[0].output_hash);
+        let median = |runs| tierstack_bench::median_by(runs, |r: &program::ProgramReport| r.wall_s);
+        let t = median(ts).ok_or_else(|| anyhow::anyhow!("no tierstack run"))?;
+        let k = if kernel_error.is_none() {
+            median(ks)
+        } else {
+            None
+        };
+        let z = if zswap_error.is_none() {
+            median(zs)
+        } else {
+            None
+        };
+        // Above 1: tierstack finished sooner.
+        let ratio_of = |o: &program::ProgramReport| o.wall_s / t.wall_s.max(1e-9);
+        let ratio = k.as_ref().map(ratio_of);
+        let ratio_zswap = z.as_ref().map(ratio_of);
+        Ok(ProgramComparison {
+            t,
+            k,
+            z,
+            ratio,
+            ratio_zswap,
+            same_output,
+            kernel_error,
+            zswap_error,
+            rounds,
+            repeat,
+        })
+    }
+
+    /// Prints the comparison as one JSON object.
+    fn print_json(&self, shown: &[String], run_line: &str, run_flags: &[String]) {
         println!(
             "{}",
-            serde_json::json!({"program": shown, "run": run_line, "departures": spec.run_flags,
-                "tierstack": t, "kernel_swap": k, "kernel_swap_zswap": z,
-                "ratio": ratio, "ratio_zswap": ratio_zswap,
-                "kernel_swap_error": kernel_error, "zswap_error": zswap_error,
-                "same_output": same_output, "repeat": repeat, "rounds_wall_s": rounds})
+            serde_json::json!({"program": shown, "run": run_line, "departures": run_flags,
+                "tierstack": self.t, "kernel_swap": self.k, "kernel_swap_zswap": self.z,
+                "ratio": self.ratio, "ratio_zswap": self.ratio_zswap,
+                "kernel_swap_error": self.kernel_error, "zswap_error": self.zswap_error,
+                "same_output": self.same_output, "repeat": self.repeat,
+                "rounds_wall_s": self.rounds})
         );
-    } else {
+    }
+
+    /// Prints the comparison as a table and lines of ratios.
+    fn print_text(&self, run_line: &str, run_flags: &[String], no_zswap: bool) {
+        use tierstack_bench::program;
+        let repeat = self.repeat;
         println!("{run_line}");
-        if !spec.run_flags.is_empty() {
-            println!(
-                "departures from run's defaults: {}",
-                spec.run_flags.join(" ")
-            );
+        if !run_flags.is_empty() {
+            println!("departures from run's defaults: {}", run_flags.join(" "));
         }
-        print!("{}{}", program::HEADER, program::render(&t));
-        for r in k.iter().chain(&z) {
+        print!("{}{}", program::HEADER, program::render(&self.t));
+        for r in self.k.iter().chain(&self.z) {
             print!("{}", program::render(r));
         }
         if repeat > 1 {
             println!("(median of {repeat} rounds each)");
         }
         println!("kernel swap's memory: the program's peak RSS under tierstack run");
-        match (ratio, &kernel_error) {
+        match (self.ratio, &self.kernel_error) {
             (Some(r), _) => {
                 println!("ratio (kernel-swap wall time / tierstack wall time): {r:.2}")
             }
@@ -544,20 +737,19 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
         println!(
             "{}",
             zswap_line(
-                ratio_zswap,
-                &zswap_error,
-                a.no_zswap,
+                self.ratio_zswap,
+                &self.zswap_error,
+                no_zswap,
                 "kernel-swap with zswap / tierstack"
             )
         );
         println!(
             "output: {}",
-            if same_output {
+            if self.same_output {
                 "the same under every engine and round"
             } else {
                 "differs between engines or rounds (a program that prints times does; see --json output_tail)"
             }
         );
     }
-    Ok(())
 }

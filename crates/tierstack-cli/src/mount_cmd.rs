@@ -260,43 +260,99 @@ fn connect_status(mp: &Path) -> Result<MountStatus> {
 }
 
 pub fn mount(a: MountArgs) -> Result<()> {
-    let dram = size_arg("dram", &a.dram, 4 << 20)?;
-    let vram = match &a.vram {
-        Some(v) => {
-            let bytes = size_arg("vram", v, 1 << 20)?;
-            check_gpu("--vram", a.gpu, bytes)?;
-            bytes
-        }
-        None => 0,
-    };
-    let drive_size = size_arg("drive-size", &a.drive_size, 16 << 20)?;
-    let drain_rate = match a.drain_rate {
-        Some(r) if !(r.is_finite() && r > 0.0) => {
-            bail!("--drain-rate {r} is not a rate: give MB/s above 0")
-        }
-        Some(r) => Some((r * 1e6) as u64),
-        None => None,
-    };
-    if a.drain_jobs == 0 || a.drain_jobs > 256 {
-        bail!(
-            "--drain-jobs {} is out of range: give 1 to 256",
-            a.drain_jobs
-        );
+    let sizes = MountSizes::from_args(&a)?;
+    let backing = check_backing(&a.backing)?;
+    let mp = check_mountpoint(&a.mountpoint, &backing)?;
+    let (array, dir) = fast_tier(&a, &backing, &mp)?;
+    let spec = mount_spec(&a, sizes, backing, mp, array, dir)?;
+    if let Some(m) = &a.metrics {
+        tierstack_node::metrics::check_addr(m).map_err(crate::node_err)?;
     }
-    let backing = std::fs::canonicalize(&a.backing).map_err(|e| {
+    if a.foreground {
+        if let Some(m) = &a.metrics {
+            tierstack_node::metrics::serve_mount(m, &spec.mountpoint).map_err(crate::node_err)?;
+        }
+        return fsmount::run(spec, |s| {
+            println!(
+                "mounted {} at {} (pid {}, foreground)",
+                s.backing.display(),
+                s.mountpoint.display(),
+                std::process::id()
+            );
+        })
+        .map_err(|e| anyhow!("{e}"));
+    }
+    spawn_daemon(&spec, a.metrics.as_deref())
+}
+
+/// The sizes and rates of a mount, checked: tiers, drives and drain.
+#[derive(Clone, Copy)]
+struct MountSizes {
+    dram: u64,
+    /// Bytes of the VRAM tier (0: none).
+    vram: u64,
+    drive_size: u64,
+    /// Bytes per second (none: unlimited).
+    drain_rate: Option<u64>,
+}
+
+impl MountSizes {
+    /// Checks --dram, --vram (against the GPU), --drive-size, --drain-rate and --drain-jobs.
+    fn from_args(a: &MountArgs) -> Result<MountSizes> {
+        let dram = size_arg("dram", &a.dram, 4 << 20)?;
+        let vram = match &a.vram {
+            Some(v) => {
+                let bytes = size_arg("vram", v, 1 << 20)?;
+                check_gpu("--vram", a.gpu, bytes)?;
+                bytes
+            }
+            None => 0,
+        };
+        let drive_size = size_arg("drive-size", &a.drive_size, 16 << 20)?;
+        let drain_rate = match a.drain_rate {
+            Some(r) if !(r.is_finite() && r > 0.0) => {
+                bail!("--drain-rate {r} is not a rate: give MB/s above 0")
+            }
+            Some(r) => Some((r * 1e6) as u64),
+            None => None,
+        };
+        if a.drain_jobs == 0 || a.drain_jobs > 256 {
+            bail!(
+                "--drain-jobs {} is out of range: give 1 to 256",
+                a.drain_jobs
+            );
+        }
+        Ok(MountSizes {
+            dram,
+            vram,
+            drive_size,
+            drain_rate,
+        })
+    }
+}
+
+/// The backing directory, canonical; it must exist and be a directory.
+fn check_backing(backing: &Path) -> Result<PathBuf> {
+    let canonical = std::fs::canonicalize(backing).map_err(|e| {
         anyhow!(
             "backing directory {} cannot be used ({e}): give an existing directory",
-            a.backing.display()
+            backing.display()
         )
     })?;
-    if !backing.is_dir() {
+    if !canonical.is_dir() {
         bail!(
             "backing {} is not a directory: give the directory to mount over",
-            backing.display()
+            canonical.display()
         );
     }
-    let mp = fsmount::canonical_mountpoint(&a.mountpoint)
-        .map_err(|e| anyhow!("mountpoint {}: {e}", a.mountpoint.display()))?;
+    Ok(canonical)
+}
+
+/// The mountpoint, canonical: an empty directory that nothing is mounted on (a dead
+/// daemon's mount is cleared) and that does not overlap `backing`.
+fn check_mountpoint(mountpoint: &Path, backing: &Path) -> Result<PathBuf> {
+    let mp = fsmount::canonical_mountpoint(mountpoint)
+        .map_err(|e| anyhow!("mountpoint {}: {e}", mountpoint.display()))?;
     // A mount whose daemon died (kill -9, crash) is detached first; the drain resumes.
     if fsmount::status(&mp).is_ok() {
         let st = fsmount::status(&mp).ok();
@@ -341,13 +397,23 @@ pub fn mount(a: MountArgs) -> Result<()> {
             mp.display()
         );
     }
-    if is_inside(&mp, &backing) || is_inside(&backing, &mp) {
+    if is_inside(&mp, backing) || is_inside(backing, &mp) {
         bail!(
             "the mountpoint {} and the backing directory {} overlap: mount elsewhere",
             mp.display(),
             backing.display()
         );
     }
+    Ok(mp)
+}
+
+/// The fast tier: the array descriptor (canonical) or the folder of file drives (absolute,
+/// --dir or the default), which must lie outside the mountpoint and the backing directory.
+fn fast_tier(
+    a: &MountArgs,
+    backing: &Path,
+    mp: &Path,
+) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
     let array = match &a.array {
         Some(p) => {
             let c = std::fs::canonicalize(p).map_err(|e| {
@@ -363,14 +429,14 @@ pub fn mount(a: MountArgs) -> Result<()> {
     let dir = match (&array, &a.dir) {
         (Some(_), _) => None,
         (None, Some(d)) => Some(d.clone()),
-        (None, None) => Some(fsmount::default_dir(&backing)),
+        (None, None) => Some(fsmount::default_dir(backing)),
     };
     if let Some(d) = &dir {
         if d.exists() && !d.is_dir() {
             bail!("--dir {} is not a directory", d.display());
         }
         let dabs = std::path::absolute(d).unwrap_or(d.clone());
-        if is_inside(&dabs, &mp) || is_inside(&dabs, &backing) {
+        if is_inside(&dabs, mp) || is_inside(&dabs, backing) {
             bail!(
                 "--dir {} lies inside the mountpoint or the backing directory: put the fast tier elsewhere",
                 d.display()
@@ -378,22 +444,35 @@ pub fn mount(a: MountArgs) -> Result<()> {
         }
     }
     let dir = dir.map(|d| std::path::absolute(&d).unwrap_or(d));
-    let spec = MountSpec {
-        backing: backing.clone(),
-        mountpoint: mp.clone(),
+    Ok((array, dir))
+}
+
+/// The daemon's spec from the checked paths and sizes and the remaining flags (--owner is
+/// checked here).
+fn mount_spec(
+    a: &MountArgs,
+    sizes: MountSizes,
+    backing: PathBuf,
+    mp: PathBuf,
+    array: Option<PathBuf>,
+    dir: Option<PathBuf>,
+) -> Result<MountSpec> {
+    Ok(MountSpec {
+        backing,
+        mountpoint: mp,
         array,
         dir,
-        drive_size,
-        dram,
+        drive_size: sizes.drive_size,
+        dram: sizes.dram,
         sync: a.mode == Mode::Sync,
         allow_other: a.allow_other,
-        drain_rate,
+        drain_rate: sizes.drain_rate,
         drain_jobs: a.drain_jobs,
         fuse_threads: std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(4)
             .clamp(4, 16),
-        vram,
+        vram: sizes.vram,
         gpu: a.gpu,
         direct_writes: !a.cached_writes,
         poll: !a.no_poll,
@@ -407,25 +486,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
             OnStopArg::Drain => fsmount::OnStop::Drain,
         },
         owner: a.owner.as_deref().map(owner_arg).transpose()?,
-    };
-    if let Some(m) = &a.metrics {
-        tierstack_node::metrics::check_addr(m).map_err(crate::node_err)?;
-    }
-    if a.foreground {
-        if let Some(m) = &a.metrics {
-            tierstack_node::metrics::serve_mount(m, &spec.mountpoint).map_err(crate::node_err)?;
-        }
-        return fsmount::run(spec, |s| {
-            println!(
-                "mounted {} at {} (pid {}, foreground)",
-                s.backing.display(),
-                s.mountpoint.display(),
-                std::process::id()
-            );
-        })
-        .map_err(|e| anyhow!("{e}"));
-    }
-    spawn_daemon(&spec, a.metrics.as_deref())
+    })
 }
 
 /// Refuses `what` (`--vram`, `bench vram`) before anything is made when GPU `gpu` is missing

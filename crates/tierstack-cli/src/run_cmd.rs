@@ -213,33 +213,7 @@ impl Drop for RunDir {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let dram = crate::size_flag("dram", &a.dram)?;
-    if dram < 16 << 20 {
-        return Err(crate::usage(format!(
-            "--dram {} is too small: give at least 16M (e.g. --dram 256M)",
-            a.dram
-        )));
-    }
-    let page = crate::size_flag("page", &a.page)?;
-    if page == 0 || page % 4096 != 0 || page > tierstack_store::MAX_PAGE as u64 {
-        return Err(crate::usage(format!(
-            "--page {} is not a multiple of 4K up to 1M: use e.g. --page 4K",
-            a.page
-        )));
-    }
-    if dram < 16 * page {
-        return Err(crate::usage(format!(
-            "--dram {} holds fewer than 16 pages of {}: raise --dram or lower --page",
-            a.dram, a.page
-        )));
-    }
-    let threshold = crate::size_flag("threshold", &a.threshold)?;
-    if threshold < 16 << 20 {
-        return Err(crate::usage(format!(
-            "--threshold {} is below 16M (tierstack's own buffers must stay below it): use e.g. --threshold 64M",
-            a.threshold
-        )));
-    }
+    let sizes = RunSizes::from_args(&a)?;
     let Some(program) = a.cmd.first() else {
         return Err(crate::usage(
             "no command given: use `tierstack run --dram 4G -- ./program ARGS`",
@@ -259,6 +233,114 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let lib = preload_lib()?;
     let metrics_listener = a.metrics.as_deref().map(crate::metrics_bind).transpose()?;
+    let mut cmd = program_command(&a, program, lib, &sizes, vram)?;
+    let (parent, run_dir) = make_run_dir(a.dir.as_deref())?;
+    if a.array.is_none() {
+        let store = match &a.store {
+            Some(s) => {
+                let v = crate::size_flag("store", s)?;
+                if v < 64 << 20 {
+                    return Err(crate::usage(format!(
+                        "--store {s} is too small: give at least 64M"
+                    )));
+                }
+                v
+            }
+            None => tierstack_mem::setup::default_store_in(&parent),
+        };
+        cmd.env(env::DIR.name(), &run_dir.0)
+            .env(env::STORE.name(), store.to_string());
+    }
+    // Every process reports its pager's figures at exit (the end-of-run check needs them).
+    cmd.env(env::STATS_DIR.name(), &run_dir.0);
+    let child = spawn_program(&mut cmd, program)?;
+    // `tierstack top` finds the run through this record (removed when `_reg` drops).
+    let rec = tierstack_node::runs::RunRecord {
+        tierstack_pid: std::process::id(),
+        pid: child.id(),
+        cmd: a
+            .cmd
+            .iter()
+            .map(|c| c.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
+        dram_bytes: sizes.dram,
+        page_bytes: sizes.page,
+        started: tierstack_node::probe::now_unix(),
+        stats_dir: run_dir.0.clone(),
+        metrics: a.metrics.clone(),
+    };
+    let _reg = tierstack_node::runs::register_run(&rec);
+    if let Some(l) = metrics_listener {
+        if let Err(e) = tierstack_node::metrics::serve_run(l, rec) {
+            eprintln!("tierstack: warning: {e}; the run goes on without metrics");
+        }
+    }
+    let (code, max_rss) = wait_child(child.id())?;
+    let st = tierstack_node::runs::run_counters(&run_dir.0);
+    report_run(&a, &st, sizes.dram, vram.is_some(), code, max_rss);
+    drop(_reg);
+    drop(run_dir);
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
+/// The sizes `run` passes to the pager, checked: --dram, --page and --threshold.
+struct RunSizes {
+    dram: u64,
+    page: u64,
+    threshold: u64,
+}
+
+impl RunSizes {
+    /// Checks --dram, --page and --threshold and how they fit together.
+    fn from_args(a: &RunArgs) -> Result<RunSizes> {
+        let dram = crate::size_flag("dram", &a.dram)?;
+        if dram < 16 << 20 {
+            return Err(crate::usage(format!(
+                "--dram {} is too small: give at least 16M (e.g. --dram 256M)",
+                a.dram
+            )));
+        }
+        let page = crate::size_flag("page", &a.page)?;
+        if page == 0 || page % 4096 != 0 || page > tierstack_store::MAX_PAGE as u64 {
+            return Err(crate::usage(format!(
+                "--page {} is not a multiple of 4K up to 1M: use e.g. --page 4K",
+                a.page
+            )));
+        }
+        if dram < 16 * page {
+            return Err(crate::usage(format!(
+                "--dram {} holds fewer than 16 pages of {}: raise --dram or lower --page",
+                a.dram, a.page
+            )));
+        }
+        let threshold = crate::size_flag("threshold", &a.threshold)?;
+        if threshold < 16 << 20 {
+            return Err(crate::usage(format!(
+                "--threshold {} is below 16M (tierstack's own buffers must stay below it): use e.g. --threshold 64M",
+                a.threshold
+            )));
+        }
+        Ok(RunSizes {
+            dram,
+            page,
+            threshold,
+        })
+    }
+}
+
+/// The program's command with the preload shim and every setting of the contract in its
+/// environment (--array is checked and opened here).
+fn program_command(
+    a: &RunArgs,
+    program: &std::ffi::OsStr,
+    lib: PathBuf,
+    sizes: &RunSizes,
+    vram: Option<u64>,
+) -> Result<std::process::Command> {
     let mut cmd = std::process::Command::new(program);
     cmd.args(&a.cmd[1..]);
     let mut preload = lib.into_os_string();
@@ -271,9 +353,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         cmd.env_remove(v.name());
     }
     cmd.env("LD_PRELOAD", preload)
-        .env(env::DRAM.name(), dram.to_string())
-        .env(env::PAGE.name(), page.to_string())
-        .env(env::THRESHOLD.name(), threshold.to_string());
+        .env(env::DRAM.name(), sizes.dram.to_string())
+        .env(env::PAGE.name(), sizes.page.to_string())
+        .env(env::THRESHOLD.name(), sizes.threshold.to_string());
     if a.no_compress {
         cmd.env(env::COMPRESS.name(), "0");
     }
@@ -293,7 +375,15 @@ pub fn run(a: RunArgs) -> Result<()> {
             .with_context(|| format!("--array {}", array.display()))?;
         cmd.env(env::ARRAY.name(), std::fs::canonicalize(array)?);
     }
-    let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    Ok(cmd)
+}
+
+/// Makes the run folder in --dir (or the temporary folder), warning when that is in RAM;
+/// returns the parent folder and the run folder.
+fn make_run_dir(dir: Option<&Path>) -> Result<(PathBuf, RunDir)> {
+    let parent = dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
     if !parent.is_dir() {
         return Err(crate::usage(format!(
             "--dir {}: no such folder: create it or give another",
@@ -313,25 +403,15 @@ pub fn run(a: RunArgs) -> Result<()> {
         .tempdir_in(&parent)
         .with_context(|| format!("cannot make a run folder in {}", parent.display()))?
         .keep();
-    let run_dir = RunDir(run_dir);
-    if a.array.is_none() {
-        let store = match &a.store {
-            Some(s) => {
-                let v = crate::size_flag("store", s)?;
-                if v < 64 << 20 {
-                    return Err(crate::usage(format!(
-                        "--store {s} is too small: give at least 64M"
-                    )));
-                }
-                v
-            }
-            None => tierstack_mem::setup::default_store_in(&parent),
-        };
-        cmd.env(env::DIR.name(), &run_dir.0)
-            .env(env::STORE.name(), store.to_string());
-    }
-    // Every process reports its pager's figures at exit (the end-of-run check needs them).
-    cmd.env(env::STATS_DIR.name(), &run_dir.0);
+    Ok((parent, RunDir(run_dir)))
+}
+
+/// Starts the program with the signal handling of `run` (127 or 126 as the exit code when it
+/// cannot be started).
+fn spawn_program(
+    cmd: &mut std::process::Command,
+    program: &std::ffi::OsStr,
+) -> Result<std::process::Child> {
     // The program gets Ctrl-C itself; we wait for it and clean up. SIGTERM and SIGHUP sent to
     // us (`timeout`, `kill`, a scheduler's cancel) are passed on to the program, and we still
     // wait for it and clean up: never an orphan that goes on paging, nor a run folder left.
@@ -370,34 +450,16 @@ pub fn run(a: RunArgs) -> Result<()> {
         libc::signal(libc::SIGTERM, pass_on as *const () as libc::sighandler_t);
         libc::signal(libc::SIGHUP, pass_on as *const () as libc::sighandler_t);
     }
-    // `tierstack top` finds the run through this record (removed when `_reg` drops).
-    let rec = tierstack_node::runs::RunRecord {
-        tierstack_pid: std::process::id(),
-        pid: child.id(),
-        cmd: a
-            .cmd
-            .iter()
-            .map(|c| c.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" "),
-        dram_bytes: dram,
-        page_bytes: page,
-        started: tierstack_node::probe::now_unix(),
-        stats_dir: run_dir.0.clone(),
-        metrics: a.metrics.clone(),
-    };
-    let _reg = tierstack_node::runs::register_run(&rec);
-    if let Some(l) = metrics_listener {
-        if let Err(e) = tierstack_node::metrics::serve_run(l, rec) {
-            eprintln!("tierstack: warning: {e}; the run goes on without metrics");
-        }
-    }
-    let (code, max_rss) = wait_child(child.id())?;
-    let st = tierstack_node::runs::run_counters(&run_dir.0);
+    Ok(child)
+}
+
+/// The end-of-run report on stderr: --stats, --json, and the warning when peak RSS passed
+/// --dram by more than the allowance.
+fn report_run(a: &RunArgs, st: &RunCounters, dram: u64, vram: bool, code: i32, max_rss: u64) {
     if a.stats {
-        eprintln!("{}", stats_line(&st, max_rss, code));
+        eprintln!("{}", stats_line(st, max_rss, code));
     }
-    let allowance = RSS_ALLOWANCE + if vram.is_some() { CUDA_ALLOWANCE } else { 0 };
+    let allowance = RSS_ALLOWANCE + if vram { CUDA_ALLOWANCE } else { 0 };
     let over = max_rss.saturating_sub(dram + allowance);
     if a.json {
         let g = |k: &str| st.get(k);
@@ -437,12 +499,6 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         );
     }
-    drop(_reg);
-    drop(run_dir);
-    if code != 0 {
-        std::process::exit(code);
-    }
-    Ok(())
 }
 
 /// The program `run` started, for [`pass_on`].

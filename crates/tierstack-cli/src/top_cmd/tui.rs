@@ -125,6 +125,8 @@ pub fn run(interval: Duration) -> Result<()> {
     }
 }
 
+/// Draws one screen: the title, the mounts (or their operations), the runs, the devices and
+/// the keys.
 fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval: Duration) {
     let head = Style::default().add_modifier(Modifier::BOLD);
     let areas = Layout::vertical([
@@ -135,102 +137,117 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
         Constraint::Length(1),
     ])
     .split(fr.area());
-    fr.render_widget(
-        Paragraph::new(Line::from(format!(
-            "tierstack top  {} mount(s)  {} run(s)  every {:.1} s  sort: {}  view: {}",
-            f.mounts.len(),
-            f.runs.len(),
-            interval.as_secs_f64(),
-            sort.label(),
-            if view == View::Overview {
-                "overview"
-            } else {
-                "operations"
-            }
-        )))
-        .style(head),
-        areas[0],
-    );
+    fr.render_widget(title(f, view, sort, interval).style(head), areas[0]);
     match view {
-        View::Overview => {
-            let rows = f.mounts.iter().map(|m| {
-                Row::new(vec![
-                    m.mountpoint.display().to_string(),
-                    m.mode.clone(),
-                    tiers_line(&m.tiers),
-                    format!(
-                        "{} / {} files",
-                        fmt_size(m.drain.dirty_bytes),
-                        m.drain.dirty_files
-                    ),
-                    format!("{}/s", fmt_size(m.drain.drain_bytes_per_s as u64)),
-                    eta(m.drain_eta_s),
-                    m.stuck.to_string(),
-                    format!("{} / {}", mbs(m.read_bytes_per_s), mbs(m.write_bytes_per_s)),
-                ])
-            });
-            let t = Table::new(
-                rows,
-                [
-                    Constraint::Percentage(18),
-                    Constraint::Length(5),
-                    Constraint::Percentage(32),
-                    Constraint::Length(18),
-                    Constraint::Length(11),
-                    Constraint::Length(7),
-                    Constraint::Length(5),
-                    Constraint::Length(22),
-                ],
-            )
-            .header(
-                Row::new(vec![
-                    "mount",
-                    "mode",
-                    "tiers (used/capacity)",
-                    "backlog",
-                    "drain",
-                    "ETA",
-                    "stuck",
-                    "io read/write",
-                ])
-                .style(head),
-            )
-            .block(Block::default().borders(Borders::ALL).title(" mounts "));
-            fr.render_widget(t, areas[1]);
-        }
-        View::Ops => {
-            let rows = f.mounts.iter().flat_map(|m| {
-                m.ops.iter().map(move |o| {
-                    Row::new(vec![
-                        m.mountpoint.display().to_string(),
-                        o.op.clone(),
-                        format!("{:.0}", o.per_s),
-                        o.count.to_string(),
-                        o.p50_us.to_string(),
-                        o.p99_us.to_string(),
-                    ])
-                })
-            });
-            let t = Table::new(
-                rows,
-                [
-                    Constraint::Percentage(35),
-                    Constraint::Length(12),
-                    Constraint::Length(10),
-                    Constraint::Length(12),
-                    Constraint::Length(10),
-                    Constraint::Length(10),
-                ],
-            )
-            .header(Row::new(vec!["mount", "op", "per s", "total", "p50 us", "p99 us"]).style(head))
-            .block(
-                Block::default()
-                    .borders(Borders::ALL)
-                    .title(" FUSE operations "),
-            );
-            fr.render_widget(t, areas[1]);
-        }
+        View::Overview => fr.render_widget(mounts_table(f, head), areas[1]),
+        View::Ops => fr.render_widget(ops_table(f, head), areas[1]),
     }
+    fr.render_widget(runs_table(f, head), areas[2]);
+    fr.render_widget(devices_table(f, head), areas[3]);
+    fr.render_widget(
+        Paragraph::new("q quit   s sort   v/Tab switch view   +/- interval"),
+        areas[4],
+    );
+}
+
+/// The title line: counts, refresh interval, sort key and view.
+fn title(f: &Frame, view: View, sort: SortKey, interval: Duration) -> Paragraph<'static> {
+    Paragraph::new(Line::from(format!(
+        "tierstack top  {} mount(s)  {} run(s)  every {:.1} s  sort: {}  view: {}",
+        f.mounts.len(),
+        f.runs.len(),
+        interval.as_secs_f64(),
+        sort.label(),
+        if view == View::Overview {
+            "overview"
+        } else {
+            "operations"
+        }
+    )))
+}
+
+/// The overview's table: one row per mount (tiers, backlog, drain, I/O).
+fn mounts_table(f: &Frame, head: Style) -> Table<'static> {
+    let rows = f.mounts.iter().map(|m| {
+        Row::new(vec![
+            m.mountpoint.display().to_string(),
+            m.mode.clone(),
+            tiers_line(&m.tiers),
+            format!(
+                "{} / {} files",
+                fmt_size(m.drain.dirty_bytes),
+                m.drain.dirty_files
+            ),
+            format!("{}/s", fmt_size(m.drain.drain_bytes_per_s as u64)),
+            eta(m.drain_eta_s),
+            m.stuck.to_string(),
+            format!("{} / {}", mbs(m.read_bytes_per_s), mbs(m.write_bytes_per_s)),
+        ])
+    });
+    Table::new(
+        rows,
+        [
+            Constraint::Percentage(18),
+            Constraint::Length(5),
+            Constraint::Percentage(32),
+            Constraint::Length(18),
+            Constraint::Length(11),
+            Constraint::Length(7),
+            Constraint::Length(5),
+            Constraint::Length(22),
+        ],
+    )
+    .header(
+        Row::new(vec![
+            "mount",
+            "mode",
+            "tiers (used/capacity)",
+            "backlog",
+            "drain",
+            "ETA",
+            "stuck",
+            "io read/write",
+        ])
+        .style(head),
+    )
+    .block(Block::default().borders(Borders::ALL).title(" mounts "))
+}
+
+/// The operations view's table: one row per FUSE operation of each mount.
+fn ops_table(f: &Frame, head: Style) -> Table<'static> {
+    let rows = f.mounts.iter().flat_map(|m| {
+        m.ops.iter().map(move |o| {
+            Row::new(vec![
+                m.mountpoint.display().to_string(),
+                o.op.clone(),
+                format!("{:.0}", o.per_s),
+                o.count.to_string(),
+                o.p50_us.to_string(),
+                o.p99_us.to_string(),
+            ])
+        })
+    });
+    Table::new(
+        rows,
+        [
+            Constraint::Percentage(35),
+            Constraint::Length(12),
+            Constraint::Length(10),
+            Constraint::Length(12),
+            Constraint::Length(10),
+            Constraint::Length(10),
+        ],
+    )
+    .header(Row::new(vec!["mount", "op", "per s", "total", "p50 us", "p99 us"]).style(head))
+    .block(
+        Block::default()
+            .borders(Borders::ALL)
+            .title(" FUSE operations "),
+    )
+}
+
+/// The table of `tierstack run`s: budget, RSS, I/O and faults.
+fn runs_table(f: &Frame, head: Style) -> Table<'static> {
     let rows = f.runs.iter().map(|r| {
         Row::new(vec![
             r.pid.to_string(),
@@ -246,7 +263,7 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
             ),
         ])
     });
-    let t = Table::new(
+    Table::new(
         rows,
         [
             Constraint::Length(8),
@@ -270,8 +287,11 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
         ])
         .style(head),
     )
-    .block(Block::default().borders(Borders::ALL).title(" runs "));
-    fr.render_widget(t, areas[2]);
+    .block(Block::default().borders(Borders::ALL).title(" runs "))
+}
+
+/// The table of block devices under the arrays: read and write rates and who uses them.
+fn devices_table(f: &Frame, head: Style) -> Table<'static> {
     let rows = f.devices.iter().map(|d| {
         Row::new(vec![
             d.device.clone(),
@@ -280,7 +300,7 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
             d.used_by.join(", "),
         ])
     });
-    let t = Table::new(
+    Table::new(
         rows,
         [
             Constraint::Length(12),
@@ -290,10 +310,5 @@ fn draw(fr: &mut ratatui::Frame, f: &Frame, view: View, sort: SortKey, interval:
         ],
     )
     .header(Row::new(vec!["device", "read", "write", "drives of"]).style(head))
-    .block(Block::default().borders(Borders::ALL).title(" devices "));
-    fr.render_widget(t, areas[3]);
-    fr.render_widget(
-        Paragraph::new("q quit   s sort   v/Tab switch view   +/- interval"),
-        areas[4],
-    );
+    .block(Block::default().borders(Borders::ALL).title(" devices "))
 }
