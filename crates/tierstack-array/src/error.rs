@@ -69,7 +69,7 @@ pub enum ArrayError {
     /// deleted keys. `Array::open` refuses the array (as md refuses to start an array it cannot
     /// trust) unless `ArrayOptions::accept_damaged` is set.
     #[error(
-        "{} damaged beyond repair ({}): keys written or deleted there may read back stale; open with accept_damaged to quarantine them and read the rest, then copy the data off",
+        "{} damaged beyond repair ({}): keys written or deleted there may read back stale; open it with --accept-damaged (ArrayOptions::accept_damaged) to quarantine them and read the rest, then copy the data off",
         count_summaries(stripes.len()),
         list_stripes(stripes)
     )]

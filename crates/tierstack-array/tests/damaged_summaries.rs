@@ -141,8 +141,9 @@ fn raid0_damaged_summary_is_refused_or_quarantined() {
     assert_eq!(
         e.to_string(),
         "1 stripe summary is damaged beyond repair (segment 1 stripe 0): keys written or \
-         deleted there may read back stale; open with accept_damaged to quarantine them and \
-         read the rest, then copy the data off"
+         deleted there may read back stale; open it with --accept-damaged \
+         (ArrayOptions::accept_damaged) to quarantine them and read the rest, then copy the data \
+         off"
     );
     assert!(contents(&paths) == before, "a refused open writes nothing");
 

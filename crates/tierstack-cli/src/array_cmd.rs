@@ -25,21 +25,27 @@ pub struct EngineArgs {
     /// Never open drives with O_DIRECT.
     #[arg(long, global = true)]
     no_direct: bool,
+    /// Open an array whose stripe summaries are damaged beyond repair, with those segments
+    /// quarantined (never written again; `show` says `damaged`): read what is readable,
+    /// then copy the data off. Without it such an array is refused.
+    #[arg(long, global = true)]
+    accept_damaged: bool,
 }
 
 impl EngineArgs {
     fn options(&self) -> Result<ArrayOptions> {
         let engine: EngineKind = self.engine.parse()?;
         if self.queue_depth == 0 || self.queue_depth > 4096 {
-            bail!(
+            return Err(crate::usage(format!(
                 "--queue-depth {} is out of range: use 1 to 4096",
                 self.queue_depth
-            );
+            )));
         }
         Ok(ArrayOptions {
             engine,
             queue_depth: self.queue_depth,
             direct: !self.no_direct,
+            accept_damaged: self.accept_damaged,
             ..ArrayOptions::default()
         })
     }
