@@ -361,10 +361,20 @@ fn the_callers_tierstack_variables_pass_through_and_shim_settings_do_not() {
         .output()
         .expect("run tierstack");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("dir=/jobs/42/mnt "), "{stdout}");
-    assert!(stdout.contains("vram=unset"), "a stale shim setting is cleared: {stdout}");
-    assert!(!stdout.contains("store=unset"), "run sets the store size: {stdout}");
+    assert!(
+        stdout.contains("vram=unset"),
+        "a stale shim setting is cleared: {stdout}"
+    );
+    assert!(
+        !stdout.contains("store=unset"),
+        "run sets the store size: {stdout}"
+    );
 }
 
 #[test]

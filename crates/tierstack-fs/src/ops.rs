@@ -245,7 +245,10 @@ mod tests {
         for (i, k) in OpKind::all().enumerate() {
             assert_eq!(k.index(), i);
             let n = k.name();
-            assert!(!n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase()), "{n}");
+            assert!(
+                !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase()),
+                "{n}"
+            );
         }
         assert_eq!(Op::Statfs.name(), "statfs");
         assert_eq!(Op::Getattr { ino: 1 }.kind(), OpKind::Getattr);

@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::RwLock;
 
-use crate::clock::{Block, Blocks};
 use crate::clock::buddy::Buddy;
+use crate::clock::{Block, Blocks};
 use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
 
 /// A page is kept only when it compresses to at most this share of its size (a quarter; its

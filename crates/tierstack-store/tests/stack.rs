@@ -50,5 +50,8 @@ fn dram_only_and_refusals() {
         StackSpec::new(1 << 20).compressed(1 << 20).build(),
         Err(StoreError::Config(_))
     ));
-    assert!(matches!(StackSpec::new(0).build(), Err(StoreError::Config(_))));
+    assert!(matches!(
+        StackSpec::new(0).build(),
+        Err(StoreError::Config(_))
+    ));
 }

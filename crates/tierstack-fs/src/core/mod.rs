@@ -41,8 +41,8 @@ mod node;
 mod space;
 
 pub use data::{FileData, Page};
-pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, NAME_MAX};
 pub use namespace::STALE_NS;
+pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, NAME_MAX};
 
 /// The page size of file contents in the store (the store's largest value).
 pub const PAGE: u64 = 1 << 20;

@@ -13,11 +13,12 @@ use std::sync::Mutex;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::special::{make_hard_link, make_special, verify_special};
-use super::{io_err, tmp_name, FileJob, TmpGuard, LinkJob, Options, Plan, Report, Skipped, StageError, CHUNK};
+use super::{
+    io_err, tmp_name, FileJob, LinkJob, Options, Plan, Report, Skipped, StageError, TmpGuard, CHUNK,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Carrying out a plan
-
 
 /// Zeros hashed for the holes of sparse files.
 pub(super) static ZEROS: [u8; 1 << 16] = [0; 1 << 16];

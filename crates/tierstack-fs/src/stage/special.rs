@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::{io_err, tmp_name, TmpGuard, HardLinkJob, SpecialJob, SpecialKind, StageError};
+use super::{io_err, tmp_name, HardLinkJob, SpecialJob, SpecialKind, StageError, TmpGuard};
 
 /// Errors of `link(2)` that mean the destination does not take (this) hard link.
 pub(super) fn link_refused(e: &io::Error) -> bool {
