@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::ProgressBar;
 use tierstack_bench::checkpoint;
 
-use tierstack_fs::stage;
+use tierstack_stage as stage;
 
 #[derive(Args)]
 pub struct StageArgs {

@@ -26,7 +26,6 @@ pub mod ops;
 pub mod opstats;
 pub mod poll;
 pub mod refresh;
-pub mod stage;
 pub mod uring;
 
 pub use error::{FsError, Result};

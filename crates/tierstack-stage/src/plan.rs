@@ -305,7 +305,7 @@ pub(super) fn check_duplicates(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stage::{execute, plan_manifest, Options};
+    use crate::{execute, plan_manifest, Options};
     use std::sync::atomic::AtomicBool;
 
     #[test]

@@ -1,4 +1,4 @@
-//! The stager: parallel copies into and out of a mount (`tierstack stage`).
+//! tierstack-stage: the stager, planned parallel copies into and out of a mount (`tierstack stage`).
 //!
 //! A stage is planned completely before anything is written: the source tree is walked, every
 //! manifest line is checked (relative, stays under its root, no symlink leading out of it, no
