@@ -98,7 +98,7 @@ pub struct ArrayBenchReport {
 
 /// What can go wrong in `bench array`.
 #[derive(Debug, thiserror::Error)]
-pub enum BenchError {
+pub enum ArrayBenchError {
     /// The array returned an error.
     #[error("{0}")]
     Array(#[from] tierstack_array::ArrayError),
@@ -116,9 +116,9 @@ pub enum BenchError {
     Invalid(String),
 }
 
-fn ioe(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
+fn ioe(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ArrayBenchError {
     let what = what.into();
-    move |source| BenchError::Io { what, source }
+    move |source| ArrayBenchError::Io { what, source }
 }
 
 const REQ: usize = 1 << 20;
@@ -134,7 +134,7 @@ fn raw_pass(
     write: bool,
     engine: EngineKind,
     qd: u32,
-) -> Result<(Duration, bool), BenchError> {
+) -> Result<(Duration, bool), ArrayBenchError> {
     let eng = make_engine(engine, qd.max(8));
     let files: Vec<DriveFile> = paths
         .iter()
@@ -189,13 +189,13 @@ fn raw_pass(
     Ok((start.elapsed(), direct))
 }
 
-fn seq_read(a: &Array, keys: &[(u64, u64)], threads: usize) -> Result<Duration, BenchError> {
+fn seq_read(a: &Array, keys: &[(u64, u64)], threads: usize) -> Result<Duration, ArrayBenchError> {
     let start = Instant::now();
     let next = AtomicU64::new(0);
-    let res: Result<(), BenchError> = std::thread::scope(|s| {
+    let res: Result<(), ArrayBenchError> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|_| {
-                s.spawn(|| -> Result<(), BenchError> {
+                s.spawn(|| -> Result<(), ArrayBenchError> {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                         if i >= keys.len() {
@@ -203,7 +203,7 @@ fn seq_read(a: &Array, keys: &[(u64, u64)], threads: usize) -> Result<Duration, 
                         }
                         let v = a.get(keys[i])?;
                         if v.map(|v| v.len()) != Some(REQ) {
-                            return Err(BenchError::Invalid(format!(
+                            return Err(ArrayBenchError::Invalid(format!(
                                 "key {:?} read back wrong",
                                 keys[i]
                             )));
@@ -214,7 +214,7 @@ fn seq_read(a: &Array, keys: &[(u64, u64)], threads: usize) -> Result<Duration, 
             .collect();
         for h in hs {
             h.join()
-                .map_err(|_| BenchError::Invalid("reader thread panicked".into()))??;
+                .map_err(|_| ArrayBenchError::Invalid("reader thread panicked".into()))??;
         }
         Ok(())
     });
@@ -240,7 +240,7 @@ pub fn xor_rate(k: usize) -> f64 {
 
 /// Runs the benchmark `o.repeat` times and reports the median of every figure (each ratio is
 /// the median of the per-run ratios, every run carrying its own baseline).
-pub fn run(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, BenchError> {
+pub fn run(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, ArrayBenchError> {
     let n = o.repeat.max(1);
     let mut runs = Vec::with_capacity(n);
     for i in 0..n {
@@ -273,7 +273,7 @@ pub fn run(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, B
     Ok(r)
 }
 
-fn run_once(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, BenchError> {
+fn run_once(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, ArrayBenchError> {
     std::fs::create_dir_all(&o.dir).map_err(ioe(format!("create {}", o.dir.display())))?;
     let tag = format!("tsbench-{}", std::process::id());
     let paths: Vec<PathBuf> = (0..o.drives)
@@ -290,7 +290,7 @@ fn run_once(o: &ArrayBenchOpts, log: &dyn Fn(&str)) -> Result<ArrayBenchReport, 
     res
 }
 
-fn make_file(p: &Path, size: u64) -> Result<(), BenchError> {
+fn make_file(p: &Path, size: u64) -> Result<(), ArrayBenchError> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -301,7 +301,7 @@ fn make_file(p: &Path, size: u64) -> Result<(), BenchError> {
         .map_err(ioe(format!("size {}", p.display())))?;
     // Allocate the blocks up front, so neither the baseline nor the array pays for allocation.
     rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, size).map_err(|e| {
-        BenchError::Io {
+        ArrayBenchError::Io {
             what: format!("fallocate {}", p.display()),
             source: e.into(),
         }
@@ -313,7 +313,7 @@ fn run_inner(
     paths: &[PathBuf],
     spare: &Path,
     log: &dyn Fn(&str),
-) -> Result<ArrayBenchReport, BenchError> {
+) -> Result<ArrayBenchReport, ArrayBenchError> {
     let params = CreateParams {
         level: o.level,
         chunk: o.chunk,

@@ -3,7 +3,7 @@
 //! work folder. Every message is one line that names the problem (and, where there is one,
 //! the fix); the CLI prints it as it is.
 //!
-//! `bench array` has its own [`crate::array::BenchError`], the checkpoint benchmark
+//! `bench array` has its own [`crate::array::ArrayBenchError`], the checkpoint benchmark
 //! [`crate::checkpoint::CheckpointError`] and `bench io` [`crate::io::IoBenchError`].
 
 use std::io;

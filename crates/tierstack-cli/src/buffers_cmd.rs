@@ -98,7 +98,7 @@ pub fn run(a: BuffersArgs) -> Result<()> {
 }
 
 fn find(roots: &[PathBuf]) -> Result<Vec<Buffer>> {
-    buffers::find(roots).map_err(|e| anyhow!("{e}"))
+    buffers::find(roots).map_err(anyhow::Error::from)
 }
 
 fn backing_of(b: &Buffer) -> PathBuf {

@@ -122,7 +122,7 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
         timeout: Duration::from_secs(a.timeout),
         launcher: a.launcher.parse().map_err(anyhow::Error::new)?,
     };
-    let cancel = crate::stage_cmd::cancel_flag()?;
+    let cancel = crate::cancel_flag()?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         // indicatif's own bar characters.

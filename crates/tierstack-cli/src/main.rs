@@ -4,6 +4,7 @@
 
 mod array_cmd;
 mod buffers_cmd;
+mod checkpoint_cmd;
 mod cost_cmd;
 mod demo;
 mod doctor_cmd;
@@ -47,6 +48,19 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
         code: 2,
         msg: msg.into(),
     })
+}
+
+/// A flag set by Ctrl-C (SIGINT) and SIGTERM; a second Ctrl-C ends the process at once.
+pub fn cancel_flag() -> anyhow::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, std::sync::Arc::clone(&flag))
+            .map_err(|e| anyhow::anyhow!("cannot install the Ctrl-C handler: {e}"))?;
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&flag))
+            .map_err(|e| anyhow::anyhow!("cannot install the Ctrl-C handler: {e}"))?;
+    }
+    Ok(flag)
 }
 
 /// A node service's error at the edge: a bad value is a usage error (exit 2).
@@ -139,7 +153,7 @@ enum BenchCmd {
     Mem(mem_cmd::BenchMemArgs),
     /// Seed 004's experiment: N processes each write and fsync one file, straight into the
     /// backing directory and through a tierstack mount; output time, drain time, speedup.
-    Checkpoint(stage_cmd::BenchCheckpointArgs),
+    Checkpoint(checkpoint_cmd::BenchCheckpointArgs),
     /// Seed 001's IOR-style sweep, transfer size x MPI ranks (mpirun), straight into a folder
     /// and through a tierstack mount over it: IOR's summary table, grids, mount / plain.
     Io(io_cmd::BenchIoArgs),
@@ -220,8 +234,8 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Array(a)) => array_cmd::bench(a),
         Cmd::Bench(BenchCmd::Mem(a)) => mem_cmd::bench(a),
         Cmd::Bench(BenchCmd::MemWorker { spec }) => mem_cmd::worker(&spec),
-        Cmd::Bench(BenchCmd::Checkpoint(a)) => stage_cmd::bench_checkpoint(a),
-        Cmd::Bench(BenchCmd::CheckpointWriter { spec }) => stage_cmd::checkpoint_writer(&spec),
+        Cmd::Bench(BenchCmd::Checkpoint(a)) => checkpoint_cmd::bench_checkpoint(a),
+        Cmd::Bench(BenchCmd::CheckpointWriter { spec }) => checkpoint_cmd::checkpoint_writer(&spec),
         Cmd::Bench(BenchCmd::Io(a)) => io_cmd::bench(a),
         Cmd::Bench(BenchCmd::Meta(a)) => meta_cmd::bench(a),
         Cmd::Bench(BenchCmd::Vram(a)) => vram_cmd::bench(a),

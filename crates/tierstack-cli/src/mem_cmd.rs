@@ -102,7 +102,7 @@ pub fn bench(a: BenchMemArgs) -> Result<()> {
     let map = crate::size_flag("map", &a.map)?;
     let dram = crate::size_flag("dram", &a.dram)?;
     // Ctrl-C and SIGTERM stop the run and put back the swap file, cgroup and zswap switch.
-    mem::cancel_on(crate::stage_cmd::cancel_flag()?);
+    mem::cancel_on(crate::cancel_flag()?);
     if !a.cmd.is_empty() {
         return bench_program(&a, dram);
     }

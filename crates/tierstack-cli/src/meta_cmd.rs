@@ -59,7 +59,7 @@ pub fn bench(a: BenchMetaArgs) -> Result<()> {
         transport: a.transport,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
     };
-    let cancel = crate::stage_cmd::cancel_flag()?;
+    let cancel = crate::cancel_flag()?;
     let r = meta::run(&cfg, &cancel)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);

@@ -280,7 +280,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
                 std::process::id()
             );
         })
-        .map_err(|e| anyhow!("{e}"));
+        .map_err(anyhow::Error::from);
     }
     spawn_daemon(&spec, a.metrics.as_deref())
 }
@@ -370,7 +370,7 @@ fn check_mountpoint(mountpoint: &Path, backing: &Path) -> Result<PathBuf> {
             mp.display()
         );
     }
-    fsmount::clear_stale(&mp).map_err(|e| anyhow!("{e}"))?;
+    fsmount::clear_stale(&mp).map_err(anyhow::Error::from)?;
     if let Some(t) = tierstack_common::mounts::mounted_type(&mp) {
         bail!(
             "{} is already a mount point ({t}): unmount it first or pick another directory",
@@ -508,8 +508,8 @@ pub(crate) fn check_gpu(what: &str, gpu: u32, bytes: u64) -> Result<()> {
 fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the tierstack executable")?;
     let json = serde_json::to_string(spec)?;
-    fsmount::ensure_run_dir().map_err(|e| anyhow!("{e}"))?;
-    let (log, log_path) = fsmount::open_log(&spec.mountpoint).map_err(|e| anyhow!("{e}"))?;
+    fsmount::ensure_run_dir().map_err(anyhow::Error::from)?;
+    let (log, log_path) = fsmount::open_log(&spec.mountpoint).map_err(anyhow::Error::from)?;
     if let Some((uid, gid)) = spec.owner {
         std::os::unix::fs::chown(&log_path, Some(uid), Some(gid))
             .with_context(|| format!("cannot give {} to {uid}:{gid}", log_path.display()))?;
@@ -661,7 +661,7 @@ fn print_status(s: &MountStatus) {
 }
 
 pub fn status(a: StatusArgs) -> Result<()> {
-    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(|e| anyhow!("{e}"))?;
+    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(anyhow::Error::from)?;
     let s = connect_status(&mp)?;
     if a.json {
         println!("{}", serde_json::to_string(&s)?);
@@ -739,7 +739,7 @@ fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
 }
 
 pub fn drain(a: DrainArgs) -> Result<()> {
-    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(|e| anyhow!("{e}"))?;
+    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(anyhow::Error::from)?;
     let timeout = a
         .timeout
         .as_deref()
@@ -797,7 +797,7 @@ fn status_for_umount(mp: &Path, timeout: Option<Duration>) -> Result<MountStatus
 }
 
 pub fn umount(a: UmountArgs) -> Result<()> {
-    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(|e| anyhow!("{e}"))?;
+    let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(anyhow::Error::from)?;
     let timeout = a
         .timeout
         .as_deref()
@@ -878,5 +878,5 @@ pub fn daemon(spec: &str, metrics: Option<&str>) -> Result<()> {
             s.mountpoint.display()
         )
     })
-    .map_err(|e| anyhow!("{e}"))
+    .map_err(anyhow::Error::from)
 }

@@ -1,13 +1,10 @@
-//! `tierstack stage in|out` and `tierstack bench checkpoint`.
+//! `tierstack stage in|out`.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use indicatif::ProgressBar;
-use tierstack_bench::checkpoint;
 
 use tierstack_stage as stage;
 
@@ -82,66 +79,6 @@ impl ProgressFile {
     }
 }
 
-#[derive(Args)]
-pub struct BenchCheckpointArgs {
-    /// Writer processes (one file each).
-    #[arg(long, default_value_t = 64)]
-    pub procs: usize,
-    /// Size of each process's file (K/M/G suffixes).
-    #[arg(long, default_value = "16M")]
-    pub file_size: String,
-    /// The directory to write into (the parallel file system's). Required without
-    /// --throttle; with it, an empty or new directory where the throttled file system is
-    /// mounted (default: under --dir).
-    #[arg(long)]
-    pub backing: Option<PathBuf>,
-    /// Model a congested parallel file system: BACKING becomes an ext4 on a loop device
-    /// mounted -o sync whose writes are limited to this many MB/s (10^6 bytes) by a blkio
-    /// cgroup holding the writers and the mount daemon. Needs root.
-    #[arg(long)]
-    pub throttle: Option<f64>,
-    /// Folder for the work files (loop image, mount point, the mount's fast tier).
-    #[arg(long, default_value = "/tmp")]
-    pub dir: PathBuf,
-    /// The mount's fsync guarantee (`tierstack mount --mode`). async (the default here): fsync
-    /// returns when the data is in the store's DRAM, as with seed 004's RAM-disk staging
-    /// layer; it survives a clean unmount and the drain, not a crash of the daemon. sync (the
-    /// mount's own default): fsync returns when the data is durable on the fast tier's array.
-    /// The mode is printed with the figures.
-    #[arg(long, value_parser = ["sync", "async"], default_value = "async")]
-    pub mode: String,
-    /// The mount's DRAM budget (passed to `tierstack mount --dram`).
-    #[arg(long)]
-    pub dram: Option<String>,
-    /// A VRAM tier of this size for the mount (passed to `tierstack mount --vram`; needs an
-    /// NVIDIA GPU). Printed with the figures.
-    #[arg(long)]
-    pub vram: Option<String>,
-    /// Only the run straight into BACKING (no mount).
-    #[arg(long)]
-    pub direct_only: bool,
-    /// Runs of both ways; the table shows each and the mean.
-    #[arg(long, default_value_t = 1)]
-    pub repeat: usize,
-    /// Print the figures as one JSON object (direct_output_s, mount_output_s, drain_s,
-    /// speedup, ...).
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// A flag set by Ctrl-C (SIGINT) and SIGTERM; a second Ctrl-C ends the process at once.
-pub fn cancel_flag() -> Result<Arc<AtomicBool>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let flag = Arc::new(AtomicBool::new(false));
-    for sig in [SIGINT, SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&flag))
-            .context("cannot install the Ctrl-C handler")?;
-        signal_hook::flag::register(sig, Arc::clone(&flag))
-            .context("cannot install the Ctrl-C handler")?;
-    }
-    Ok(flag)
-}
-
 pub fn stage(a: StageArgs) -> Result<()> {
     if a.jobs == 0 || a.jobs > 1024 {
         bail!("--jobs {} is out of range: use 1 to 1024", a.jobs);
@@ -155,7 +92,7 @@ pub fn stage(a: StageArgs) -> Result<()> {
     let passes = if opts.verify || opts.read_back { 2 } else { 1 };
     let bar = stage_bar(&a, &plan, &opts, passes);
     let progress = progress_file(&a, &plan, passes)?;
-    let cancel = cancel_flag()?;
+    let cancel = crate::cancel_flag()?;
     let t = std::time::Instant::now();
     let r = stage::execute(
         &plan,
@@ -319,44 +256,4 @@ fn print_stage_text(a: &StageArgs, r: &stage::Report, secs: f64) {
     for x in &r.skipped {
         println!("skipped: {}: {}", x.path.display(), x.reason);
     }
-}
-
-pub fn bench_checkpoint(a: BenchCheckpointArgs) -> Result<()> {
-    let file_size = crate::size_flag("file-size", &a.file_size)?;
-    if let Some(d) = &a.dram {
-        crate::size_flag("dram", d)?;
-    }
-    if let Some(v) = &a.vram {
-        crate::size_flag("vram", v)?;
-    }
-    let cfg = checkpoint::Config {
-        exe: std::env::current_exe().context("cannot find the tierstack binary")?,
-        procs: a.procs,
-        file_size,
-        backing: a.backing,
-        dir: a.dir,
-        throttle_mb_s: a.throttle,
-        mode: Some(a.mode),
-        dram: a.dram,
-        vram: a.vram,
-        direct_only: a.direct_only,
-        repeat: a.repeat,
-        narrate: None,
-    };
-    let cancel = cancel_flag()?;
-    let r = checkpoint::run(&cfg, &cancel)?;
-    if a.json {
-        println!("{}", serde_json::to_string(&r)?);
-    } else {
-        print!("{}", checkpoint::render(&r));
-    }
-    Ok(())
-}
-
-/// Internal: one writer process of `bench checkpoint`.
-pub fn checkpoint_writer(spec: &str) -> Result<()> {
-    let spec: checkpoint::WriterSpec =
-        serde_json::from_str(spec).context("bad checkpoint-writer spec")?;
-    checkpoint::run_writer(&spec, std::io::stdin().lock(), std::io::stdout().lock())?;
-    Ok(())
 }

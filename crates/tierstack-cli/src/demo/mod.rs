@@ -84,7 +84,7 @@ pub fn run(dir: Option<PathBuf>, size: &str, only: Option<Part>) -> Result<()> {
     if size < 64 << 20 {
         bail!("--size is below 64M: give each demo drive at least 64M (e.g. --size 256M)");
     }
-    let cancel = crate::stage_cmd::cancel_flag()?;
+    let cancel = crate::cancel_flag()?;
     let parent = dir.unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
