@@ -784,7 +784,7 @@ pub fn bench(a: BenchArrayArgs) -> Result<()> {
     let chunk = parse_chunk(&a.chunk)?;
     let opts = a.eng.options()?;
     if a.threads == 0 || a.threads > 256 {
-        bail!("--threads {} is out of range: use 1 to 256", a.threads);
+        usage_bail!("--threads {} is out of range: use 1 to 256", a.threads);
     }
     let o = tierstack_bench::array::ArrayBenchOpts {
         level,

@@ -138,7 +138,9 @@ fn gib_of(flag: &str, s: &str) -> Result<f64> {
             .map_err(|e| crate::usage(format!("--{flag}: {e} (or a number of GiB)")))?
     };
     if !v.is_finite() || v < 0.0 {
-        bail!("--{flag} {s} is not a capacity: give a number of GiB (e.g. 192) or a size (192G)");
+        usage_bail!(
+            "--{flag} {s} is not a capacity: give a number of GiB (e.g. 192) or a size (192G)"
+        );
     }
     Ok(v)
 }
@@ -182,7 +184,7 @@ fn accesses_per_s(path: &Path) -> Result<f64> {
 
 fn positive(flag: &str, v: f64) -> Result<f64> {
     if !(v.is_finite() && v > 0.0) {
-        bail!("--{flag} {v} must be a number above 0");
+        usage_bail!("--{flag} {v} must be a number above 0");
     }
     Ok(v)
 }
@@ -206,7 +208,7 @@ pub fn run(a: CostArgs) -> Result<()> {
         match (arg, fv) {
             (Some(s), _) => gib_of(flag, s),
             (None, Some(v)) => toml_gib(flag, v),
-            (None, None) => bail!(
+            (None, None) => usage_bail!(
                 "--{flag} is missing: give it (a number of GiB) or put {} in a --config file",
                 flag.replace('-', "_")
             ),
@@ -216,7 +218,7 @@ pub fn run(a: CostArgs) -> Result<()> {
     let dram_b = cap("dram-b", &a.dram_b, &file.dram_b)?;
     let nvme_b = cap("nvme-b", &a.nvme_b, &file.nvme_b)?;
     if dram_a <= 0.0 {
-        bail!("--dram-a must be above 0 GiB (server A's DRAM is the denominator)");
+        usage_bail!("--dram-a must be above 0 GiB (server A's DRAM is the denominator)");
     }
     let ratio = match (a.dram_to_nvme, a.dram_price, a.nvme_price) {
         (Some(r), _, _) => positive("dram-to-nvme", r)?,

@@ -98,7 +98,7 @@ pub fn bench(a: BenchIoArgs) -> Result<()> {
         tierstack_bench::plot::check_target(p).map_err(anyhow::Error::msg)?;
     }
     if a.timeout == 0 {
-        anyhow::bail!("--timeout 0 is out of range: give seconds, e.g. --timeout 600");
+        usage_bail!("--timeout 0 is out of range: give seconds, e.g. --timeout 600");
     }
     let cfg = io::Config {
         exe: std::env::current_exe()

@@ -2,6 +2,13 @@
 
 #![warn(clippy::too_many_lines)]
 
+/// Returns early with a usage error (exit status 2): a bad option value, named with its fix.
+macro_rules! usage_bail {
+    ($($t:tt)*) => {
+        return Err($crate::usage(format!($($t)*)))
+    };
+}
+
 mod array_cmd;
 mod buffers_cmd;
 mod checkpoint_cmd;

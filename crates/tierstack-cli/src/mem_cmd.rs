@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use tierstack_bench::mem::{self, Pattern, WorkerSpec};
 use tierstack_bench::{fmt_size, parse_size, plot};
@@ -195,16 +195,16 @@ impl Synthetic {
 /// the read ratio, the pattern and the page size.
 fn check_workload(a: &BenchMemArgs, map: u64, dram: u64) -> Result<(f64, Pattern, usize)> {
     if map < 4096 {
-        bail!(
+        usage_bail!(
             "--map {} is smaller than one 4 KiB page: use e.g. --map 1536M",
             a.map
         );
     }
     if dram == 0 {
-        bail!("--dram must be above 0: use e.g. --dram 512M");
+        usage_bail!("--dram must be above 0: use e.g. --dram 512M");
     }
     if a.threads == 0 || a.threads > 1024 {
-        bail!("--threads {} is out of range: use 1 to 1024", a.threads);
+        usage_bail!("--threads {} is out of range: use 1 to 1024", a.threads);
     }
     let ratio = if a.read_ratio > 1.0 {
         a.read_ratio / 100.0
@@ -212,13 +212,13 @@ fn check_workload(a: &BenchMemArgs, map: u64, dram: u64) -> Result<(f64, Pattern
         a.read_ratio
     };
     if !(0.0..=1.0).contains(&ratio) || ratio.is_nan() {
-        bail!(
+        usage_bail!(
             "--read-ratio {} is out of range: use 0 to 1 or 0 to 100",
             a.read_ratio
         );
     }
     if !(a.seconds > 0.0 && a.seconds <= 86_400.0) {
-        bail!(
+        usage_bail!(
             "--seconds {} is out of range: use a positive number of seconds",
             a.seconds
         );
@@ -226,7 +226,7 @@ fn check_workload(a: &BenchMemArgs, map: u64, dram: u64) -> Result<(f64, Pattern
     let pattern: Pattern = a.pattern.parse().map_err(anyhow::Error::msg)?;
     let page = crate::size_flag("page", &a.page)? as usize;
     if page == 0 || !page.is_multiple_of(4096) || page > (1 << 20) {
-        bail!(
+        usage_bail!(
             "--page {} is not a multiple of 4K up to 1M: use e.g. --page 4K",
             a.page
         );
@@ -244,7 +244,7 @@ fn tierstack_level(a: &BenchMemArgs) -> Result<tierstack_array::Level> {
         level,
         tierstack_array::Level::Raid50 | tierstack_array::Level::Raid60
     ) {
-        bail!(
+        usage_bail!(
             "--level {} needs more than four drives: use 0, 1, 5, 6 or 10",
             a.level
         );
@@ -519,15 +519,15 @@ fn bench_program(a: &BenchMemArgs, dram: u64) -> Result<()> {
 /// run's defaults.
 fn program_spec(a: &BenchMemArgs, dram: u64) -> Result<tierstack_bench::program::ProgramSpec> {
     if dram == 0 {
-        bail!("--dram must be above 0: use e.g. --dram 512M");
+        usage_bail!("--dram must be above 0: use e.g. --dram 512M");
     }
     let engine = a.engine.as_str();
     if !a.compare && !matches!(engine, "tierstack" | "kernel-swap") {
-        bail!("--engine {engine} does not run a program: use --compare, --engine tierstack or --engine kernel-swap");
+        usage_bail!("--engine {engine} does not run a program: use --compare, --engine tierstack or --engine kernel-swap");
     }
     let swap_bytes = crate::size_flag("swap", &a.swap)?;
     if swap_bytes < 64 << 20 {
-        bail!("--swap {} is too small: give at least 64M", a.swap);
+        usage_bail!("--swap {} is too small: give at least 64M", a.swap);
     }
     // `run` flags that depart from its defaults, passed on and printed.
     let mut run_flags = Vec::new();

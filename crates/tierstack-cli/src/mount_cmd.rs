@@ -311,13 +311,13 @@ impl MountSizes {
         let drive_size = size_arg("drive-size", &a.drive_size, 16 << 20)?;
         let drain_rate = match a.drain_rate {
             Some(r) if !(r.is_finite() && r > 0.0) => {
-                bail!("--drain-rate {r} is not a rate: give MB/s above 0")
+                usage_bail!("--drain-rate {r} is not a rate: give MB/s above 0")
             }
             Some(r) => Some((r * 1e6) as u64),
             None => None,
         };
         if a.drain_jobs == 0 || a.drain_jobs > 256 {
-            bail!(
+            usage_bail!(
                 "--drain-jobs {} is out of range: give 1 to 256",
                 a.drain_jobs
             );
@@ -433,11 +433,11 @@ fn fast_tier(
     };
     if let Some(d) = &dir {
         if d.exists() && !d.is_dir() {
-            bail!("--dir {} is not a directory", d.display());
+            usage_bail!("--dir {} is not a directory", d.display());
         }
         let dabs = std::path::absolute(d).unwrap_or(d.clone());
         if is_inside(&dabs, mp) || is_inside(&dabs, backing) {
-            bail!(
+            usage_bail!(
                 "--dir {} lies inside the mountpoint or the backing directory: put the fast tier elsewhere",
                 d.display()
             );

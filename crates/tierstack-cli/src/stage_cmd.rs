@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use indicatif::ProgressBar;
 
@@ -81,7 +81,7 @@ impl ProgressFile {
 
 pub fn stage(a: StageArgs) -> Result<()> {
     if a.jobs == 0 || a.jobs > 1024 {
-        bail!("--jobs {} is out of range: use 1 to 1024", a.jobs);
+        usage_bail!("--jobs {} is out of range: use 1 to 1024", a.jobs);
     }
     let plan = stage_plan(&a)?;
     let opts = stage::Options {

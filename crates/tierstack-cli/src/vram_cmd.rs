@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use tierstack_bench::vram;
 
@@ -36,14 +36,14 @@ pub fn bench(a: BenchVramArgs) -> Result<()> {
         .map(|p| {
             let b = crate::size_flag("page", p.trim())?;
             if b == 0 || b > tierstack_store::MAX_PAGE as u64 {
-                bail!("--page {p}: give sizes from 1 byte to 1M, e.g. --page 4K,64K,1M");
+                usage_bail!("--page {p}: give sizes from 1 byte to 1M, e.g. --page 4K,64K,1M");
             }
             Ok(b as usize)
         })
         .collect::<Result<Vec<_>>>()?;
     let bytes = crate::size_flag("size", &a.size)?;
     if a.threads == 0 || a.threads > 64 {
-        bail!("--threads {} is out of range: give 1 to 64", a.threads);
+        usage_bail!("--threads {} is out of range: give 1 to 64", a.threads);
     }
     crate::mount_cmd::check_gpu("bench vram", a.gpu, bytes + (64 << 20))?;
     let r = vram::run(&vram::VramBenchOpts {

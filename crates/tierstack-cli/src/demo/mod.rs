@@ -82,7 +82,7 @@ fn check_cancel(cancel: &AtomicBool) -> Result<()> {
 pub fn run(dir: Option<PathBuf>, size: &str, only: Option<Part>) -> Result<()> {
     let size = crate::size_flag("size", size)?;
     if size < 64 << 20 {
-        bail!("--size is below 64M: give each demo drive at least 64M (e.g. --size 256M)");
+        usage_bail!("--size is below 64M: give each demo drive at least 64M (e.g. --size 256M)");
     }
     let cancel = crate::cancel_flag()?;
     let parent = dir.unwrap_or_else(std::env::temp_dir);
