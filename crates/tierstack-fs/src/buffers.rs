@@ -76,28 +76,50 @@ pub fn default_roots() -> Vec<PathBuf> {
     out
 }
 
-/// The buffers in `roots`: a root that is a fast tier itself, and the fast tiers directly
-/// under each root. Live mounts are asked for their fast tier's folder.
+/// The buffers in `roots`: a root that is a fast tier itself, and the fast tiers under each
+/// root down to [`FIND_DEPTH`] levels (the SLURM hooks keep theirs at
+/// `FAST/jobs/JOBID/tier` and `FAST/node/jobs/JOBID/tier`). The walk does not enter a fast
+/// tier, a symbolic link, another file system (a job's mount point) or a folder it cannot
+/// read. Live mounts are asked for their fast tier's folder.
 pub fn find(roots: &[PathBuf]) -> Result<Vec<Buffer>> {
     let live = live_mounts();
     let mut out = Vec::new();
     for root in roots {
         let mut dirs = Vec::new();
-        if is_fast_tier(root) {
-            dirs.push(root.clone());
-        } else if let Ok(rd) = std::fs::read_dir(root) {
-            for e in rd.flatten() {
-                if is_fast_tier(&e.path()) {
-                    dirs.push(e.path());
-                }
-            }
-        }
+        let dev = std::fs::symlink_metadata(root).map(|m| m.dev()).ok();
+        tiers_under(root, dev, FIND_DEPTH, &mut dirs);
         dirs.sort();
         for d in dirs {
             out.push(inspect(&d, &live)?);
         }
     }
     Ok(out)
+}
+
+/// How deep under a root [`find`] looks for fast tiers.
+pub const FIND_DEPTH: usize = 4;
+
+/// The fast tiers at or under `d` (at most `depth` levels down) on device `dev`.
+fn tiers_under(d: &Path, dev: Option<u64>, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok(m) = std::fs::symlink_metadata(d) else {
+        return;
+    };
+    if !m.is_dir() || Some(m.dev()) != dev {
+        return;
+    }
+    if is_fast_tier(d) {
+        out.push(d.to_path_buf());
+        return;
+    }
+    if depth == 0 {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(d) else {
+        return;
+    };
+    for e in rd.flatten() {
+        tiers_under(&e.path(), dev, depth - 1, out);
+    }
 }
 
 fn is_fast_tier(d: &Path) -> bool {
@@ -184,4 +206,43 @@ pub fn dead_mounts() -> Vec<PathBuf> {
         .map(|m| m.point)
         .filter(|mp| !mount::daemon_listens(mp))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_tiers_are_found_where_mount_and_the_slurm_hooks_keep_them() {
+        let t = tempfile::tempdir().expect("tmp");
+        let r = t.path();
+        let tier = |p: &str| {
+            std::fs::create_dir_all(r.join(p)).expect("mkdir");
+            std::fs::write(r.join(p).join("journal.db"), b"").expect("write");
+        };
+        tier("0123abcd");
+        tier("jobs/7/tier");
+        tier("node/jobs/8/tier");
+        tier("jobs/7/tier/inner");
+        tier("too/deep/for/the/walk");
+        std::fs::create_dir_all(r.join("jobs/7/mnt")).expect("mkdir");
+        std::os::unix::fs::symlink(r.join("0123abcd"), r.join("link")).expect("symlink");
+        let dev = std::fs::metadata(r).map(|m| m.dev()).ok();
+        let mut found = Vec::new();
+        tiers_under(r, dev, FIND_DEPTH, &mut found);
+        found.sort();
+        let want: Vec<PathBuf> = ["0123abcd", "jobs/7/tier", "node/jobs/8/tier"]
+            .iter()
+            .map(|p| r.join(p))
+            .collect();
+        assert_eq!(found, want);
+        // A root that is a fast tier itself.
+        let mut one = Vec::new();
+        tiers_under(&r.join("jobs/7/tier"), dev, FIND_DEPTH, &mut one);
+        assert_eq!(one, [r.join("jobs/7/tier")]);
+        // Another file system is not entered.
+        let mut none = Vec::new();
+        tiers_under(r, dev.map(|d| d + 1), FIND_DEPTH, &mut none);
+        assert!(none.is_empty());
+    }
 }
