@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: build test lint fuzz demo churn
+.PHONY: build test lint fuzz demo churn install uninstall
 
 build:
 	$(CARGO) build --release
@@ -29,3 +29,105 @@ fuzz:
 # TIERSTACK_CHURN_OPS, _KILLS, _SEED, _WORKERS). Needs root and /dev/fuse.
 churn: build
 	$(CARGO) test --release -p tierstack-cli --test cli_churn -- --ignored --nocapture churn_long_with_kills
+
+# ---- make install / make uninstall (issue 38) ----------------------------------------------
+# make install [PREFIX=/usr/local] [DESTDIR=]: the stripped binary and shim, their debug info
+# split out (objcopy --only-keep-debug, found through .gnu_debuglink), the man pages and the
+# bash, zsh and fish completions that the binary itself writes (`tierstack gen-docs`), and
+# the SLURM files and the Grafana dashboard. It installs the release build as it is: cargo
+# runs only when a source is newer than it (`make` first, as yourself, then `sudo make
+# install`). BIN= and PRELOAD= install other files as they are (nothing is built). It writes
+# the list of what it installed to $(MANIFEST); `make uninstall` (the same PREFIX and DESTDIR)
+# removes exactly those files and the manifest. LIBDIR=$(PREFIX)/lib64 gives a lib64 layout:
+# the binary finds the shim in ../lib/tierstack and ../lib64/tierstack.
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+DATADIR ?= $(PREFIX)/share
+MANDIR ?= $(DATADIR)/man
+DEBUGDIR ?= $(PREFIX)/lib/debug
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
+ZSHCOMPDIR ?= $(DATADIR)/zsh/site-functions
+FISHCOMPDIR ?= $(DATADIR)/fish/vendor_completions.d
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+MANIFEST = $(DATADIR)/tierstack/installed-files
+INSTALL ?= install
+OBJCOPY ?= objcopy
+# What is installed (cargo's release build; $CARGO_TARGET_DIR is followed as cargo follows
+# it), and where it is prepared (stripped files, debug files, pages, completions).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+BIN ?= $(TARGET_DIR)/release/tierstack
+PRELOAD ?= $(TARGET_DIR)/release/libtierstack_preload.so
+DIST ?= $(TARGET_DIR)/dist
+SLURM_FILES = $(wildcard contrib/slurm/*)
+GRAFANA_FILES = contrib/grafana/tierstack.json
+UNIT_FILES = $(wildcard contrib/systemd/*.service)
+
+ifeq ($(origin BIN)$(origin PRELOAD),filefile)
+# The release build is made again only when one of its sources is newer than it: the files
+# cargo lists in its dep-info (`.d`, every source and include_str! file, the git HEAD of
+# build.rs) and the manifests. A file since deleted is left out (the change that deleted it
+# is newer anyway). Cargo leaves a file it found fresh as it was: the touch records that it is
+# up to date, so the next `make install` does not ask cargo again.
+cargo_deps = $(wildcard $(shell sed -e 's/^[^:]*://' -e 's/\\$$//' $(1) 2>/dev/null))
+MANIFESTS = Cargo.toml Cargo.lock $(wildcard crates/*/Cargo.toml)
+$(BIN): $(MANIFESTS) $(call cargo_deps,$(BIN:=.d))
+	$(CARGO) build --release
+	touch -c $@
+$(PRELOAD): $(MANIFESTS) $(call cargo_deps,$(basename $(PRELOAD)).d)
+	$(CARGO) build --release
+	touch -c $@
+endif
+
+# The debug info alone (--only-keep-debug), and a stripped copy that names it (.gnu_debuglink,
+# with its CRC); the symbol table stays, so a backtrace names functions without the debug file.
+HAVE_OBJCOPY = @command -v $(OBJCOPY) >/dev/null || { echo "make install: $(OBJCOPY) not found: install binutils" >&2; exit 1; }
+$(DIST)/tierstack.debug: $(BIN)
+	$(HAVE_OBJCOPY)
+	mkdir -p $(DIST) && $(OBJCOPY) --only-keep-debug $(BIN) $@
+$(DIST)/tierstack: $(BIN) $(DIST)/tierstack.debug
+	$(OBJCOPY) --strip-debug --add-gnu-debuglink=$(DIST)/tierstack.debug $(BIN) $@
+$(DIST)/libtierstack_preload.so.debug: $(PRELOAD)
+	$(HAVE_OBJCOPY)
+	mkdir -p $(DIST) && $(OBJCOPY) --only-keep-debug $(PRELOAD) $@
+$(DIST)/libtierstack_preload.so: $(PRELOAD) $(DIST)/libtierstack_preload.so.debug
+	$(OBJCOPY) --strip-debug --add-gnu-debuglink=$(DIST)/libtierstack_preload.so.debug $(PRELOAD) $@
+# The pages and completions of this very binary.
+$(DIST)/docs.stamp: $(BIN)
+	rm -rf $(DIST)/man $(DIST)/completions
+	$(BIN) gen-docs --man $(DIST)/man --completions $(DIST)/completions
+	touch $@
+
+# The systemd units, naming the installed binary.
+$(DIST)/units.stamp: $(UNIT_FILES) Makefile
+	rm -rf $(DIST)/systemd && mkdir -p $(DIST)/systemd
+	for f in $(UNIT_FILES); do sed 's#@BINDIR@#$(BINDIR)#g' "$$f" >"$(DIST)/systemd/$${f##*/}"; done
+	touch $@
+
+install: $(DIST)/tierstack $(DIST)/libtierstack_preload.so $(DIST)/docs.stamp $(DIST)/units.stamp
+	@set -e; list=$$(mktemp); trap 'rm -f "$$list"' EXIT; \
+	put() { $(INSTALL) -D -m "$$1" "$$2" "$(DESTDIR)$$3"; echo "$$3" >>"$$list"; echo "  $(DESTDIR)$$3"; }; \
+	put 755 $(DIST)/tierstack "$(BINDIR)/tierstack"; \
+	put 644 $(DIST)/tierstack.debug "$(DEBUGDIR)$(BINDIR)/tierstack.debug"; \
+	put 755 $(DIST)/libtierstack_preload.so "$(LIBDIR)/tierstack/libtierstack_preload.so"; \
+	put 644 $(DIST)/libtierstack_preload.so.debug "$(DEBUGDIR)$(LIBDIR)/tierstack/libtierstack_preload.so.debug"; \
+	for f in $(DIST)/man/*.1; do put 644 "$$f" "$(MANDIR)/man1/$${f##*/}"; done; \
+	put 644 $(DIST)/completions/tierstack.bash "$(BASHCOMPDIR)/tierstack"; \
+	put 644 $(DIST)/completions/_tierstack "$(ZSHCOMPDIR)/_tierstack"; \
+	put 644 $(DIST)/completions/tierstack.fish "$(FISHCOMPDIR)/tierstack.fish"; \
+	for f in $(SLURM_FILES); do put 644 "$$f" "$(DATADIR)/tierstack/slurm/$${f##*/}"; done; \
+	for f in $(GRAFANA_FILES); do put 644 "$$f" "$(DATADIR)/tierstack/grafana/$${f##*/}"; done; \
+	for f in $(DIST)/systemd/*.service; do put 644 "$$f" "$(SYSTEMDUNITDIR)/$${f##*/}"; done; \
+	old="$(DESTDIR)$(MANIFEST)"; \
+	if [ -f "$$old" ]; then grep -vxF -f "$$list" "$$old" | while read -r f; do rm -f "$(DESTDIR)$$f"; done; fi; \
+	$(INSTALL) -D -m 644 "$$list" "$(DESTDIR)$(MANIFEST)"; \
+	echo "installed $$(wc -l <"$$list") files under $(DESTDIR)$(PREFIX) (list: $(DESTDIR)$(MANIFEST))"
+
+uninstall:
+	@set -e; m="$(DESTDIR)$(MANIFEST)"; \
+	if [ ! -f "$$m" ]; then echo "make uninstall: no $$m: nothing was installed with PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) (give make install's PREFIX and DESTDIR)" >&2; exit 1; fi; \
+	n=0; while read -r f; do rm -f "$(DESTDIR)$$f"; n=$$((n + 1)); done <"$$m"; rm -f "$$m"; \
+	for d in "$(DATADIR)/tierstack/slurm" "$(DATADIR)/tierstack/grafana" "$(DATADIR)/tierstack" \
+		"$(LIBDIR)/tierstack" "$(DEBUGDIR)$(LIBDIR)/tierstack"; do rmdir "$(DESTDIR)$$d" 2>/dev/null || true; done; \
+	echo "removed $$n files and $$m"

@@ -15,6 +15,7 @@ mod checkpoint_cmd;
 mod cost_cmd;
 mod demo;
 mod doctor_cmd;
+mod install_cmd;
 mod io_cmd;
 mod mem_cmd;
 mod meta_cmd;
@@ -28,7 +29,7 @@ mod vram_cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// An error that ends the command with its own exit status: 2 for a usage error (a bad
 /// size, duration or combination of options), 126/127 for a program `run` cannot execute or
@@ -89,7 +90,7 @@ pub fn size_flag(flag: &str, s: &str) -> anyhow::Result<u64> {
 }
 
 #[derive(Parser)]
-#[command(name = "tierstack", version, about = "Tiered memory and storage accelerator for HPC and AI nodes: a user-space software RAID under a write-back store", long_about = None)]
+#[command(name = "tierstack", version = env!("TIERSTACK_VERSION"), about = "Tiered memory and storage accelerator for HPC and AI nodes: a user-space software RAID under a write-back store", long_about = None)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -149,6 +150,9 @@ enum Cmd {
         #[arg(long, default_value = "256M")]
         size: String,
     },
+    /// Internal: write the man pages and shell completions (`make install` calls it).
+    #[command(hide = true)]
+    GenDocs(install_cmd::GenDocsArgs),
 }
 
 #[derive(Subcommand)]
@@ -260,6 +264,7 @@ fn main() -> ExitCode {
         Cmd::Buffers(a) => buffers_cmd::run(a),
         Cmd::Cost(a) => cost_cmd::run(a),
         Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),
+        Cmd::GenDocs(a) => install_cmd::gen_docs(Cli::command(), a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -77,8 +77,9 @@ pub struct RunArgs {
     pub cmd: Vec<OsString>,
 }
 
-/// Finds libtierstack_preload.so: $TIERSTACK_PRELOAD, next to the binary, in its deps/
-/// folder (cargo's layout) or in ../lib.
+/// Finds libtierstack_preload.so: $TIERSTACK_PRELOAD, else relative to the binary: next to
+/// it, in its deps/ folder (cargo's layout), in ../lib, or where `make install` puts it
+/// (../lib/tierstack; ../lib64/tierstack and ../lib64 for a lib64 layout, RPM's).
 fn preload_lib() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("TIERSTACK_PRELOAD") {
         let p = PathBuf::from(p);
@@ -93,17 +94,21 @@ fn preload_lib() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot find the tierstack binary")?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     for c in [
-        dir.join("libtierstack_preload.so"),
-        dir.join("deps/libtierstack_preload.so"),
-        dir.join("../lib/libtierstack_preload.so"),
-        dir.join("../lib/tierstack/libtierstack_preload.so"),
+        "libtierstack_preload.so",
+        "deps/libtierstack_preload.so",
+        "../lib/libtierstack_preload.so",
+        "../lib/tierstack/libtierstack_preload.so",
+        "../lib64/tierstack/libtierstack_preload.so",
+        "../lib64/libtierstack_preload.so",
     ] {
+        let c = dir.join(c);
         if c.is_file() {
-            return Ok(c);
+            // `/usr/lib/tierstack/...`, not `/usr/bin/../lib/tierstack/...`, in LD_PRELOAD.
+            return Ok(c.canonicalize().unwrap_or(c));
         }
     }
     bail!(
-        "cannot find libtierstack_preload.so next to {}: build it with `cargo build --release` or set TIERSTACK_PRELOAD",
+        "cannot find libtierstack_preload.so next to {} (nor in its deps/, ../lib, ../lib/tierstack, ../lib64/tierstack, ../lib64): build it with `cargo build --release`, install it with `make install`, or set TIERSTACK_PRELOAD",
         exe.display()
     )
 }
