@@ -1281,6 +1281,17 @@ fn unmount_when_free(mp: &Path) -> std::io::Result<()> {
 /// The foreground must have been quiet this long before the fast tier is conditioned.
 const CONDITION_QUIET: Duration = Duration::from_secs(1);
 
+/// Conditioning runs at most this many bytes (all drives) ahead of what the array has written
+/// since the mount: an idle mount allocates this much of its drive files, not all of them,
+/// and each byte the workload writes lets it allocate one more.
+const CONDITION_AHEAD: u64 = 1 << 30;
+
+/// Whether conditioning may write another stripe: `conditioned` bytes written by it so far,
+/// `written` bytes the log wrote to the drives since the mount.
+fn may_condition(conditioned: u64, written: u64) -> bool {
+    conditioned < written.saturating_add(CONDITION_AHEAD)
+}
+
 /// Conditions the fast tier's file drives ([`Array::condition_step`]) while the mount has
 /// nothing else to do: the foreground quiet for [`CONDITION_QUIET`], nothing to drain, no
 /// dirty page. One stripe at a time, so a write that arrives waits for one stripe at most.
@@ -1300,7 +1311,15 @@ fn condition_when_idle(core: &Core, drainer: &Drainer) {
             continue;
         }
         while !core.stopping.load(Relaxed) && core.quiet_for() >= CONDITION_QUIET {
-            match core.array.condition_step() {
+            let ahead = may_condition(
+                core.array.conditioned_bytes(),
+                core.array.drive_bytes_written(),
+            );
+            match if ahead {
+                core.array.condition_step()
+            } else {
+                Ok(None)
+            } {
                 Ok(Some(_)) => core.conditioned.store(false, Relaxed),
                 Ok(None) => {
                     core.conditioned.store(true, Relaxed);
@@ -1359,6 +1378,21 @@ pub fn default_dir(backing: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod sizing_tests {
+
+    #[test]
+    fn conditioning_stays_a_bounded_distance_ahead_of_the_writes() {
+        assert!(super::may_condition(0, 0));
+        assert!(super::may_condition((1 << 30) - 1, 0));
+        assert!(
+            !super::may_condition(1 << 30, 0),
+            "an idle mount stops at the bound"
+        );
+        assert!(
+            super::may_condition(1 << 30, 4096),
+            "each byte written allows one more"
+        );
+        assert!(super::may_condition(u64::MAX - 1, u64::MAX));
+    }
     use super::fast_tier_for;
 
     #[test]
