@@ -12,26 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
-use common::{uffd_usable, BIN};
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
-}
-
-/// The shim built beside the binary under test (`cargo build --release`, which `make test`
-/// runs first).
-fn preload() -> PathBuf {
-    let p = Path::new(BIN).with_file_name("libtierstack_preload.so");
-    assert!(
-        p.is_file(),
-        "{} missing: build it with `cargo build --release` (make test does)",
-        p.display()
-    );
-    p
-}
+use common::{preload, repo_root, uffd_usable, BIN};
 
 /// Runs `make TARGET DESTDIR=dest PREFIX=/usr EXTRA...` in the repository with the binary
 /// under test; its output.

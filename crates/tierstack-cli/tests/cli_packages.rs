@@ -16,25 +16,7 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 mod common;
-use common::{is_root, BIN};
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
-}
-
-/// The shim built beside the binary under test.
-fn preload() -> PathBuf {
-    let p = Path::new(BIN).with_file_name("libtierstack_preload.so");
-    assert!(
-        p.is_file(),
-        "{} missing: build it with `cargo build --release` (make test does)",
-        p.display()
-    );
-    p
-}
+use common::{is_root, preload, repo_root, BIN};
 
 fn have(tool: &str) -> bool {
     Command::new("sh")

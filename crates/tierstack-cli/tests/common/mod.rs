@@ -167,3 +167,23 @@ pub fn same_content(a: &Path, b: &Path) -> bool {
         }
     }
 }
+
+/// The repository's root folder.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
+}
+
+/// The shim built beside the binary under test (`cargo build --release`, which `make test`
+/// runs first).
+pub fn preload() -> PathBuf {
+    let p = Path::new(BIN).with_file_name("libtierstack_preload.so");
+    assert!(
+        p.is_file(),
+        "{} missing: build it with `cargo build --release` (make test does)",
+        p.display()
+    );
+    p
+}
