@@ -12,6 +12,7 @@ macro_rules! usage_bail {
 mod array_cmd;
 mod buffers_cmd;
 mod checkpoint_cmd;
+mod config;
 mod cost_cmd;
 mod demo;
 mod doctor_cmd;
@@ -29,7 +30,7 @@ mod vram_cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// An error that ends the command with its own exit status: 2 for a usage error (a bad
 /// size, duration or combination of options), 126/127 for a program `run` cannot execute or
@@ -134,6 +135,9 @@ enum Cmd {
     /// The fast tiers this node holds, mounted or not; recover the undrained ones after a
     /// restart, remove the drained ones.
     Buffers(buffers_cmd::BuffersArgs),
+    /// The configuration: every key's value and where it came from (`config show`).
+    #[command(subcommand)]
+    Config(config::ConfigCmd),
     /// Check this host for what tierstack needs and seed 002's tuning advice.
     Doctor(doctor_cmd::DoctorArgs),
     /// Seed 002's server cost model: relative cost, saving, cost per unit of work.
@@ -195,7 +199,58 @@ fn bar_style(template: &str, chars: &str) -> indicatif::ProgressStyle {
         .progress_chars(chars)
 }
 
+/// Whether this invocation is one of tierstack's own internal processes (a mount daemon, a
+/// benchmark's worker, `gen-docs`): they take everything from their parent (spec, variables)
+/// and read no configuration file.
+fn internal(args: &[std::ffi::OsString]) -> bool {
+    let a = |i: usize| args.get(i).and_then(|s| s.to_str()).unwrap_or("");
+    matches!(a(1), "mount-daemon" | "gen-docs")
+        || (a(1) == "bench" && a(2).ends_with("-worker"))
+        || (a(1) == "bench" && a(2) == "checkpoint-writer")
+}
+
+/// Prints a command-line error as one line (clap's first line, the problem, and where to
+/// read about the fix) and gives exit status 2; help and version are printed as clap prints
+/// them.
+fn parse_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.to_string();
+    let first: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.trim())
+        .collect();
+    let joined = first.join(" ");
+    let msg = joined.trim_start_matches("error: ");
+    eprintln!("tierstack: error: {msg} (see `tierstack --help` and the command's --help)");
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The configuration's layers become the flags' defaults (and the `[global]` variables),
+    // before the log filter is read and before any thread starts.
+    let mut root = config::annotate(Cli::command());
+    let cfg = if internal(&args) {
+        config::Config::none()
+    } else {
+        match config::Config::load(&root) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("tierstack: error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    root = cfg.apply(root);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TIERSTACK_LOG")
@@ -206,30 +261,13 @@ fn main() -> ExitCode {
         // gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = match Cli::try_parse() {
+    let cli = match root
+        .clone()
+        .try_get_matches_from(&args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(c) => c,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(
-                e.kind(),
-                ErrorKind::DisplayHelp
-                    | ErrorKind::DisplayVersion
-                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
-                e.exit();
-            }
-            // One line: clap's first line (the problem), and where to read about the fix.
-            let text = e.to_string();
-            let first: Vec<&str> = text
-                .lines()
-                .take_while(|l| !l.trim().is_empty())
-                .map(|l| l.trim())
-                .collect();
-            let joined = first.join(" ");
-            let msg = joined.trim_start_matches("error: ");
-            eprintln!("tierstack: error: {msg} (see `tierstack --help` and the command's --help)");
-            return ExitCode::from(2);
-        }
+        Err(e) => return parse_error(e),
     };
     if !matches!(cli.cmd, Cmd::MountDaemon { .. }) {
         // Like Unix tools, end quietly when the reader of our output goes away
@@ -260,11 +298,12 @@ fn main() -> ExitCode {
         Cmd::Slurm(c) => slurm_cmd::run(c),
         Cmd::MountDaemon { spec, metrics } => mount_cmd::daemon(&spec, metrics.as_deref()),
         Cmd::Top(a) => top_cmd::run(a),
+        Cmd::Config(c) => config::run(c, &cfg, &root),
         Cmd::Doctor(a) => doctor_cmd::run(a),
         Cmd::Buffers(a) => buffers_cmd::run(a),
         Cmd::Cost(a) => cost_cmd::run(a),
         Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),
-        Cmd::GenDocs(a) => install_cmd::gen_docs(Cli::command(), a),
+        Cmd::GenDocs(a) => install_cmd::gen_docs(config::annotate(Cli::command()), a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -166,23 +166,10 @@ pub struct UmountArgs {
     pub keep: bool,
 }
 
-/// Parses a duration: a number of seconds, or a number with s, m or h.
+/// Parses `--FLAG`'s duration (`90s`, `10m`, `2h 30m`, a number of seconds), or a usage error
+/// naming the flag.
 pub(crate) fn parse_duration(flag: &str, s: &str) -> Result<Duration> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('s') => (&t[..t.len() - 1], 1.0),
-        Some('m') => (&t[..t.len() - 1], 60.0),
-        Some('h') => (&t[..t.len() - 1], 3600.0),
-        _ => (t, 1.0),
-    };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v * mult < 1e9 => {
-            Ok(Duration::from_secs_f64(v * mult))
-        }
-        _ => Err(crate::usage(format!(
-            "--{flag} {s} is not a duration: give e.g. 90s, 10m or 2h"
-        ))),
-    }
+    tierstack_common::parse_duration(s).map_err(|e| crate::usage(format!("--{flag}: {e}")))
 }
 
 /// One line naming the quarantined records and what to do.

@@ -19,9 +19,10 @@ pub struct CommonArgs {
     /// Size of the `tierstack` pool that SLURM accounts capacity= against.
     #[arg(long, default_value = "2G")]
     pub pool_size: String,
-    /// Bound on this hook's own waits, in seconds (SLURM's timeouts kill the hook too).
-    #[arg(long, default_value_t = 3600)]
-    pub timeout: u64,
+    /// Bound on this hook's own waits (`90s`, `1h`, or seconds; SLURM's timeouts kill the
+    /// hook too).
+    #[arg(long, value_name = "DURATION", default_value = "1h")]
+    pub timeout: String,
     /// Limit each buffer's drain to the stage_out destination to this many MB/s
     /// (`tierstack mount --drain-rate`; default unlimited).
     #[arg(long, value_name = "MB/s")]
@@ -42,12 +43,13 @@ pub enum SlurmCmd {
         /// Size of the `tierstack` pool (sum of the capacity= of the jobs holding buffers).
         #[arg(long, default_value = "2G")]
         pool_size: String,
-        /// StageInTimeout and StageOutTimeout (seconds) written to burst_buffer.conf.
-        #[arg(long, default_value_t = 3600)]
-        stage_timeout: u64,
-        /// OtherTimeout (seconds) written to burst_buffer.conf.
-        #[arg(long, default_value_t = 300)]
-        other_timeout: u64,
+        /// StageInTimeout and StageOutTimeout written to burst_buffer.conf (`1h`, `90m`, or
+        /// seconds).
+        #[arg(long, value_name = "DURATION", default_value = "1h")]
+        stage_timeout: String,
+        /// OtherTimeout written to burst_buffer.conf (`5m`, or seconds).
+        #[arg(long, value_name = "DURATION", default_value = "5m")]
+        other_timeout: String,
         /// Limit each buffer's drain to this many MB/s (spares the parallel file system).
         #[arg(long, value_name = "MB/s")]
         drain_rate: Option<f64>,
@@ -172,14 +174,22 @@ pub enum SlurmCmd {
 }
 
 impl CommonArgs {
-    fn settings(&self) -> tierstack_slurm::Common {
-        tierstack_slurm::Common {
+    fn settings(&self) -> tierstack_slurm::Result<tierstack_slurm::Common> {
+        Ok(tierstack_slurm::Common {
             fast_dir: self.fast_dir.clone(),
             pool_size: self.pool_size.clone(),
-            timeout: self.timeout,
+            timeout: seconds("timeout", &self.timeout)?,
             drain_rate: self.drain_rate,
-        }
+        })
     }
+}
+
+/// `--FLAG`'s duration in whole seconds (rounded up: SLURM's timeouts are seconds), or a
+/// usage error naming the flag.
+fn seconds(flag: &str, s: &str) -> tierstack_slurm::Result<u64> {
+    let d = tierstack_common::parse_duration(s)
+        .map_err(|e| SlurmError::Usage(format!("--{flag}: {e}")))?;
+    Ok(d.as_secs() + u64::from(d.subsec_nanos() > 0))
 }
 
 /// A usage error (a bad size) leaves with exit status 2, as every other usage error does.
@@ -203,8 +213,8 @@ fn hook(c: SlurmCmd) -> tierstack_slurm::Result<()> {
             conf: &conf_dir,
             fast: &fast_dir,
             pool: &pool_size,
-            stage_timeout,
-            other_timeout,
+            stage_timeout: seconds("stage-timeout", &stage_timeout)?,
+            other_timeout: seconds("other-timeout", &other_timeout)?,
             drain_rate,
         }),
         SlurmCmd::Uninstall { conf_dir } => uninstall(&conf_dir),
@@ -213,7 +223,7 @@ fn hook(c: SlurmCmd) -> tierstack_slurm::Result<()> {
             uid,
             gid,
             common,
-        } => job_process(&script, uid, gid, &common.settings()),
+        } => job_process(&script, uid, gid, &common.settings()?),
         SlurmCmd::Setup {
             job_id,
             uid,
@@ -222,32 +232,40 @@ fn hook(c: SlurmCmd) -> tierstack_slurm::Result<()> {
             size,
             script,
             common,
-        } => setup(&job_id, uid, gid, &pool, &size, &script, &common.settings()),
+        } => setup(
+            &job_id,
+            uid,
+            gid,
+            &pool,
+            &size,
+            &script,
+            &common.settings()?,
+        ),
         SlurmCmd::DataIn {
             job_id,
             script: _,
             common,
-        } => data_in(&job_id, &common.settings()),
+        } => data_in(&job_id, &common.settings()?),
         SlurmCmd::Paths {
             job_id,
             script,
             path_file,
             common,
-        } => paths(&job_id, &script, &path_file, &common.settings()),
-        SlurmCmd::PreRun { job_id, common, .. } => pre_run(&job_id, &common.settings()),
-        SlurmCmd::PostRun { job_id, common, .. } => post_run(&job_id, &common.settings()),
-        SlurmCmd::DataOut { job_id, common, .. } => data_out(&job_id, &common.settings()),
+        } => paths(&job_id, &script, &path_file, &common.settings()?),
+        SlurmCmd::PreRun { job_id, common, .. } => pre_run(&job_id, &common.settings()?),
+        SlurmCmd::PostRun { job_id, common, .. } => post_run(&job_id, &common.settings()?),
+        SlurmCmd::DataOut { job_id, common, .. } => data_out(&job_id, &common.settings()?),
         SlurmCmd::Teardown {
             job_id,
             hurry,
             common,
             ..
-        } => teardown(&job_id, hurry == "true", &common.settings()),
-        SlurmCmd::Pools { common } => pools(&common.settings()),
-        SlurmCmd::GetStatus { args: _, common } => get_status(&common.settings()),
-        SlurmCmd::Prolog { common } => prolog(&common.settings()),
-        SlurmCmd::Epilog { wait, common } => epilog(&common.settings(), wait),
-        SlurmCmd::NodeDrain { job_id, common } => node_drain(&job_id, &common.settings()),
+        } => teardown(&job_id, hurry == "true", &common.settings()?),
+        SlurmCmd::Pools { common } => pools(&common.settings()?),
+        SlurmCmd::GetStatus { args: _, common } => get_status(&common.settings()?),
+        SlurmCmd::Prolog { common } => prolog(&common.settings()?),
+        SlurmCmd::Epilog { wait, common } => epilog(&common.settings()?, wait),
+        SlurmCmd::NodeDrain { job_id, common } => node_drain(&job_id, &common.settings()?),
         SlurmCmd::UserCheck { read, write } => user_check(&read, &write),
         SlurmCmd::UserClean { dir } => user_clean(&dir),
     }

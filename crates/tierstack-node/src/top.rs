@@ -572,22 +572,11 @@ pub fn render(f: &Frame) -> String {
     s
 }
 
-/// Parses 1s, 500ms, 2m or a number of seconds.
+/// Parses `--interval` (`1s`, `500ms`, `2m`, a number of seconds: the grammar of every
+/// duration), from 50 ms to 1 h.
 pub fn parse_interval(s: &str) -> Result<Duration> {
-    let t = s.trim();
-    let (num, mult) = if let Some(x) = t.strip_suffix("ms") {
-        (x, 0.001)
-    } else if let Some(x) = t.strip_suffix('s') {
-        (x, 1.0)
-    } else if let Some(x) = t.strip_suffix('m') {
-        (x, 60.0)
-    } else {
-        (t, 1.0)
-    };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v * mult >= 0.05 && v * mult <= 3600.0 => {
-            Ok(Duration::from_secs_f64(v * mult))
-        }
+    match tierstack_common::parse_duration(s) {
+        Ok(d) if d >= Duration::from_millis(50) && d <= Duration::from_secs(3600) => Ok(d),
         _ => Err(NodeError::Usage(format!(
             "--interval {s} is not a duration from 50ms to 1h: give e.g. 1s, 500ms or 2"
         ))),
