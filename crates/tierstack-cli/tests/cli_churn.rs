@@ -37,12 +37,46 @@ use common::{detach, is_mounted, ok, root_with_fuse, s, ts};
 /// the report of a failure: the history of the paths that differ.
 static HISTORY: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// The lines of HISTORY that name `path` (the 40 last), and where two files first differ.
+/// The inodes (in the plain folder) of the files an operation names, for the history tag
+/// ` #ino 12 34`: a file's lines are then found across its renames (until a re-base copies
+/// the plain folder).
+fn inos(plain: &Path, op: &Op) -> Vec<u64> {
+    op.names()
+        .into_iter()
+        .filter_map(|p| std::fs::symlink_metadata(plain.join(p)).ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.ino())
+        .collect()
+}
+
+/// The history tag of inodes `v` (see [`inos`]).
+fn ino_tag(mut v: Vec<u64>) -> String {
+    v.sort_unstable();
+    v.dedup();
+    if v.is_empty() {
+        return String::new();
+    }
+    let s: Vec<String> = v.iter().map(u64::to_string).collect();
+    format!(" #ino {}", s.join(" "))
+}
+
+/// The lines of HISTORY that name `path` or its inode in `a` (the plain folder) (the 40
+/// last), and where two files first differ.
 fn history_of(path: &str, a: &Path, b: &Path) -> String {
     let h = HISTORY.lock().map(|h| h.clone()).unwrap_or_default();
+    let ino = std::fs::symlink_metadata(a.join(path))
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.ino().to_string());
     let mut lines: Vec<String> = h
         .into_iter()
-        .filter(|l| l.split([' ', '"', ',', '(', ')']).any(|w| w == path))
+        .filter(|l| {
+            let (text, tag) = l.split_once(" #ino ").unwrap_or((l, ""));
+            text.split([' ', '"', ',', '(', ')']).any(|w| w == path)
+                || ino
+                    .as_deref()
+                    .is_some_and(|i| tag.split(' ').any(|w| w == i))
+        })
         .collect();
     let n = lines.len();
     if n > 40 {
@@ -247,6 +281,16 @@ enum Op {
 }
 
 impl Op {
+    /// Every path the op names.
+    fn names(&self) -> Vec<&str> {
+        match self {
+            Op::Rename(a, b) | Op::Link(a, b) => vec![a, b],
+            Op::Symlink(p, _) | Op::SetXattr(p, ..) | Op::RemoveXattr(p, _) => vec![p],
+            Op::Fsync(p) | Op::Read(p) => vec![p],
+            _ => self.touches(),
+        }
+    }
+
     /// The paths whose contents or existence the op may change (for the fsync oracle).
     fn touches(&self) -> Vec<&str> {
         match self {
@@ -885,6 +929,20 @@ impl Drop for Bed {
     fn drop(&mut self) {
         detach(&self.mnt, self.pid);
         std::env::remove_var("TIERSTACK_RUN_DIR");
+        // TIERSTACK_CHURN_KEEP=1: a failed round's folders (BACKING, plain folder, fast
+        // tier with its database, daemon logs) stay for a post-mortem.
+        if std::thread::panicking() && std::env::var_os("TIERSTACK_CHURN_KEEP").is_some() {
+            let dir = self._tmp.path().to_path_buf();
+            let tmp = std::mem::replace(
+                &mut self._tmp,
+                tempfile::Builder::new()
+                    .prefix("ts-churn-")
+                    .tempdir_in("/tmp")
+                    .expect("tempdir"),
+            );
+            let _ = tmp.keep();
+            eprintln!("churn: kept {}", dir.display());
+        }
     }
 }
 
@@ -935,10 +993,16 @@ fn run_phase(
                         None => &mut *m,
                     };
                     let op = choose(&mut rng, model);
+                    let mut touched = inos(&plain, &op);
                     let want = apply(&plain, &op);
                     let got = apply(&mnt, &op);
+                    touched.extend(inos(&plain, &op));
                     if let Ok(mut h) = HISTORY.lock() {
-                        h.push(format!("{phase}.{w}.{i}: {} -> {want:?} / {got:?}", describe(&op)));
+                        h.push(format!(
+                            "{phase}.{w}.{i}: {} -> {want:?} / {got:?}{}",
+                            describe(&op),
+                            ino_tag(touched)
+                        ));
                     }
                     if let Ok(t) = std::env::var("TIERSTACK_CHURN_TRACE") {
                         if describe(&op).contains(&t) {

@@ -126,6 +126,14 @@ impl Drainer {
                 .flatten();
             (f.size, f.ver, f.staged.clone(), base, f.extents.clone())
         };
+        tracing::debug!(
+            "drain file: inode {} {} size {size} ver {start_ver} staged {:?} base {:?} extents {} open {open}",
+            op.ino,
+            String::from_utf8_lossy(&op.p1),
+            staged.as_ref().map(|s| String::from_utf8_lossy(s).into_owned()),
+            base.as_ref().map(|(b, l)| (String::from_utf8_lossy(b).into_owned(), *l)),
+            ext.is_some()
+        );
         let (dir, dname) = c.bk.parent(&op.p1)?;
         let (sdir, sname, srel) = match &staged {
             Some(rel) => {
@@ -275,6 +283,16 @@ impl Drainer {
                 f.bpath = Some(op.p1.clone());
                 f.dirty = f.ver != start_ver;
             }
+            tracing::debug!(
+                "drained inode {}: base_len {} staged {:?} dirty {} ({} bytes written)",
+                op.ino,
+                f.base_len,
+                f.staged
+                    .as_ref()
+                    .map(|s| String::from_utf8_lossy(s).into_owned()),
+                f.dirty,
+                written
+            );
             let row = (
                 f.has_base,
                 f.base_len,
@@ -379,6 +397,10 @@ impl Drainer {
                 None if pstart >= have => nonzero_runs(v, 4096),
                 None => vec![(0, v.len())],
             };
+            tracing::debug!(
+                "drain page {p} (ver {ver}, {} bytes, have {have}, reused {reused}): runs {runs:?}",
+                v.len()
+            );
             for (a, b) in runs {
                 if let Some(r) = &self.rate {
                     r.take((b - a) as u64);
