@@ -408,6 +408,14 @@ impl Drainer {
                 out.write_all_at(&v[a..b], p * PAGE + a as u64)?;
                 written += (b - a) as u64;
             }
+            // A page shorter than the file there reads as zeros after its end (`page_copy`):
+            // so must BACKING. Bytes `out` holds there (the base copied above, an earlier
+            // pass's staging file) are not the file's: after a kill -9 the array may give
+            // back an older, shorter version of a page than the one an earlier drain wrote.
+            let tail = (pstart + lim as u64).min(have);
+            if tail > pstart + v.len() as u64 {
+                punch_between(out, pstart, (tail - pstart) as usize, &[(0, v.len())])?;
+            }
         }
         Ok((drained, written))
     }

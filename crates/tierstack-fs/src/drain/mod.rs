@@ -45,6 +45,8 @@ use policy::{
     under, AfterFailure, Backlog, Choice, Refused, RowKind, Signals, Slots, State, Tries,
 };
 
+#[cfg(test)]
+mod crash_tests;
 mod data;
 mod meta;
 pub mod policy;
