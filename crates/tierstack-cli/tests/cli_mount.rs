@@ -1135,6 +1135,50 @@ fn the_daemon_log_is_plain_text_and_kept_after_umount() {
     assert!(!text.contains('\x1b'), "colour codes in the log: {text}");
 }
 
+/// `buffers --recover` (the boot-time recovery, run with the system's runtime folder) leaves
+/// a live mount alone whose control socket is in another runtime folder (another user's, or
+/// `TIERSTACK_RUN_DIR`): it once detached every tierstack mount whose socket it could not see,
+/// and the mount's own `umount` then said that no mount answered (found by the long churn,
+/// whose mounts use a runtime folder of their own, while another test ran the recovery).
+#[test]
+fn buffers_recover_leaves_live_mounts_of_other_runtime_folders_alone() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    let rd = fx.backing.parent().expect("tmp").join("run");
+    fs::create_dir(&rd).expect("mkdir");
+    let args = fx.mount_args(&[]);
+    let o = Command::new(BIN)
+        .args(&args)
+        .env("TIERSTACK_RUN_DIR", &rd)
+        .output()
+        .expect("mount");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fs::write(fx.m("kept"), b"alive").expect("write");
+    let none = fx.backing.parent().expect("tmp").join("none");
+    fs::create_dir(&none).expect("mkdir");
+    let o = Command::new(BIN)
+        .args(["buffers", "--recover", "--in"])
+        .arg(&none)
+        .env_remove("TIERSTACK_RUN_DIR")
+        .output()
+        .expect("buffers");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!said.contains("detached"), "{said}");
+    assert!(is_mounted(&fx.mnt), "the recovery detached a live mount");
+    assert_eq!(fs::read(fx.m("kept")).expect("read"), b"alive");
+    let o = Command::new(BIN)
+        .args(["umount", fx.mnt.to_str().expect("utf8")])
+        .env("TIERSTACK_RUN_DIR", &rd)
+        .output()
+        .expect("umount");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fx.pid = None;
+    assert_eq!(fs::read(fx.b("kept")).expect("BACKING"), b"alive");
+}
+
 /// A node restart, as a `kill -9` of the daemon leaves it: `buffers` lists the fast tier as
 /// undrained, crashed and not mounted; `buffers --recover` detaches the dead mount, mounts
 /// the fast tier elsewhere, drains it to BACKING and unmounts it, and the drained fast tier

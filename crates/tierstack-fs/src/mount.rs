@@ -518,8 +518,32 @@ pub fn daemon_listens(mountpoint: &Path) -> bool {
     }
 }
 
-/// Detaches a dead tierstack FUSE mount (no daemon listens on its socket) from
-/// `mountpoint`; a mount whose daemon is alive, however busy, is left alone.
+/// Whether the FUSE connection of the mount at `mountpoint` has lost its server: the kernel
+/// then answers every request with ENOTCONN ("Transport endpoint is not connected"). A live
+/// daemon answers (its control socket may be in a runtime folder this process does not
+/// look in: another user's, or `TIERSTACK_RUN_DIR`); one that does not answer within 5 s is
+/// busy, not dead.
+pub fn connection_dead(mountpoint: &Path) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mp = mountpoint.to_path_buf();
+    let probe = std::thread::Builder::new()
+        .name("stale-probe".into())
+        .spawn(move || {
+            let r = std::fs::symlink_metadata(&mp).map(drop);
+            let _ = tx.send(r);
+        });
+    if probe.is_err() {
+        return false;
+    }
+    matches!(
+        rx.recv_timeout(Duration::from_secs(5)),
+        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN)
+    )
+}
+
+/// Detaches a dead tierstack FUSE mount from `mountpoint`: no daemon listens on its socket
+/// and its connection has lost its server ([`connection_dead`]). A mount whose daemon is
+/// alive, however busy and wherever its socket is, is left alone.
 pub fn clear_stale(mountpoint: &Path) -> Result<bool> {
     let Some(t) = mounted_type(mountpoint) else {
         return Ok(false);
@@ -527,7 +551,7 @@ pub fn clear_stale(mountpoint: &Path) -> Result<bool> {
     if !t.starts_with("fuse") {
         return Ok(false);
     }
-    if daemon_listens(mountpoint) {
+    if daemon_listens(mountpoint) || !connection_dead(mountpoint) {
         return Ok(false);
     }
     rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH).map_err(|e| {

@@ -69,6 +69,14 @@ impl Drainer {
     /// effect already there and succeeds).
     pub(super) fn apply_meta(&self, op: &JOp) -> io::Result<()> {
         let bk = &self.core.bk;
+        tracing::debug!(
+            "replay {} {:?} inode {} {} {}",
+            op.seq,
+            op.kind,
+            op.ino,
+            String::from_utf8_lossy(&op.p1),
+            String::from_utf8_lossy(&op.p2)
+        );
         match op.kind {
             OpKind::Mkdir => {
                 let (d, name) = bk.parent(&op.p1)?;
@@ -154,6 +162,11 @@ impl Drainer {
                 if gone {
                     let (dir, _) = crate::backing::split(&op.p1);
                     let staging = crate::core::join_rel(dir, &tmp_name(op.ino, ""));
+                    tracing::debug!(
+                        "unlink of inode {}'s last name: its staging file {} goes",
+                        op.ino,
+                        String::from_utf8_lossy(&staging)
+                    );
                     self.pin_bases_under(&staging, None)?;
                     let _ = Backing::unlink(&d, &tmp_name(op.ino, ""), false);
                 }
@@ -170,6 +183,11 @@ impl Drainer {
                         let sub = bk.dir(&op.p1)?;
                         for ent in Backing::list(&sub)? {
                             if ent.starts_with(TMP_PREFIX) {
+                                tracing::debug!(
+                                    "rmdir {}: removes {}",
+                                    String::from_utf8_lossy(&op.p1),
+                                    String::from_utf8_lossy(&ent)
+                                );
                                 Backing::unlink(&sub, &ent, false)?;
                             }
                         }
@@ -344,6 +362,11 @@ impl Drainer {
         Backing::rename(&od, oname, &nd, &name)?;
         Backing::fsync_dir(&nd)?;
         let nsp = crate::core::join_rel(tdir, &name);
+        tracing::debug!(
+            "inode {ino}'s staging file moves from {} to {}",
+            String::from_utf8_lossy(&sp),
+            String::from_utf8_lossy(&nsp)
+        );
         f.staged = Some(nsp.clone());
         f.base_fd = None;
         drop(f);
@@ -370,6 +393,11 @@ impl Drainer {
                 if let Some(sp) = f.staged.clone().filter(|sp| under(sp, from)) {
                     let mut ns2 = to.to_vec();
                     ns2.extend_from_slice(&sp[from.len()..]);
+                    tracing::debug!(
+                        "inode {i}'s staging file {} is now {} (directory renamed)",
+                        String::from_utf8_lossy(&sp),
+                        String::from_utf8_lossy(&ns2)
+                    );
                     f.staged = Some(ns2.clone());
                     f.base_fd = None;
                     staged.push((*i, ns2));
