@@ -2,6 +2,8 @@
 //! and uses what it needs).
 #![allow(dead_code)]
 
+pub mod leftovers;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
