@@ -529,7 +529,9 @@ pub fn connection_dead(mountpoint: &Path) -> bool {
     let probe = std::thread::Builder::new()
         .name("stale-probe".into())
         .spawn(move || {
-            let r = std::fs::symlink_metadata(&mp).map(drop);
+            // statfs(2) always reaches the server (a stat may be answered from the
+            // kernel's attribute cache, even on a dead connection).
+            let r = rustix::fs::statfs(&mp).map(drop);
             let _ = tx.send(r);
         });
     if probe.is_err() {
@@ -537,7 +539,7 @@ pub fn connection_dead(mountpoint: &Path) -> bool {
     }
     matches!(
         rx.recv_timeout(Duration::from_secs(5)),
-        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN)
+        Ok(Err(e)) if e == rustix::io::Errno::NOTCONN
     )
 }
 
