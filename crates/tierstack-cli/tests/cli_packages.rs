@@ -10,6 +10,11 @@
 //! - `contrib/rpm/tierstack.spec`: where `rpmbuild` is (Debian's `rpm` package), a binary-only
 //!   `rpmbuild -bb` and `rpm -qlp` listing the FHS layout (lib64 from rpm's `%{_libdir}`).
 //!   The RPM is not installed.
+//! - `contrib/spack` (Spack is not on CI's machines: `contrib/spack/test.sh` is the real
+//!   `spack install`): `python3 -m py_compile` accepts `package.py`, and Python's `ast` reads
+//!   what it declares: the class derives from a Spack build system, a `main` version from
+//!   git, `rust` as a build dependency at Cargo.toml's `rust-version`, `binutils` (objcopy),
+//!   and its install runs the project's `make install PREFIX=`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -340,4 +345,207 @@ fn rpm_spec_builds_the_fhs_layout() {
             .arg(&rpms[0]),
     );
     assert!(reqs.lines().any(|l| l.trim() == "fuse3"), "{reqs}");
+}
+
+/// Reads `contrib/spack/packages/tierstack/package.py` with Python's `ast` (it is not run: it
+/// imports Spack) and prints what it declares as JSON: the classes and their bases, the
+/// positional and keyword arguments (as source text) of each `version` and `depends_on`
+/// directive in the class body, the `make` calls of its `install` method and its
+/// `install_targets`. py_compile first, its bytecode in a temporary folder (argv[2]).
+const PACKAGE_PY_READER: &str = r#"
+import ast, json, os, py_compile, sys
+
+path, cfile = sys.argv[1], sys.argv[2]
+py_compile.compile(path, cfile=cfile, doraise=True)
+tree = ast.parse(open(path).read(), path)
+
+def call(node):
+    return {
+        "func": ast.unparse(node.func),
+        "args": [a.value if isinstance(a, ast.Constant) else ast.unparse(a) for a in node.args],
+        "kwargs": {k.arg: (k.value.value if isinstance(k.value, ast.Constant) else ast.unparse(k.value))
+                   for k in node.keywords},
+    }
+
+classes = []
+for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+    directives = [call(st.value) for st in cls.body
+                  if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)]
+    methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+    install_make = []
+    if "install" in methods:
+        install_make = [call(c) for c in ast.walk(methods["install"])
+                        if isinstance(c, ast.Call) and ast.unparse(c.func) == "make"]
+    targets = None
+    for st in cls.body:
+        if isinstance(st, ast.Assign) and any(ast.unparse(t) == "install_targets" for t in st.targets):
+            targets = ast.unparse(st.value)
+    classes.append({
+        "name": cls.name,
+        "bases": [ast.unparse(b) for b in cls.bases],
+        "docstring": ast.get_docstring(cls) or "",
+        "directives": directives,
+        "methods": sorted(methods),
+        "install_make": install_make,
+        "install_targets": targets,
+    })
+print(json.dumps({"classes": classes}))
+"#;
+
+/// The Spack build system classes a package may derive from (those of Spack 0.x's
+/// `spack.build_systems` and 1.x's `spack_repo.builtin.build_systems` that fit a Makefile
+/// or cargo project).
+const SPACK_BUILD_SYSTEMS: &[&str] = &["MakefilePackage", "CargoPackage", "Package"];
+
+/// The `rust-version` of Cargo.toml's `[workspace.package]`.
+fn workspace_rust_version() -> String {
+    let toml = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");
+    toml.split("[workspace.package]")
+        .nth(1)
+        .expect("[workspace.package]")
+        .lines()
+        .take_while(|l| !l.starts_with('['))
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "rust-version").then(|| v.trim().trim_matches('"').to_string())
+        })
+        .expect("workspace rust-version")
+}
+
+#[test]
+fn spack_package_compiles_and_declares_its_build() {
+    let dir = repo_root().join("contrib/spack");
+    let package = dir.join("packages/tierstack/package.py");
+    assert!(package.is_file(), "{} missing", package.display());
+
+    // The repository's namespace, which `spack repo add` registers.
+    let repo_yaml =
+        std::fs::read_to_string(dir.join("repo.yaml")).expect("contrib/spack/repo.yaml");
+    let namespace = repo_yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("namespace:"))
+        .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\''));
+    assert_eq!(namespace, Some("tierstack"), "repo.yaml:\n{repo_yaml}");
+
+    let tmp = tempfile::tempdir().expect("tmp");
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(PACKAGE_PY_READER)
+        .arg(&package)
+        .arg(tmp.path().join("package.pyc"))
+        .output()
+        .expect("python3 not found: install python3");
+    assert!(
+        o.status.success(),
+        "python3 could not compile or parse {}:\n{}",
+        package.display(),
+        text(&o)
+    );
+    assert!(
+        tmp.path().join("package.pyc").is_file(),
+        "py_compile wrote no bytecode"
+    );
+    let read: serde_json::Value = serde_json::from_slice(&o.stdout).expect("the reader's JSON");
+
+    // Spack names a package's class after its folder: tierstack -> Tierstack.
+    let classes = read["classes"].as_array().expect("classes");
+    let class = classes
+        .iter()
+        .find(|c| c["name"] == "Tierstack")
+        .unwrap_or_else(|| panic!("no class Tierstack in package.py: {classes:?}"));
+    let bases: Vec<&str> = class["bases"]
+        .as_array()
+        .expect("bases")
+        .iter()
+        .filter_map(|b| b.as_str())
+        .collect();
+    assert!(
+        bases.iter().any(|b| SPACK_BUILD_SYSTEMS.contains(b)),
+        "Tierstack derives from {bases:?}, none of Spack's build systems {SPACK_BUILD_SYSTEMS:?}"
+    );
+    assert!(
+        !class["docstring"].as_str().unwrap_or("").trim().is_empty(),
+        "no docstring: `spack info` shows it as the description"
+    );
+
+    let directives = class["directives"].as_array().expect("directives");
+    let named = |f: &str| -> Vec<&serde_json::Value> {
+        directives.iter().filter(|d| d["func"] == f).collect()
+    };
+    // A version from git: `main`, its branch.
+    let versions = named("version");
+    assert!(
+        versions
+            .iter()
+            .any(|v| v["args"][0] == "main" && v["kwargs"]["branch"] == "main"),
+        "no version(\"main\", branch=\"main\"): {versions:?}"
+    );
+
+    // Build dependencies: rust at Cargo.toml's rust-version, binutils (objcopy for make
+    // install), each of type build.
+    let deps = named("depends_on");
+    let dep = |name: &str| -> &serde_json::Value {
+        deps.iter()
+            .copied()
+            .find(|d| {
+                d["args"][0]
+                    .as_str()
+                    .is_some_and(|s| s == name || s.starts_with(&format!("{name}@")))
+            })
+            .unwrap_or_else(|| panic!("no depends_on(\"{name}...\"): {deps:?}"))
+    };
+    let rust = dep("rust");
+    let msrv = workspace_rust_version();
+    assert_eq!(
+        rust["args"][0],
+        format!("rust@{msrv}:"),
+        "the rust dependency is not Cargo.toml's rust-version {msrv}"
+    );
+    for name in ["rust", "binutils"] {
+        assert_eq!(
+            dep(name)["kwargs"]["type"],
+            "build",
+            "depends_on(\"{name}\") is not type=\"build\""
+        );
+    }
+    // No libfuse: the binary speaks /dev/fuse itself.
+    assert!(
+        !deps
+            .iter()
+            .any(|d| d["args"][0].as_str().is_some_and(|s| s.contains("fuse"))),
+        "a fuse dependency: {deps:?}"
+    );
+
+    // The install is the project's own: make install PREFIX=<prefix>.
+    let make_calls = class["install_make"].as_array().expect("install_make");
+    let by_method = make_calls.iter().any(|c| {
+        let args = c["args"].as_array().expect("args");
+        args.first().is_some_and(|a| a == "install")
+            && args
+                .iter()
+                .any(|a| a.as_str().is_some_and(|s| s.contains("PREFIX=")))
+    });
+    let by_targets = class["install_targets"]
+        .as_str()
+        .is_some_and(|t| t.contains("'install'") && t.contains("PREFIX="));
+    assert!(
+        by_method || by_targets,
+        "install does not run `make install PREFIX=...`: install() calls make as \
+         {make_calls:?}, install_targets = {}",
+        class["install_targets"]
+    );
+
+    // The real check is a script: it must at least parse.
+    let script = dir.join("test.sh");
+    let o = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .expect("bash");
+    assert!(
+        o.status.success(),
+        "bash -n {}: {}",
+        script.display(),
+        text(&o)
+    );
 }
