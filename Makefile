@@ -33,12 +33,14 @@ churn: build
 # ---- make install / make uninstall (issue 38) ----------------------------------------------
 # make install [PREFIX=/usr/local] [DESTDIR=]: the stripped binary and shim, their debug info
 # split out (objcopy --only-keep-debug, found through .gnu_debuglink), the man pages and the
-# bash, zsh and fish completions that the binary itself writes (`tierstack gen-docs`), and
-# the SLURM files and the Grafana dashboard. It installs the release build as it is: cargo
-# runs only when a source is newer than it (`make` first, as yourself, then `sudo make
-# install`). BIN= and PRELOAD= install other files as they are (nothing is built). It writes
-# the list of what it installed to $(MANIFEST); `make uninstall` (the same PREFIX and DESTDIR)
-# removes exactly those files and the manifest. LIBDIR=$(PREFIX)/lib64 gives a lib64 layout:
+# bash, zsh and fish completions that the binary itself writes (`tierstack gen-docs`), the
+# SLURM files and the Grafana dashboard, the systemd units and the drop-ins of
+# contrib/{tmpfiles.d,sysusers.d,udev,sysctl.d} (installed, not applied: each file says how).
+# It installs the release build as it is: cargo runs only when a source is newer than it
+# (`make` first, as yourself, then `sudo make install`). BIN= and PRELOAD= install other
+# files as they are (nothing is built). It writes the list of what it installed to
+# $(MANIFEST); `make uninstall` (the same PREFIX and DESTDIR) removes exactly those files and
+# the manifest. LIBDIR=$(PREFIX)/lib64 gives a lib64 layout:
 # the binary finds the shim in ../lib/tierstack and ../lib64/tierstack.
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -51,6 +53,13 @@ BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 ZSHCOMPDIR ?= $(DATADIR)/zsh/site-functions
 FISHCOMPDIR ?= $(DATADIR)/fish/vendor_completions.d
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+# The drop-ins (the tierstack group, its udev rule, the runtime folders, the userfaultfd
+# sysctl, documented): where systemd and udev read a package's (PREFIX=/usr: /usr/lib/...;
+# /usr/local/lib/... is read too).
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+UDEVRULESDIR ?= $(PREFIX)/lib/udev/rules.d
+SYSCTLDIR ?= $(PREFIX)/lib/sysctl.d
 MANIFEST = $(DATADIR)/tierstack/installed-files
 INSTALL ?= install
 OBJCOPY ?= objcopy
@@ -63,6 +72,10 @@ DIST ?= $(TARGET_DIR)/dist
 SLURM_FILES = $(wildcard contrib/slurm/*)
 GRAFANA_FILES = contrib/grafana/tierstack.json
 UNIT_FILES = $(wildcard contrib/systemd/*.service)
+TMPFILES_FILES = $(wildcard contrib/tmpfiles.d/*.conf)
+SYSUSERS_FILES = $(wildcard contrib/sysusers.d/*.conf)
+UDEV_FILES = $(wildcard contrib/udev/*.rules)
+SYSCTL_FILES = $(wildcard contrib/sysctl.d/*.conf)
 
 ifeq ($(origin BIN)$(origin PRELOAD),filefile)
 # The release build is made again only when one of its sources is newer than it: the files
@@ -119,6 +132,10 @@ install: $(DIST)/tierstack $(DIST)/libtierstack_preload.so $(DIST)/docs.stamp $(
 	for f in $(SLURM_FILES); do put 644 "$$f" "$(DATADIR)/tierstack/slurm/$${f##*/}"; done; \
 	for f in $(GRAFANA_FILES); do put 644 "$$f" "$(DATADIR)/tierstack/grafana/$${f##*/}"; done; \
 	for f in $(DIST)/systemd/*.service; do put 644 "$$f" "$(SYSTEMDUNITDIR)/$${f##*/}"; done; \
+	for f in $(TMPFILES_FILES); do put 644 "$$f" "$(TMPFILESDIR)/$${f##*/}"; done; \
+	for f in $(SYSUSERS_FILES); do put 644 "$$f" "$(SYSUSERSDIR)/$${f##*/}"; done; \
+	for f in $(UDEV_FILES); do put 644 "$$f" "$(UDEVRULESDIR)/$${f##*/}"; done; \
+	for f in $(SYSCTL_FILES); do put 644 "$$f" "$(SYSCTLDIR)/$${f##*/}"; done; \
 	old="$(DESTDIR)$(MANIFEST)"; \
 	if [ -f "$$old" ]; then grep -vxF -f "$$list" "$$old" | while read -r f; do rm -f "$(DESTDIR)$$f"; done; fi; \
 	$(INSTALL) -D -m 644 "$$list" "$(DESTDIR)$(MANIFEST)"; \
@@ -136,7 +153,8 @@ uninstall:
 # make deb: target/dist/tierstack_<version>_<arch>.deb, with dpkg-deb alone (no cargo-deb, no
 # debhelper): the tree of `make install DESTDIR=$(DEB_ROOT) PREFIX=/usr` (the same build and
 # the same BIN= PRELOAD= CARGO= as install) plus DEBIAN/control from contrib/debian/control.in.
-# No maintainer scripts: the systemd units are installed, not enabled. The install's
+# No maintainer scripts: the systemd units are installed, not enabled, and the drop-ins are
+# installed, not applied (the group is made by hand: systemd-sysusers tierstack.conf). The install's
 # installed-files list is left out (dpkg keeps the list: `dpkg -L tierstack`).
 # make rpm: a binary-only RPM of the same build (contrib/rpm/tierstack.spec with
 # tierstack_prebuilt, rpmbuild --nodeps since a Debian host has no RPM database of the build

@@ -16,6 +16,7 @@ use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
 use tierstack_bench::fmt_size;
 use tierstack_fs::mount::{self as fsmount, MountSpec, MountStatus};
+use tierstack_fs::notify;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
@@ -266,6 +267,15 @@ pub fn mount(a: MountArgs) -> Result<()> {
                 s.mountpoint.display(),
                 std::process::id()
             );
+            // Under systemd (tierstack@.service, Type=notify): the mount is served.
+            notify::notify_logged(&format!(
+                "READY=1\nSTATUS={}",
+                notify::status_line(&format!(
+                    "serving {} at {}",
+                    s.backing.display(),
+                    s.mountpoint.display()
+                ))
+            ));
         })
         .map_err(anyhow::Error::from);
     }
@@ -508,6 +518,16 @@ fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
         cmd.arg("--metrics").arg(m);
     }
     cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
+    // Under systemd this process is the service's main one and hands it to the daemon
+    // (MAINPID= below), which then says STOPPING=1 itself: it keeps NOTIFY_SOCKET, not the
+    // pid that made this process the one to speak. Anywhere else (a hook of another service)
+    // the daemon gets no NOTIFY_SOCKET at all.
+    let notifies = notify::addr().is_some();
+    if notifies {
+        cmd.env_remove(notify::EXEC_PID_VAR);
+    } else {
+        cmd.env_remove(notify::SOCKET_VAR);
+    }
     // SAFETY: the closure runs in the forked child before exec and only calls setsid(2),
     // which is async-signal-safe; it touches no memory of the parent.
     unsafe {
@@ -535,6 +555,18 @@ fn spawn_daemon(spec: &MountSpec, metrics: Option<&str>) -> Result<()> {
             );
         }
         if let Ok(s) = fsmount::status(&spec.mountpoint) {
+            if notifies {
+                notify::notify_logged(&format!(
+                    "MAINPID={}\nREADY=1\nSTATUS={}",
+                    child.id(),
+                    notify::status_line(&format!(
+                        "serving {} at {} (daemon pid {})",
+                        spec.backing.display(),
+                        spec.mountpoint.display(),
+                        child.id()
+                    ))
+                ));
+            }
             println!(
                 "mounted {} at {} (daemon pid {}, mode {}, log {})",
                 spec.backing.display(),

@@ -5,14 +5,27 @@
 //! --help` runs, the binary and the shim are stripped and name their debug files (which
 //! carry `.debug_info`, with the CRC the debuglink holds), every man page renders, the
 //! completions parse and offer no hidden command, `tierstack run` finds the installed shim by
-//! itself (`lib/tierstack`, and `lib64/tierstack` with LIBDIR=/usr/lib64), and `make
-//! uninstall` leaves only empty folders.
+//! itself (`lib/tierstack`, and `lib64/tierstack` with LIBDIR=/usr/lib64), the installed
+//! binary's `slurm install` writes its own path (not the build tree's) into the Prolog,
+//! Epilog and Lua script, and `make uninstall` leaves only empty folders.
+//!
+//! The drop-ins (`usr/lib/{sysusers.d,tmpfiles.d,udev/rules.d,sysctl.d}`) are checked with
+//! the tools that read them, never on the host itself: `systemd-sysusers --root=TMP` makes the
+//! `tierstack` group in a temporary root; `systemd-tmpfiles --create --root=TMP` makes the
+//! folders with their modes (the commented-out `enable_uring` line, uncommented, writes a
+//! file standing in for the kernel's parameter), `--clean` with an upstream-style `/var/tmp`
+//! ageing line keeps the fast tiers; `sysctl --dry-run -p` reads the sysctl file (and its
+//! commented-out line, uncommented) without writing; and `udevadm test` runs the rule with the
+//! distribution's own rules in a private mount namespace (`unshare --mount`) whose `/dev`,
+//! `/run` and `/etc/group` are the test's, on nodes it made there: `/dev/userfaultfd` becomes
+//! 0660 group tierstack, `/dev/fuse` keeps the distribution's mode with group tierstack, and
+//! 0660 with the site's uncommented line. `udevadm verify` runs too where udev has it (254+).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
-use common::{preload, repo_root, uffd_usable, BIN};
+use common::{is_root, preload, repo_root, uffd_usable, BIN};
 
 /// Runs `make TARGET DESTDIR=dest PREFIX=/usr EXTRA...` in the repository with the binary
 /// under test; its output.
@@ -351,6 +364,369 @@ fn check_uninstall(dest: &Path, dist: &Path, extra: &[&str]) {
     assert!(String::from_utf8_lossy(&o.stderr).contains("installed-files"));
 }
 
+/// Standard output and error of `o`.
+fn text_of(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `cmd` to its end; its output (it must exist).
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+/// The mode bits (permissions and sticky bit), owner and group of `p`.
+fn mode_of(p: &Path) -> (u32, u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    assert!(m.is_dir(), "{} is not a folder", p.display());
+    (m.mode() & 0o7777, m.uid(), m.gid())
+}
+
+/// `text` with the one line that starts with `#` + `start` uncommented (it must have it).
+fn uncommented(text: &str, start: &str) -> String {
+    let want = format!("#{start}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with(&want)).count(),
+        1,
+        "one commented-out line starting with {start:?}"
+    );
+    text.lines()
+        .map(|l| {
+            l.strip_prefix('#')
+                .filter(|r| r.starts_with(start))
+                .unwrap_or(l)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// sysusers.d: `systemd-sysusers --root` makes a system group `tierstack` in a copy of this
+/// host's /etc/group (the host's own is never written), and a second run changes nothing.
+/// The group file, for the udev check.
+fn check_sysusers(conf: &Path, tmp: &Path) -> PathBuf {
+    let root = tmp.join("sysusers-root");
+    std::fs::create_dir_all(root.join("etc")).expect("mkdir");
+    let group = root.join("etc/group");
+    std::fs::copy("/etc/group", &group).expect("copy /etc/group");
+    let host_group = std::fs::read("/etc/group").expect("read /etc/group");
+    let sysusers = || {
+        output_of(
+            Command::new("systemd-sysusers")
+                .arg(format!("--root={}", root.display()))
+                .arg(conf),
+        )
+    };
+    sysusers();
+    let text = std::fs::read_to_string(&group).expect("group");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("tierstack:"))
+        .unwrap_or_else(|| panic!("no tierstack group made:\n{text}"));
+    let gid: u32 = line
+        .split(':')
+        .nth(2)
+        .and_then(|g| g.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    // A system group (below SYS_GID_MAX, 999 on Debian and Fedora).
+    assert!(gid > 0 && gid < 1000, "not a system group: {line}");
+    sysusers();
+    assert_eq!(std::fs::read_to_string(&group).expect("group"), text);
+    assert_eq!(std::fs::read("/etc/group").expect("read"), host_group);
+    group
+}
+
+/// tmpfiles.d: the folders with the modes the code expects; the commented-out enable_uring
+/// line, uncommented, writes Y (into the temporary root); `--clean` under an upstream-style
+/// 30-day /var/tmp line keeps the fast tiers' old files and removes others.
+fn check_tmpfiles(conf: &Path, tmp: &Path) {
+    let root = tmp.join("tmpfiles-root");
+    std::fs::create_dir_all(&root).expect("mkdir");
+    let tmpfiles = |args: &[&str], files: &[&Path]| {
+        let o = run(Command::new("systemd-tmpfiles")
+            .args(args)
+            .arg(format!("--root={}", root.display()))
+            .args(files));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.success() && err.trim().is_empty(),
+            "systemd-tmpfiles {args:?} {files:?}: {err}"
+        );
+    };
+    tmpfiles(&["--create"], &[conf]);
+    for (dir, mode) in [
+        ("run/tierstack", 0o755),
+        ("var/log/tierstack", 0o755),
+        ("var/tmp/tierstack", 0o700),
+    ] {
+        assert_eq!(
+            mode_of(&root.join(dir)),
+            (mode, 0, 0),
+            "{dir}: mode, owner, group"
+        );
+    }
+    assert!(
+        !root.join("sys").exists(),
+        "the enable_uring line is a site choice, off"
+    );
+
+    let text = std::fs::read_to_string(conf).expect("tmpfiles conf");
+    let uring = tmp.join("tmpfiles-uring.conf");
+    std::fs::write(
+        &uring,
+        uncommented(&text, "w /sys/module/fuse/parameters/enable_uring "),
+    )
+    .expect("write");
+    let param = root.join("sys/module/fuse/parameters/enable_uring");
+    std::fs::create_dir_all(param.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&param, "N\n").expect("write");
+    let host = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").ok();
+    tmpfiles(&["--create"], &[&uring]);
+    assert_eq!(std::fs::read_to_string(&param).expect("read").trim(), "Y");
+    assert_eq!(
+        std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").ok(),
+        host,
+        "the host's parameter is left alone"
+    );
+
+    // Fedora's and upstream's tmp.conf age /var/tmp after 30 days (Debian 13's too); `m:` ages
+    // by mtime alone, which the test can set back (ctime it cannot).
+    let ageing = tmp.join("var-tmp.conf");
+    std::fs::write(&ageing, "q /var/tmp 1777 root root m:30d\n").expect("write");
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60 * 86400);
+    let kept = [
+        "var/tmp/tierstack/0123456789abcdef/drive0",
+        "var/tmp/tierstack-1000/0123456789abcdef/drive0",
+        "var/tmp/tierstack-slurm/jobs/42/drive0",
+    ];
+    let aged = "var/tmp/someone-else/old";
+    for f in kept.iter().chain([&aged]) {
+        let p = root.join(f);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, b"undrained").expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .and_then(|f| f.set_modified(old))
+            .expect("set mtime");
+    }
+    tmpfiles(&["--clean"], &[&ageing, conf]);
+    assert!(
+        !root.join(aged).exists(),
+        "the ageing line removes old files"
+    );
+    for f in kept {
+        assert!(root.join(f).exists(), "{f} aged out of /var/tmp");
+    }
+}
+
+/// sysctl.d: `sysctl --dry-run -p` reads the file (nothing active: it prints nothing) and its
+/// commented-out line, uncommented (the key exists, the syntax is sysctl's), writing nothing.
+fn check_sysctl(conf: &Path, tmp: &Path) {
+    let key = Path::new("/proc/sys/vm/unprivileged_userfaultfd");
+    let before = std::fs::read_to_string(key).ok();
+    let dry = |file: &Path| {
+        let o = run(Command::new("sysctl").args(["--dry-run", "-p"]).arg(file));
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(
+            o.status.success() && err.is_empty(),
+            "sysctl -p {}: {err}",
+            file.display()
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(dry(conf), "", "the sysctl line stays commented out");
+    let text = std::fs::read_to_string(conf).expect("sysctl conf");
+    let on = tmp.join("sysctl-on.conf");
+    std::fs::write(&on, uncommented(&text, "vm.unprivileged_userfaultfd")).expect("write");
+    assert_eq!(dry(&on), "vm.unprivileged_userfaultfd = 1");
+    assert_eq!(std::fs::read_to_string(key).ok(), before, "--dry-run wrote");
+}
+
+/// The device number (`MAJOR:MINOR`) of the misc device `name`, if the kernel has it.
+fn misc_dev(name: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/sys/devices/virtual/misc/{name}/dev"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// The udev rule, through `udevadm test` in a private mount namespace (see the module's
+/// comment). `group` holds the tierstack group (from systemd-sysusers).
+fn check_udev(rule: &Path, group: &Path, tmp: &Path) {
+    if have("udevadm")
+        && run(Command::new("udevadm").args(["verify", "--help"]))
+            .status
+            .success()
+    {
+        let o = run(Command::new("udevadm")
+            .args(["verify", "--resolve-names=never"])
+            .arg(rule));
+        assert!(o.status.success(), "udevadm verify: {}", text_of(&o));
+    }
+    if !is_root() {
+        eprintln!("SKIP: the udev rule's run needs root (a private mount namespace)");
+        return;
+    }
+    let fuse = misc_dev("fuse").expect("the fuse misc device (/sys/devices/virtual/misc/fuse)");
+    let uffd = misc_dev("userfaultfd");
+    if uffd.is_none() {
+        eprintln!("NOTE: no /dev/userfaultfd in this kernel (before 6.1): its rule is not run");
+    }
+    let text = std::fs::read_to_string(rule).expect("rule");
+    let site = tmp.join("site.rules");
+    std::fs::write(&site, uncommented(&text, "KERNEL==\"fuse\"")).expect("write");
+    let out = tmp.join("udev");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    // Inside the namespace: /run, /dev and /etc/udev/rules.d are the test's tmpfs, /etc/group
+    // is `group`; the rule is in /run/udev/rules.d (as a package's would be in /usr/lib),
+    // then the site's copy of it in /etc/udev/rules.d under the same name.
+    let script = r#"set -e
+rule=$1 group=$2 site=$3 out=$4 fuse=$5 uffd=$6
+name=${rule##*/}
+mount -t tmpfs tmpfs /run
+mkdir -p /run/udev/rules.d
+cp "$rule" /run/udev/rules.d/
+if [ -d /etc/udev/rules.d ]; then mount -t tmpfs tmpfs /etc/udev/rules.d; fi
+mount --bind "$group" /etc/group
+mount -t tmpfs -o mode=755 tmpfs /dev
+mknod -m 666 /dev/null c 1 3
+nodes() {
+  rm -f /dev/fuse /dev/userfaultfd
+  mknod -m 600 /dev/fuse c "${fuse%:*}" "${fuse#*:}"
+  if [ -n "$uffd" ]; then mknod -m 600 /dev/userfaultfd c "${uffd%:*}" "${uffd#*:}"; fi
+}
+nodes
+udevadm test --action=add /sys/devices/virtual/misc/fuse >"$out/fuse.log" 2>&1
+if [ -n "$uffd" ]; then
+  udevadm test --action=add /sys/devices/virtual/misc/userfaultfd >"$out/uffd.log" 2>&1
+  echo "userfaultfd $(stat -c '%a %G' /dev/userfaultfd)"
+fi
+echo "fuse $(stat -c '%a %G' /dev/fuse)"
+nodes
+cp "$site" "/etc/udev/rules.d/$name"
+udevadm test --action=add /sys/devices/virtual/misc/fuse >"$out/site.log" 2>&1
+echo "site-fuse $(stat -c '%a %G' /dev/fuse)"
+"#;
+    let installed_rule = tmp.join("rule").join(rule.file_name().expect("name"));
+    std::fs::create_dir_all(installed_rule.parent().expect("parent")).expect("mkdir");
+    std::fs::copy(rule, &installed_rule).expect("copy");
+    let o = run(Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(&installed_rule)
+        .arg(group)
+        .arg(&site)
+        .arg(&out)
+        .arg(&fuse)
+        .arg(uffd.as_deref().unwrap_or("")));
+    let logs: String = ["fuse.log", "uffd.log", "site.log"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(out.join(f)).ok())
+        .collect();
+    assert!(
+        o.status.success(),
+        "udevadm test in a private namespace failed: {}\n{logs}",
+        text_of(&o)
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let got = |dev: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(dev)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {dev} line: {stdout}"))
+            .to_string()
+    };
+    // udev's complaints about a rule file start with its path; applied rules with the device.
+    let name = rule.file_name().and_then(|n| n.to_str()).expect("name");
+    for l in logs.lines() {
+        assert!(
+            !(l.starts_with('/') && l.contains(&format!("/{name}:"))),
+            "udev does not take the rule: {l}"
+        );
+    }
+    assert!(
+        logs.contains(&format!("{name}:")) && logs.contains("GROUP"),
+        "the rule was not applied:\n{logs}"
+    );
+    // The distribution's 0666 stays (50-udev-default.rules): only the group changes.
+    assert_eq!(got("fuse"), "666 tierstack");
+    if uffd.is_some() {
+        assert_eq!(got("userfaultfd"), "660 tierstack");
+    }
+    assert_eq!(got("site-fuse"), "660 tierstack");
+}
+
+/// The drop-ins are installed where systemd and udev read a package's (PREFIX=/usr) and the
+/// tools that read them take them (see the module's comment).
+fn check_dropins(usr: &Path, tmp: &Path) {
+    let lib = usr.join("lib");
+    let files = [
+        lib.join("sysusers.d/tierstack.conf"),
+        lib.join("tmpfiles.d/tierstack.conf"),
+        lib.join("udev/rules.d/60-tierstack.rules"),
+        lib.join("sysctl.d/60-tierstack.conf"),
+    ];
+    for f in &files {
+        assert!(f.is_file(), "{} not installed", f.display());
+    }
+    let group = check_sysusers(&files[0], tmp);
+    check_tmpfiles(&files[1], tmp);
+    check_sysctl(&files[3], tmp);
+    check_udev(&files[2], &group, tmp);
+}
+
+/// The installed binary's `slurm install` writes its own path into the Prolog, the Epilog
+/// and the Lua script (what SLURM runs), not the build tree's.
+fn check_slurm_install(bin: &Path, tmp: &Path) {
+    let (conf, fast) = (tmp.join("slurm-conf"), tmp.join("slurm-fast"));
+    std::fs::create_dir_all(&conf).expect("mkdir");
+    output_of(
+        Command::new(bin)
+            .args(["slurm", "install", "--conf-dir"])
+            .arg(&conf)
+            .arg("--fast-dir")
+            .arg(&fast),
+    );
+    let installed = bin.canonicalize().expect("installed binary");
+    let built = Path::new(BIN).canonicalize().expect("built binary");
+    assert_ne!(installed, built);
+    for (file, quoted) in [
+        (
+            "tierstack_prolog.sh",
+            format!("exec '{}' slurm prolog ", installed.display()),
+        ),
+        (
+            "tierstack_epilog.sh",
+            format!("exec '{}' slurm epilog ", installed.display()),
+        ),
+        ("burst_buffer.lua", format!("\"{}\"", installed.display())),
+    ] {
+        let text = std::fs::read_to_string(conf.join(file)).expect("written");
+        assert!(
+            text.contains(&quoted),
+            "{file} does not run {quoted}:\n{text}"
+        );
+        assert!(
+            !text.contains(&*built.to_string_lossy()),
+            "{file} names the build tree's binary"
+        );
+        if file.ends_with(".sh") {
+            output_of(Command::new("sh").arg("-n").arg(conf.join(file)));
+        }
+    }
+}
+
 #[test]
 fn make_install_then_uninstall() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -389,6 +765,8 @@ fn make_install_then_uninstall() {
         );
     }
     check_run_finds(&bin, &lib);
+    check_dropins(&usr, tmp.path());
+    check_slurm_install(&bin, tmp.path());
 
     // Installed again over a tree that holds a file of an older install (in its list): that
     // file goes, the rest is as before.

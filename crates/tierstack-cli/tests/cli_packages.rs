@@ -180,6 +180,10 @@ fn deb_builds_installs_and_purges() {
         "/usr/lib/systemd/system/tierstack@.service",
         "/usr/share/tierstack/slurm/prolog.sh",
         "/usr/lib/debug/usr/bin/tierstack.debug",
+        "/usr/lib/sysusers.d/tierstack.conf",
+        "/usr/lib/tmpfiles.d/tierstack.conf",
+        "/usr/lib/udev/rules.d/60-tierstack.rules",
+        "/usr/lib/sysctl.d/60-tierstack.conf",
     ] {
         assert!(
             listed.iter().any(|p| p == Path::new(want)),
@@ -315,6 +319,10 @@ fn rpm_spec_builds_the_fhs_layout() {
         "/usr/share/tierstack/grafana/tierstack.json".to_string(),
         "/usr/lib/systemd/system/tierstack@.service".to_string(),
         "/usr/lib/systemd/system/tierstack-recover.service".to_string(),
+        "/usr/lib/sysusers.d/tierstack.conf".to_string(),
+        "/usr/lib/tmpfiles.d/tierstack.conf".to_string(),
+        "/usr/lib/udev/rules.d/60-tierstack.rules".to_string(),
+        "/usr/lib/sysctl.d/60-tierstack.conf".to_string(),
         "/usr/lib/debug/usr/bin/tierstack.debug".to_string(),
         format!("/usr/lib/debug{libdir}/tierstack/libtierstack_preload.so.debug"),
     ] {

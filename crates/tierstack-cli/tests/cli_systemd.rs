@@ -3,14 +3,22 @@
 //! `ExecStart=` lines run work: the boot recovery on a node with nothing to recover, and a
 //! site buffer in the foreground that `systemctl stop` (SIGTERM) ends cleanly, with what was
 //! written kept.
+//!
+//! `tierstack@.service` is `Type=notify`: with a `NOTIFY_SOCKET` of the test's own (a datagram
+//! socket in a temporary folder, as systemd's), `tierstack mount --foreground` says `READY=1`
+//! only once its mount point is a FUSE mount that serves, and `STOPPING=1` when SIGTERM
+//! starts its stop; `tierstack mount` (the daemon spawned) says `MAINPID=` of the daemon with
+//! its `READY=1`, and the daemon `STOPPING=1`; a `tierstack mount` run below another service
+//! (`SYSTEMD_EXEC_PID` names another process) says nothing, nor does its daemon.
 
 mod common;
 
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{detach, is_mounted, root_with_fuse, BIN};
+use common::{detach, is_mounted, ok, root_with_fuse, s, BIN};
 
 fn units() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd")
@@ -150,4 +158,272 @@ fn a_site_buffer_stops_cleanly_on_systemctl_stop() {
         std::fs::read(backing.join("kept")).expect("drained"),
         b"written before the stop"
     );
+}
+
+/// A `NOTIFY_SOCKET` of the test's own: a datagram socket bound in a temporary folder.
+struct NotifySocket {
+    sock: UnixDatagram,
+    path: PathBuf,
+}
+
+impl NotifySocket {
+    fn new(dir: &Path) -> NotifySocket {
+        let path = dir.join("notify");
+        let sock = UnixDatagram::bind(&path).expect("bind the notify socket");
+        NotifySocket { sock, path }
+    }
+
+    /// The next message, or None when none comes within `wait`.
+    fn next(&self, wait: Duration) -> Option<String> {
+        self.sock
+            .set_read_timeout(Some(wait))
+            .expect("read timeout");
+        let mut buf = [0u8; 4096];
+        match self.sock.recv(&mut buf) {
+            Ok(n) => Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
+            Err(e) => panic!("recv on the notify socket: {e}"),
+        }
+    }
+
+    /// The messages up to and including the first with the line `want`, which must come
+    /// within `wait` (`alive` is asked between tries: false ends the wait early).
+    #[track_caller]
+    fn until(&self, want: &str, wait: Duration, mut alive: impl FnMut() -> bool) -> Vec<String> {
+        let t0 = Instant::now();
+        let mut got = Vec::new();
+        while t0.elapsed() < wait {
+            if let Some(m) = self.next(Duration::from_millis(200)) {
+                let done = m.lines().any(|l| l == want);
+                got.push(m);
+                if done {
+                    return got;
+                }
+            } else if !alive() {
+                break;
+            }
+        }
+        panic!("no {want} within {wait:?}; received {got:?}");
+    }
+}
+
+/// The value of `KEY=` in the message `m`.
+fn field<'a>(m: &'a str, key: &str) -> Option<&'a str> {
+    m.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// Three fresh folders under `t`: BACKING, the mount point and the fast tier.
+fn folders(t: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (backing, mnt, fast) = (t.join("b"), t.join("m"), t.join("f"));
+    for d in [&backing, &mnt, &fast] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    (backing, mnt, fast)
+}
+
+/// The mount is a FUSE mount that serves: its type says fuse, a file written through it
+/// reads back, and `tierstack status` answers for it.
+#[track_caller]
+fn serves(mnt: &Path) {
+    let ty = tierstack_common::mounts::mounted_type(mnt);
+    assert!(
+        ty.as_deref().is_some_and(|t| t.starts_with("fuse")),
+        "{} is not a FUSE mount: {ty:?}",
+        mnt.display()
+    );
+    std::fs::write(mnt.join("probe"), b"served").expect("write through the mount");
+    assert_eq!(std::fs::read(mnt.join("probe")).expect("read"), b"served");
+    ok(&["status", s(mnt)]);
+}
+
+/// Sends SIGTERM to `pid` (a process this test started).
+fn sigterm(pid: u32) {
+    // SAFETY: kill(2) on a process this test started.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+}
+
+/// Whether the process `pid` still exists (a zombie counts as gone).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|st| st.rsplit(") ").next().is_some_and(|r| !r.starts_with('Z')))
+}
+
+/// Detaches the mount and kills the daemon when the test ends early.
+struct Cleanup<'a> {
+    mnt: &'a Path,
+    pid: Option<u32>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            detach(self.mnt, self.pid);
+        }
+    }
+}
+
+#[test]
+fn a_foreground_mount_notifies_ready_once_served_and_stopping_on_sigterm() {
+    if !root_with_fuse() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let (backing, mnt, fast) = folders(t.path());
+    let ns = NotifySocket::new(t.path());
+    // The unit's command line (--foreground), under the test's NOTIFY_SOCKET.
+    let mut child = Command::new(BIN)
+        .args([
+            "mount",
+            "--foreground",
+            "--on-stop",
+            "persist",
+            "--dram",
+            "64M",
+            "--dir",
+        ])
+        .args([&fast, &backing, &mnt])
+        .env("NOTIFY_SOCKET", &ns.path)
+        .env_remove("SYSTEMD_EXEC_PID")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start");
+    let pid = child.id();
+    let _cleanup = Cleanup {
+        mnt: &mnt,
+        pid: Some(pid),
+    };
+    let msgs = ns.until("READY=1", Duration::from_secs(60), || alive(pid));
+    // READY=1 comes only once the mount point is a FUSE mount that answers.
+    serves(&mnt);
+    let ready = msgs.last().expect("a message");
+    assert_eq!(msgs.len(), 1, "nothing before READY=1: {msgs:?}");
+    // The process systemd started serves: no hand-over.
+    assert_eq!(field(ready, "MAINPID"), None, "{ready}");
+    let status = field(ready, "STATUS").expect("STATUS=");
+    assert!(status.contains(s(&mnt)), "{status}");
+
+    sigterm(pid);
+    let msgs = ns.until("STOPPING=1", Duration::from_secs(30), || alive(pid));
+    assert!(
+        msgs.iter().all(|m| !m.lines().any(|l| l == "READY=1")),
+        "a second READY=1: {msgs:?}"
+    );
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(150),
+            "the daemon did not stop within the unit's TimeoutStopSec"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(st.success(), "exit {st:?}: {err}");
+    assert!(!is_mounted(&mnt), "the mount is gone");
+}
+
+#[test]
+fn a_spawned_daemon_is_handed_the_service_with_mainpid() {
+    if !root_with_fuse() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let (backing, mnt, fast) = folders(t.path());
+    let ns = NotifySocket::new(t.path());
+    let mut parent = Command::new(BIN)
+        .args(["mount", "--dram", "64M", "--dir"])
+        .args([&fast, &backing, &mnt])
+        .env("NOTIFY_SOCKET", &ns.path)
+        .env_remove("SYSTEMD_EXEC_PID")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let parent_pid = parent.id();
+    let mut cleanup = Cleanup {
+        mnt: &mnt,
+        pid: None,
+    };
+    let msgs = ns.until("READY=1", Duration::from_secs(120), || alive(parent_pid));
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    let daemon: u32 = field(&msgs[0], "MAINPID")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no MAINPID= with READY=1: {msgs:?}"));
+    cleanup.pid = Some(daemon);
+    assert_ne!(
+        daemon, parent_pid,
+        "MAINPID names the daemon, not `tierstack mount`"
+    );
+    assert!(parent.wait().expect("wait").success());
+    serves(&mnt);
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&["status", "--json", s(&mnt)])).expect("status json");
+    assert_eq!(st["pid"].as_u64(), Some(u64::from(daemon)), "{st}");
+
+    // systemctl stop signals MAINPID: the daemon says STOPPING=1 itself.
+    sigterm(daemon);
+    ns.until("STOPPING=1", Duration::from_secs(30), || alive(daemon));
+    let t0 = Instant::now();
+    while alive(daemon) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(150),
+            "the daemon did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!is_mounted(&mnt), "the mount is gone");
+}
+
+#[test]
+fn a_mount_below_another_service_never_notifies() {
+    if !root_with_fuse() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let (backing, mnt, fast) = folders(t.path());
+    let ns = NotifySocket::new(t.path());
+    // As slurmd's Prolog: slurmd's NOTIFY_SOCKET and SYSTEMD_EXEC_PID (slurmd's pid, not ours).
+    let o = Command::new(BIN)
+        .args(["mount", "--dram", "64M", "--dir"])
+        .args([&fast, &backing, &mnt])
+        .env("NOTIFY_SOCKET", &ns.path)
+        .env("SYSTEMD_EXEC_PID", "1")
+        .output()
+        .expect("mount");
+    let _cleanup = Cleanup {
+        mnt: &mnt,
+        pid: None,
+    };
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serves(&mnt);
+    let um = Command::new(BIN)
+        .arg("umount")
+        .arg(&mnt)
+        .output()
+        .expect("umount");
+    assert!(
+        um.status.success(),
+        "{}",
+        String::from_utf8_lossy(&um.stderr)
+    );
+    assert!(!is_mounted(&mnt));
+    // Neither `tierstack mount` nor its daemon (whose stop has begun and ended) said anything.
+    assert_eq!(ns.next(Duration::from_millis(500)), None);
 }

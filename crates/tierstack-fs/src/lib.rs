@@ -9,6 +9,7 @@
 //!   that carries them over `/dev/fuse`.
 //! * [`uring`]: FUSE over io_uring, the same operations through the kernel's per-CPU queues.
 //! * [`mount`]: the mount daemon, its control socket and the client side of it.
+//! * [`notify`]: systemd's readiness protocol (`READY=1`, `STOPPING=1`) for the daemon.
 
 #![warn(missing_docs)]
 
@@ -22,6 +23,7 @@ pub mod error;
 pub mod fuse;
 pub mod intent;
 pub mod mount;
+pub mod notify;
 pub mod ops;
 pub mod opstats;
 pub mod poll;

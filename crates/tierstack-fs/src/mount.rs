@@ -951,6 +951,14 @@ impl Daemon {
             Stop::Signal(sig) => return self.stop_on_signal(sig),
             Stop::Unmounted { keep } => keep,
         };
+        crate::notify::notify_logged(&format!(
+            "STOPPING=1\nSTATUS={}",
+            crate::notify::status_line(&format!(
+                "unmounted {}: draining to {}",
+                self.spec.mountpoint.display(),
+                self.spec.backing.display()
+            ))
+        ));
         if let Some(s) = self.session.take() {
             if let Err(e) = s.join() {
                 tracing::warn!("FUSE session ended with: {e}");
@@ -1022,6 +1030,13 @@ impl Daemon {
             "signal {sig}: stopping ({:?}): what was written is kept, the next mount of this fast tier resumes the drain",
             self.spec.on_stop
         );
+        let status = |what: &str| {
+            crate::notify::status_line(&format!("signal {sig}: {what} {}", mp.display()))
+        };
+        crate::notify::notify_logged(&format!(
+            "STOPPING=1\nSTATUS={}",
+            status("stopping: syncing")
+        ));
         {
             let at = mp.clone();
             let synced = bounded(Duration::from_secs(30), move || {
@@ -1035,9 +1050,20 @@ impl Daemon {
             }
         }
         if self.spec.on_stop == OnStop::Drain {
+            crate::notify::notify_logged(&format!(
+                "STATUS={}",
+                status(&format!(
+                    "stopping: draining (up to {} s)",
+                    STOP_DRAIN_LIMIT.as_secs()
+                ))
+            ));
             self.drain_for_stop(Some(STOP_DRAIN_LIMIT));
         }
         self.core.sync_all()?;
+        crate::notify::notify_logged(&format!(
+            "STATUS={}",
+            status("stopping: detaching, serving open handles of")
+        ));
         if let Err(e) = detach_mount(&mp, true) {
             tracing::warn!("cannot detach {}: {e}", mp.display());
         }
