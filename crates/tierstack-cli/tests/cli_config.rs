@@ -235,6 +235,14 @@ fn a_mount_uses_the_files_folders_and_sizes() {
     assert_eq!(socks.len(), 1, "no control socket in {}", run.display());
     let st: serde_json::Value =
         serde_json::from_str(&l.ok(&["status", m, "--json"], &[])).expect("status json");
+    // The fast tier's folder, made by the mount, is its owner's alone (the drive files hold
+    // what was written through the mount).
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&fast)
+        .expect("fast tier")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "the fast tier's folder is {mode:o}");
     let drives = drive_files(&fast);
     assert!(
         !drives.is_empty(),

@@ -1765,7 +1765,7 @@ fn umount_timeout_returns_and_keeps_everything() {
     assert!(is_mounted(&fx.mnt));
     let o = run(&["umount", &mp, "--timeout", "banana"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not a duration"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--timeout: invalid duration"));
     fx.umount();
     assert_eq!(
         hash(&fs::read(fx.b("slow.bin")).expect("drained")),

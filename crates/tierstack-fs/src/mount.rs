@@ -614,7 +614,14 @@ fn open_fast_tier(spec: &MountSpec, created: &mut Created) -> Result<(Array, Pat
         .clone()
         .ok_or_else(|| FsError::Config("give --array ARRAY or --dir DIR".into()))?;
     if !dir.exists() {
-        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        // Only its owner may enter: the drive files hold whatever was written through the
+        // mount, whoever may read it there.
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io_err(&dir))?;
         created.dir = Some(dir.clone());
     }
     let desc = dir.join("array.toml");
