@@ -15,6 +15,7 @@ mod checkpoint_cmd;
 mod cost_cmd;
 mod demo;
 mod doctor_cmd;
+mod exporter_cmd;
 mod install_cmd;
 mod io_cmd;
 mod mem_cmd;
@@ -134,6 +135,9 @@ enum Cmd {
     /// The fast tiers this node holds, mounted or not; recover the undrained ones after a
     /// restart, remove the drained ones.
     Buffers(buffers_cmd::BuffersArgs),
+    /// One Prometheus endpoint for every mount and `run` of this node, labelled with mount
+    /// point, SLURM job and user (in the foreground until SIGTERM or Ctrl-C).
+    Exporter(exporter_cmd::ExporterArgs),
     /// Check this host for what tierstack needs and seed 002's tuning advice.
     Doctor(doctor_cmd::DoctorArgs),
     /// Seed 002's server cost model: relative cost, saving, cost per unit of work.
@@ -261,6 +265,7 @@ fn main() -> ExitCode {
         Cmd::MountDaemon { spec, metrics } => mount_cmd::daemon(&spec, metrics.as_deref()),
         Cmd::Top(a) => top_cmd::run(a),
         Cmd::Doctor(a) => doctor_cmd::run(a),
+        Cmd::Exporter(a) => exporter_cmd::run(a),
         Cmd::Buffers(a) => buffers_cmd::run(a),
         Cmd::Cost(a) => cost_cmd::run(a),
         Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),
