@@ -132,7 +132,7 @@ const KEYS: &[Key] = &[
     flag(&["slurm", "install"], "stage_timeout", Kind::Duration),
     flag(&["slurm", "install"], "other_timeout", Kind::Duration),
     flag(&["slurm", "install"], "drain_rate", Kind::Rate),
-    // flag(&["exporter"], "listen", Kind::Addr),
+    flag(&["exporter"], "listen", Kind::Addr),
 ];
 
 impl Key {

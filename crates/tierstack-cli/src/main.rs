@@ -16,6 +16,7 @@ mod config;
 mod cost_cmd;
 mod demo;
 mod doctor_cmd;
+mod exporter_cmd;
 mod install_cmd;
 mod io_cmd;
 mod mem_cmd;
@@ -138,6 +139,9 @@ enum Cmd {
     /// The configuration: every key's value and where it came from (`config show`).
     #[command(subcommand)]
     Config(config::ConfigCmd),
+    /// One Prometheus endpoint for every mount and `run` of this node, labelled with mount
+    /// point, SLURM job and user (in the foreground until SIGTERM or Ctrl-C).
+    Exporter(exporter_cmd::ExporterArgs),
     /// Check this host for what tierstack needs and seed 002's tuning advice.
     Doctor(doctor_cmd::DoctorArgs),
     /// Seed 002's server cost model: relative cost, saving, cost per unit of work.
@@ -300,6 +304,7 @@ fn main() -> ExitCode {
         Cmd::Top(a) => top_cmd::run(a),
         Cmd::Config(c) => config::run(c, &cfg, &root),
         Cmd::Doctor(a) => doctor_cmd::run(a),
+        Cmd::Exporter(a) => exporter_cmd::run(a),
         Cmd::Buffers(a) => buffers_cmd::run(a),
         Cmd::Cost(a) => cost_cmd::run(a),
         Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),

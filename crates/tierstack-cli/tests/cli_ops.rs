@@ -567,7 +567,8 @@ fn run_is_listed_by_top_and_serves_metrics() {
     );
     assert!(
         body.lines()
-            .any(|l| l.starts_with("tierstack_run_dram_budget_bytes{pid=")
+            .any(|l| l.starts_with("tierstack_run_dram_budget_bytes{")
+                && l.contains("pid=\"")
                 && l.ends_with(" 67108864")),
         "{body}"
     );

@@ -6,12 +6,17 @@
 //! - `probe`: what /proc and /sys say about a process or a block device;
 //! - `top`: `tierstack top`'s model (one look at every tierstack process, a frame of rates,
 //!   its text);
-//! - `metrics`: the Prometheus exporter that `mount --metrics` and `run --metrics` serve.
+//! - `metrics`: the Prometheus families of a mount and a run, and the exporter that
+//!   `mount --metrics` and `run --metrics` serve;
+//! - `labels`: the `job` and `user` labels of a mount or a run;
+//! - `exporter`: `tierstack exporter`, one endpoint for every mount and run of the node.
 //!
 //! Nothing here prints or parses a command line; the CLI does.
 
 #![warn(missing_docs)]
 
+pub mod exporter;
+pub mod labels;
 pub mod metrics;
 pub mod probe;
 pub mod runs;

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::{NodeError, Result};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use prometheus::core::{Collector, Desc};
@@ -30,23 +31,32 @@ use prometheus::{
 };
 use std::sync::Mutex;
 
+use tierstack_fs::mount::MountStatus;
+
+use crate::labels::{mount_owner, run_owner, Owner};
 use crate::probe::{dev_counters, dev_name, open_files, proc_io, rss_bytes};
 use crate::runs::{run_counters, RunRecord};
 
-/// Parses ADDR:PORT and binds it, with a one-line error naming the fix.
+/// Parses ADDR:PORT and binds it, with a one-line error naming the fix (`--metrics`).
 pub fn bind(addr: &str) -> Result<TcpListener> {
+    bind_flag("metrics", addr, "127.0.0.1:9464")
+}
+
+/// Parses the ADDR:PORT given to `--FLAG` and binds it; a bad or busy address is a usage
+/// error that names the flag and a free address such as `example`.
+pub fn bind_flag(flag: &str, addr: &str, example: &str) -> Result<TcpListener> {
     let sa: SocketAddr = addr
         .to_socket_addrs()
         .ok()
         .and_then(|mut it| it.next())
         .ok_or_else(|| {
             NodeError::Usage(format!(
-                "--metrics {addr} is not an address: give ADDR:PORT, e.g. 127.0.0.1:9464"
+                "--{flag} {addr} is not an address: give ADDR:PORT, e.g. {example}"
             ))
         })?;
     TcpListener::bind(sa).map_err(|e| {
         NodeError::Usage(format!(
-            "--metrics {addr}: cannot listen there ({e}): pick a free port, e.g. 127.0.0.1:9464"
+            "--{flag} {addr}: cannot listen there ({e}): pick a free port, e.g. --{flag} {example}"
         ))
     })
 }
@@ -182,6 +192,12 @@ impl Buckets {
             (counts.to_vec(), sum_seconds),
         );
     }
+
+    /// Drops every series (the next [`Buckets::set`]s set those still there).
+    pub fn clear(&self) {
+        let mut series = self.0.series.lock().unwrap_or_else(|p| p.into_inner());
+        series.clear();
+    }
 }
 
 impl Collector for Buckets {
@@ -210,19 +226,21 @@ impl Collector for Buckets {
             h.set_sample_count(counts.iter().sum());
             h.set_sample_sum(*sum);
             let mut m = proto::Metric::default();
-            m.set_label(
-                self.0
-                    .labels
-                    .iter()
-                    .zip(values)
-                    .map(|(n, v)| {
-                        let mut l = proto::LabelPair::default();
-                        l.set_name(n.clone());
-                        l.set_value(v.clone());
-                        l
-                    })
-                    .collect(),
-            );
+            let mut pairs: Vec<proto::LabelPair> = self
+                .0
+                .labels
+                .iter()
+                .zip(values)
+                .map(|(n, v)| {
+                    let mut l = proto::LabelPair::default();
+                    l.set_name(n.clone());
+                    l.set_value(v.clone());
+                    l
+                })
+                .collect();
+            // By name, as the crate's own metrics are.
+            pairs.sort_by(|a, b| a.name().cmp(b.name()));
+            m.set_label(pairs);
             m.set_histogram(h);
             mf.mut_metric().push(m);
         }
@@ -246,12 +264,50 @@ fn latency_buckets() -> Vec<f64> {
     v
 }
 
-struct Proc {
-    read: IntCounterVec,
-    write: IntCounterVec,
+/// The labels of a mount's series: where it is mounted, the SLURM job, the user.
+pub const MOUNT_LABELS: [&str; 3] = ["mountpoint", "slurm_job", "user"];
+
+/// The labels of a run's series: the program's pid, the SLURM job, the user.
+pub const RUN_LABELS: [&str; 3] = ["pid", "slurm_job", "user"];
+
+/// `base` followed by `more`.
+fn with<'a>(base: &[&'a str; 3], more: &'a str) -> [&'a str; 4] {
+    [base[0], base[1], base[2], more]
 }
 
-struct Devices {
+/// What registers the families of one registry: integer and float gauges, counters.
+struct Families<'a>(&'a Registry);
+
+impl Families<'_> {
+    fn ig(&self, n: &str, h: &str, l: &[&str]) -> Result<IntGaugeVec> {
+        let g = IntGaugeVec::new(Opts::new(n, h), l).map_err(reg_err)?;
+        self.0.register(Box::new(g.clone())).map_err(reg_err)?;
+        Ok(g)
+    }
+
+    fn fg(&self, n: &str, h: &str, l: &[&str]) -> Result<GaugeVec> {
+        let g = GaugeVec::new(Opts::new(n, h), l).map_err(reg_err)?;
+        self.0.register(Box::new(g.clone())).map_err(reg_err)?;
+        Ok(g)
+    }
+
+    fn ic(&self, n: &str, h: &str, l: &[&str]) -> Result<IntCounterVec> {
+        let c = IntCounterVec::new(Opts::new(n, h), l).map_err(reg_err)?;
+        self.0.register(Box::new(c.clone())).map_err(reg_err)?;
+        Ok(c)
+    }
+
+    fn hist(&self, n: &str, h: &str, l: &[&str]) -> Result<HistogramVec> {
+        let x = HistogramVec::new(HistogramOpts::new(n, h).buckets(latency_buckets()), l)
+            .map_err(reg_err)?;
+        self.0.register(Box::new(x.clone())).map_err(reg_err)?;
+        Ok(x)
+    }
+}
+
+/// The block devices that hold drives of the processes exported (whole devices, as iostat;
+/// one series per device however many mounts and runs share it).
+pub struct Devices {
     read_bytes: IntCounterVec,
     write_bytes: IntCounterVec,
     reads: IntCounterVec,
@@ -259,21 +315,20 @@ struct Devices {
 }
 
 impl Devices {
-    fn new(reg: &Registry) -> Result<Devices> {
-        let mk = |n: &str, h: &str| -> Result<IntCounterVec> {
-            let c = IntCounterVec::new(Opts::new(n, h), &["device"]).map_err(reg_err)?;
-            reg.register(Box::new(c.clone())).map_err(reg_err)?;
-            Ok(c)
-        };
+    /// Registers the device families in `reg`.
+    pub fn new(reg: &Registry) -> Result<Devices> {
+        let f = Families(reg);
+        let d = ["device"];
         Ok(Devices {
-            read_bytes: mk("tierstack_device_read_bytes_total", "Bytes read from a block device that holds drives of this process (whole device, as iostat)")?,
-            write_bytes: mk("tierstack_device_written_bytes_total", "Bytes written to a block device that holds drives of this process (whole device, as iostat)")?,
-            reads: mk("tierstack_device_reads_total", "Read requests completed by the device (IOPS = rate)")?,
-            writes: mk("tierstack_device_writes_total", "Write requests completed by the device (IOPS = rate)")?,
+            read_bytes: f.ic("tierstack_device_read_bytes_total", "Bytes read from a block device that holds drives of this process (whole device, as iostat)", &d)?,
+            write_bytes: f.ic("tierstack_device_written_bytes_total", "Bytes written to a block device that holds drives of this process (whole device, as iostat)", &d)?,
+            reads: f.ic("tierstack_device_reads_total", "Read requests completed by the device (IOPS = rate)", &d)?,
+            writes: f.ic("tierstack_device_writes_total", "Write requests completed by the device (IOPS = rate)", &d)?,
         })
     }
 
-    fn update(&self, majmins: &std::collections::BTreeSet<String>) {
+    /// Sets the counters of the devices `majmins` (MAJ:MIN).
+    pub fn update<'a>(&self, majmins: impl IntoIterator<Item = &'a String>) {
         for mm in majmins {
             let Some(c) = dev_counters(mm) else {
                 continue;
@@ -284,6 +339,18 @@ impl Devices {
             set_counter(&self.write_bytes, &l, c.write_bytes);
             set_counter(&self.reads, &l, c.reads);
             set_counter(&self.writes, &l, c.writes);
+        }
+    }
+
+    /// Forgets every device (the next [`Devices::update`] sets those still in use).
+    pub fn clear(&self) {
+        for c in [
+            &self.read_bytes,
+            &self.write_bytes,
+            &self.reads,
+            &self.writes,
+        ] {
+            c.reset();
         }
     }
 }
@@ -302,10 +369,10 @@ fn is_drive(p: &Path, run_dir: &Path) -> bool {
         && !name.ends_with(".log")
 }
 
-/// The metrics of one mount, served from its daemon.
+/// The families of mounts' metrics, shared by `mount --metrics` (one mount, from its daemon)
+/// and `tierstack exporter` (every mount of the node): [`MountMetrics::fill`] sets every
+/// figure of one mount from its status and its daemon's /proc, under [`MOUNT_LABELS`].
 pub struct MountMetrics {
-    mp: PathBuf,
-    mpl: String,
     tier_capacity: IntGaugeVec,
     tier_used: IntGaugeVec,
     tier_dirty: IntGaugeVec,
@@ -328,85 +395,62 @@ pub struct MountMetrics {
     control: HistogramVec,
     probe: HistogramVec,
     drive_alloc: IntGaugeVec,
-    proc_io: Proc,
-    devices: Devices,
+    proc_read: IntCounterVec,
+    proc_write: IntCounterVec,
 }
 
 impl MountMetrics {
-    /// Registers the mount's metrics for the mount at `mp` in `reg`.
-    pub fn new(reg: &Registry, mp: &Path) -> Result<MountMetrics> {
-        let ig = |n: &str, h: &str, l: &[&str]| -> Result<IntGaugeVec> {
-            let g = IntGaugeVec::new(Opts::new(n, h), l).map_err(reg_err)?;
-            reg.register(Box::new(g.clone())).map_err(reg_err)?;
-            Ok(g)
-        };
-        let fg = |n: &str, h: &str, l: &[&str]| -> Result<GaugeVec> {
-            let g = GaugeVec::new(Opts::new(n, h), l).map_err(reg_err)?;
-            reg.register(Box::new(g.clone())).map_err(reg_err)?;
-            Ok(g)
-        };
-        let ic = |n: &str, h: &str, l: &[&str]| -> Result<IntCounterVec> {
-            let c = IntCounterVec::new(Opts::new(n, h), l).map_err(reg_err)?;
-            reg.register(Box::new(c.clone())).map_err(reg_err)?;
-            Ok(c)
-        };
-        let hist = |n: &str, h: &str| -> Result<HistogramVec> {
-            let x = HistogramVec::new(
-                HistogramOpts::new(n, h).buckets(latency_buckets()),
-                &["mountpoint"],
-            )
-            .map_err(reg_err)?;
-            reg.register(Box::new(x.clone())).map_err(reg_err)?;
-            Ok(x)
-        };
-        let m = ["mountpoint"];
-        let mt = ["mountpoint", "tier"];
-        let mo = ["mountpoint", "op"];
+    /// Registers the mounts' families in `reg`.
+    pub fn new(reg: &Registry) -> Result<MountMetrics> {
+        let f = Families(reg);
+        let m = MOUNT_LABELS;
+        let mt = with(&m, "tier");
+        let mo = with(&m, "op");
         Ok(MountMetrics {
-            mp: mp.to_path_buf(),
-            mpl: mp.display().to_string(),
-            tier_capacity: ig("tierstack_tier_capacity_bytes", "Capacity of a tier of the mount's store", &mt)?,
-            tier_used: ig("tierstack_tier_used_bytes", "Bytes held in a tier of the mount's store", &mt)?,
-            tier_dirty: ig("tierstack_tier_dirty_bytes", "Bytes in a tier not yet written to the next one", &mt)?,
-            backlog_bytes: ig("tierstack_drain_backlog_bytes", "Bytes written to the mount and not yet drained to the backing directory", &m)?,
-            backlog_files: ig("tierstack_drain_backlog_files", "Files with data not yet drained", &m)?,
-            pending_ops: ig("tierstack_journal_pending_ops", "Namespace journal operations not yet replayed to the backing directory", &m)?,
-            drains_in_flight: ig("tierstack_drains_in_flight", "Files being drained now", &m)?,
-            drained: ic("tierstack_drained_bytes_total", "Bytes drained to the backing directory since the mount", &m)?,
-            drain_rate: fg("tierstack_drain_rate_bytes_per_second", "The drainer's recent rate", &m)?,
-            drain_retries: ic("tierstack_drain_retries_total", "Drain attempts retried after an error", &m)?,
-            stuck: ig("tierstack_stuck_records", "Journal records the backing directory refused for good (quarantined)", &m)?,
-            backpressure: ig("tierstack_backpressure", "1 while writers wait for room in the fast tier", &m)?,
-            degraded: ig("tierstack_array_degraded", "1 while the fast tier's array is not online (degraded, rebuilding or failed)", &m)?,
-            held: ig("tierstack_held_bytes", "Bytes the fast tier holds for the mount", &m)?,
-            limit: ig("tierstack_held_limit_bytes", "Bytes the fast tier may hold before writers wait", &m)?,
-            up: ig("tierstack_mount_up", "1 when the mount's control socket answered this scrape", &m)?,
-            ops: ic("tierstack_fuse_ops_total", "FUSE operations served since the mount", &mo)?,
+            tier_capacity: f.ig("tierstack_tier_capacity_bytes", "Capacity of a tier of the mount's store", &mt)?,
+            tier_used: f.ig("tierstack_tier_used_bytes", "Bytes held in a tier of the mount's store", &mt)?,
+            tier_dirty: f.ig("tierstack_tier_dirty_bytes", "Bytes in a tier not yet written to the next one", &mt)?,
+            backlog_bytes: f.ig("tierstack_drain_backlog_bytes", "Bytes written to the mount and not yet drained to the backing directory", &m)?,
+            backlog_files: f.ig("tierstack_drain_backlog_files", "Files with data not yet drained", &m)?,
+            pending_ops: f.ig("tierstack_journal_pending_ops", "Namespace journal operations not yet replayed to the backing directory", &m)?,
+            drains_in_flight: f.ig("tierstack_drains_in_flight", "Files being drained now", &m)?,
+            drained: f.ic("tierstack_drained_bytes_total", "Bytes drained to the backing directory since the mount", &m)?,
+            drain_rate: f.fg("tierstack_drain_rate_bytes_per_second", "The drainer's recent rate", &m)?,
+            drain_retries: f.ic("tierstack_drain_retries_total", "Drain attempts retried after an error", &m)?,
+            stuck: f.ig("tierstack_stuck_records", "Journal records the backing directory refused for good (quarantined)", &m)?,
+            backpressure: f.ig("tierstack_backpressure", "1 while writers wait for room in the fast tier", &m)?,
+            degraded: f.ig("tierstack_array_degraded", "1 while the fast tier's array is not online (degraded, rebuilding or failed)", &m)?,
+            held: f.ig("tierstack_held_bytes", "Bytes the fast tier holds for the mount", &m)?,
+            limit: f.ig("tierstack_held_limit_bytes", "Bytes the fast tier may hold before writers wait", &m)?,
+            up: f.ig("tierstack_mount_up", "1 when the mount's control socket answered this scrape", &m)?,
+            ops: f.ic("tierstack_fuse_ops_total", "FUSE operations served since the mount", &mo)?,
             op_time: Buckets::register(reg, "tierstack_fuse_op_duration_seconds", "Time the daemon took to serve a FUSE operation, since the mount", &mo)?,
-            op_max: fg("tierstack_fuse_op_latency_max_seconds", "Longest FUSE operation since the mount", &mo)?,
-            control: hist("tierstack_control_request_duration_seconds", "Round trip of a status request on the mount's control socket")?,
-            probe: hist("tierstack_mount_probe_duration_seconds", "statfs(2) through the mount, once a second: how quickly the mount answers a client")?,
-            drive_alloc: ig("tierstack_drive_allocated_bytes", "Disk space a drive file of the fast tier takes", &["mountpoint", "drive"])?,
-            proc_io: Proc {
-                read: ic("tierstack_process_read_bytes_total", "Bytes the daemon read from block devices (/proc/self/io read_bytes)", &m)?,
-                write: ic("tierstack_process_written_bytes_total", "Bytes the daemon wrote to block devices (/proc/self/io write_bytes)", &m)?,
-            },
-            devices: Devices::new(reg)?,
+            op_max: f.fg("tierstack_fuse_op_latency_max_seconds", "Longest FUSE operation since the mount", &mo)?,
+            control: f.hist("tierstack_control_request_duration_seconds", "Round trip of a status request on the mount's control socket", &m)?,
+            probe: f.hist("tierstack_mount_probe_duration_seconds", "statfs(2) through the mount, once a second: how quickly the mount answers a client", &m)?,
+            drive_alloc: f.ig("tierstack_drive_allocated_bytes", "Disk space a drive file of the fast tier takes", &with(&m, "drive"))?,
+            proc_read: f.ic("tierstack_process_read_bytes_total", "Bytes the daemon read from block devices (/proc/PID/io read_bytes)", &m)?,
+            proc_write: f.ic("tierstack_process_written_bytes_total", "Bytes the daemon wrote to block devices (/proc/PID/io write_bytes)", &m)?,
         })
     }
 
-    /// Starts the statfs probe thread (one probe a second, for the life of the process).
-    pub fn start_probe(&self) -> Result<()> {
-        let h = self.probe.with_label_values(&[self.mpl.as_str()]);
-        let mp = self.mp.clone();
+    /// Starts a thread that probes the mount at `mp` with statfs(2) once a second while
+    /// `alive` holds, into the probe histogram of the mount labelled `l` (a probe that hangs
+    /// holds up its own thread only, never a scrape).
+    pub fn start_probe(&self, l: &[&str; 3], mp: &Path, alive: Arc<AtomicBool>) -> Result<()> {
+        // A handle on the series: once the mount is forgotten it is no longer exported.
+        let h = self.probe.with_label_values(l);
+        let mp = mp.to_path_buf();
         std::thread::Builder::new()
             .name("metrics-probe".into())
-            .spawn(move || loop {
-                let t0 = Instant::now();
-                if rustix::fs::statfs(&mp).is_ok() {
-                    h.observe(t0.elapsed().as_secs_f64());
+            .spawn(move || {
+                while alive.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    if rustix::fs::statfs(&mp).is_ok() {
+                        h.observe(t0.elapsed().as_secs_f64());
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
                 }
-                std::thread::sleep(Duration::from_secs(1));
             })
             .map_err(|source| NodeError::Io {
                 what: "cannot start the metrics probe thread".into(),
@@ -415,21 +459,22 @@ impl MountMetrics {
         Ok(())
     }
 
-    /// Updates every figure from the mount's control socket, /proc and the drives' devices.
-    pub fn refresh(&self) {
-        let l = [self.mpl.as_str()];
-        let t0 = Instant::now();
-        let st = tierstack_fs::mount::status(&self.mp);
-        let Ok(s) = st else {
-            self.up.with_label_values(&l).set(0);
-            return;
-        };
-        self.control
-            .with_label_values(&l)
-            .observe(t0.elapsed().as_secs_f64());
-        self.up.with_label_values(&l).set(1);
+    /// Says whether the mount labelled `l` answered this scrape; the round trip of its
+    /// status request when it did.
+    pub fn answered(&self, l: &[&str; 3], round_trip: Option<Duration>) {
+        self.up
+            .with_label_values(l)
+            .set(i64::from(round_trip.is_some()));
+        if let Some(t) = round_trip {
+            self.control.with_label_values(l).observe(t.as_secs_f64());
+        }
+    }
+
+    /// Sets every figure of the mount labelled `l` from its status `s`, its daemon's
+    /// `/proc/PID/io` and the drives it holds open (whose devices go to `devices`).
+    pub fn fill(&self, l: &[&str; 3], s: &MountStatus, devices: &Devices) {
         for t in &s.tiers {
-            let lt = [self.mpl.as_str(), t.name.as_str()];
+            let lt = with(l, t.name.as_str());
             self.tier_capacity
                 .with_label_values(&lt)
                 .set(t.capacity_bytes as i64);
@@ -440,34 +485,35 @@ impl MountMetrics {
                 .with_label_values(&lt)
                 .set(t.dirty_bytes as i64);
         }
+        let d = &s.drain;
         self.backlog_bytes
-            .with_label_values(&l)
-            .set(s.drain.dirty_bytes as i64);
+            .with_label_values(l)
+            .set(d.dirty_bytes as i64);
         self.backlog_files
-            .with_label_values(&l)
-            .set(s.drain.dirty_files as i64);
+            .with_label_values(l)
+            .set(d.dirty_files as i64);
         self.pending_ops
-            .with_label_values(&l)
-            .set(s.drain.pending_ops as i64);
+            .with_label_values(l)
+            .set(d.pending_ops as i64);
         self.drains_in_flight
-            .with_label_values(&l)
-            .set(s.drain.drains_in_flight as i64);
-        set_counter(&self.drained, &l, s.drain.drained_bytes);
+            .with_label_values(l)
+            .set(d.drains_in_flight as i64);
+        set_counter(&self.drained, l, d.drained_bytes);
         self.drain_rate
-            .with_label_values(&l)
-            .set(s.drain.drain_bytes_per_s);
-        set_counter(&self.drain_retries, &l, s.drain_retries);
-        self.stuck.with_label_values(&l).set(s.stuck.len() as i64);
+            .with_label_values(l)
+            .set(d.drain_bytes_per_s);
+        set_counter(&self.drain_retries, l, s.drain_retries);
+        self.stuck.with_label_values(l).set(s.stuck.len() as i64);
         self.backpressure
-            .with_label_values(&l)
+            .with_label_values(l)
             .set(i64::from(s.backpressure));
-        self.degraded.with_label_values(&l).set(i64::from(
+        self.degraded.with_label_values(l).set(i64::from(
             !s.array_state.is_empty() && s.array_state != "online",
         ));
-        self.held.with_label_values(&l).set(s.held_bytes as i64);
-        self.limit.with_label_values(&l).set(s.limit_bytes as i64);
+        self.held.with_label_values(l).set(s.held_bytes as i64);
+        self.limit.with_label_values(l).set(s.limit_bytes as i64);
         for o in &s.ops {
-            let lo = [self.mpl.as_str(), o.op.as_str()];
+            let lo = with(l, o.op.as_str());
             set_counter(&self.ops, &lo, o.count);
             self.op_time
                 .set(&lo, &o.buckets, o.mean_us * o.count as f64 / 1e6);
@@ -475,11 +521,11 @@ impl MountMetrics {
                 .with_label_values(&lo)
                 .set(o.max_us as f64 / 1e6);
         }
-        if let Some(io) = proc_io(std::process::id()) {
-            set_counter(&self.proc_io.read, &l, io.read_bytes);
-            set_counter(&self.proc_io.write, &l, io.write_bytes);
+        if let Some(io) = proc_io(s.pid) {
+            set_counter(&self.proc_read, l, io.read_bytes);
+            set_counter(&self.proc_write, l, io.write_bytes);
         }
-        let files: Vec<(PathBuf, String)> = open_files(std::process::id(), None)
+        let files: Vec<(PathBuf, String)> = open_files(s.pid, None)
             .into_iter()
             .filter(|(p, _)| !p.starts_with(&s.mountpoint) && !p.starts_with(&s.backing))
             .collect();
@@ -489,117 +535,263 @@ impl MountMetrics {
                 use std::os::unix::fs::MetadataExt;
                 let name = p.display().to_string();
                 self.drive_alloc
-                    .with_label_values(&[self.mpl.as_str(), name.as_str()])
+                    .with_label_values(&with(l, name.as_str()))
                     .set((md.blocks() * 512) as i64);
             }
         }
-        self.devices
-            .update(&files.into_iter().map(|(_, d)| d).collect());
+        devices.update(files.iter().map(|(_, d)| d));
+    }
+
+    /// Forgets every figure set from a status (the next [`MountMetrics::fill`]s set those of
+    /// the mounts still there). The histograms measured here are kept: see
+    /// [`MountMetrics::forget`].
+    pub fn clear(&self) {
+        for g in [
+            &self.tier_capacity,
+            &self.tier_used,
+            &self.tier_dirty,
+            &self.backlog_bytes,
+            &self.backlog_files,
+            &self.pending_ops,
+            &self.drains_in_flight,
+            &self.stuck,
+            &self.backpressure,
+            &self.degraded,
+            &self.held,
+            &self.limit,
+            &self.up,
+            &self.drive_alloc,
+        ] {
+            g.reset();
+        }
+        for c in [
+            &self.drained,
+            &self.drain_retries,
+            &self.ops,
+            &self.proc_read,
+            &self.proc_write,
+        ] {
+            c.reset();
+        }
+        self.drain_rate.reset();
+        self.op_max.reset();
+        self.op_time.clear();
+    }
+
+    /// Drops the measured histograms of a mount that went away.
+    pub fn forget(&self, l: &[&str; 3]) {
+        let _ = self.control.remove_label_values(l);
+        let _ = self.probe.remove_label_values(l);
     }
 }
 
+/// The labels of a mount: its mount point and its [`Owner`].
+pub fn mount_label_values(mountpoint: &Path, o: &Owner) -> [String; 3] {
+    [
+        mountpoint.display().to_string(),
+        o.job.clone(),
+        o.user.clone(),
+    ]
+}
+
+/// `[String; 3]` as `[&str; 3]`.
+pub fn label_refs(l: &[String; 3]) -> [&str; 3] {
+    [l[0].as_str(), l[1].as_str(), l[2].as_str()]
+}
+
 /// Serves a mount's metrics from its daemon (called before the mount starts, so a port in
-/// use stops the daemon with a clear error).
+/// use stops the daemon with a clear error). The labels are the mount point's and, once the
+/// daemon answers, its owner's; the statfs probe starts then.
 pub fn serve_mount(addr: &str, mp: &Path) -> Result<()> {
     let listener = bind(addr)?;
     let reg = Registry::new();
-    let m = MountMetrics::new(&reg, mp)?;
-    m.start_probe()?;
-    serve(listener, reg, move || m.refresh())
+    let m = MountMetrics::new(&reg)?;
+    let devices = Devices::new(&reg)?;
+    let mp = mp.to_path_buf();
+    let mut labels: Option<[String; 3]> = None;
+    serve(listener, reg, move || {
+        let t0 = Instant::now();
+        let Ok(s) = tierstack_fs::mount::status(&mp) else {
+            let l = labels
+                .clone()
+                .unwrap_or_else(|| mount_label_values(&mp, &Owner::default()));
+            m.answered(&label_refs(&l), None);
+            return;
+        };
+        let rtt = t0.elapsed();
+        let l = labels.get_or_insert_with(|| {
+            let sock = tierstack_fs::mount::socket_path(&mp);
+            let l = mount_label_values(&mp, &mount_owner(&s, &sock));
+            // Series under the provisional labels of a daemon that did not answer yet.
+            m.clear();
+            m.forget(&label_refs(&mount_label_values(&mp, &Owner::default())));
+            if let Err(e) = m.start_probe(&label_refs(&l), &mp, Arc::new(AtomicBool::new(true))) {
+                tracing::warn!("{e}");
+            }
+            l
+        });
+        let l = label_refs(l);
+        m.answered(&l, Some(rtt));
+        m.fill(&l, &s, &devices);
+    })
+}
+
+/// The families of runs' metrics, shared by `run --metrics` (one run, from its `tierstack
+/// run` process) and `tierstack exporter` (every run of the node), under [`RUN_LABELS`].
+pub struct RunMetrics {
+    budget: IntGaugeVec,
+    page: IntGaugeVec,
+    rss: IntGaugeVec,
+    up: IntGaugeVec,
+    read: IntCounterVec,
+    write: IntCounterVec,
+    exited: IntCounterVec,
+    paging: IntGaugeVec,
+    faults: IntCounterVec,
+    paged_in: IntCounterVec,
+    paged_out: IntCounterVec,
+    evictions: IntCounterVec,
+    resident: IntGaugeVec,
+    fault_time: Buckets,
+}
+
+impl RunMetrics {
+    /// Registers the runs' families in `reg`.
+    pub fn new(reg: &Registry) -> Result<RunMetrics> {
+        let f = Families(reg);
+        let l = RUN_LABELS;
+        Ok(RunMetrics {
+            budget: f.ig(
+                "tierstack_run_dram_budget_bytes",
+                "The run's --dram budget per process",
+                &l,
+            )?,
+            page: f.ig("tierstack_run_page_bytes", "The run's page size", &l)?,
+            rss: f.ig(
+                "tierstack_run_resident_bytes",
+                "Resident memory of the program's main process (VmRSS)",
+                &l,
+            )?,
+            up: f.ig("tierstack_run_up", "1 while the program runs", &l)?,
+            read: f.ic(
+                "tierstack_run_read_bytes_total",
+                "Bytes the program read from block devices (paging in, and its own reads)",
+                &l,
+            )?,
+            write: f.ic(
+                "tierstack_run_written_bytes_total",
+                "Bytes the program wrote to block devices (paging out, and its own writes)",
+                &l,
+            )?,
+            exited: f.ic(
+                "tierstack_run_exited_processes_total",
+                "Paged processes of the program that exited",
+                &l,
+            )?,
+            paging: f.ig(
+                "tierstack_run_paging_processes",
+                "Processes of the program paging now (each reports about once a second)",
+                &l,
+            )?,
+            faults: f.ic(
+                "tierstack_run_faults_total",
+                "Page faults served by tierstack (live and exited processes)",
+                &l,
+            )?,
+            paged_in: f.ic(
+                "tierstack_run_paged_in_bytes_total",
+                "Bytes paged in from the store",
+                &l,
+            )?,
+            paged_out: f.ic(
+                "tierstack_run_paged_out_bytes_total",
+                "Bytes paged out to the store",
+                &l,
+            )?,
+            evictions: f.ic("tierstack_run_evictions_total", "Pages evicted", &l)?,
+            resident: f.ig(
+                "tierstack_run_paged_resident_bytes",
+                "Bytes of paged memory resident now (processes paging now)",
+                &l,
+            )?,
+            fault_time: Buckets::register(
+                reg,
+                "tierstack_run_fault_duration_seconds",
+                "Time from a fault served from the store to the program's wake-up",
+                &l,
+            )?,
+        })
+    }
+
+    /// Sets every figure of the run `rec` labelled `l` from /proc and its run folder (the
+    /// devices of its drives go to `devices`).
+    pub fn fill(&self, l: &[&str; 3], rec: &RunRecord, devices: &Devices) {
+        self.budget.with_label_values(l).set(rec.dram_bytes as i64);
+        self.page.with_label_values(l).set(rec.page_bytes as i64);
+        let alive = tierstack_common::process::alive(rec.pid);
+        self.up.with_label_values(l).set(i64::from(alive));
+        if let Some(r) = rss_bytes(rec.pid) {
+            self.rss.with_label_values(l).set(r as i64);
+        }
+        if let Some(io) = proc_io(rec.pid) {
+            set_counter(&self.read, l, io.read_bytes);
+            set_counter(&self.write, l, io.write_bytes);
+        }
+        let c = run_counters(&rec.stats_dir);
+        set_counter(&self.exited, l, c.exited);
+        self.paging.with_label_values(l).set(c.live as i64);
+        set_counter(&self.faults, l, c.get("faults"));
+        set_counter(&self.paged_in, l, c.get("bytes_in"));
+        set_counter(&self.paged_out, l, c.get("bytes_out"));
+        set_counter(&self.evictions, l, c.get("evictions"));
+        self.resident
+            .with_label_values(l)
+            .set(c.live_resident as i64);
+        self.fault_time
+            .set(l, &c.fault_buckets, c.get("store_fault_ns") as f64 / 1e9);
+        let files = open_files(rec.pid, Some(&rec.stats_dir));
+        devices.update(files.iter().map(|(_, d)| d));
+    }
+
+    /// Forgets every run (the next [`RunMetrics::fill`]s set those still running).
+    pub fn clear(&self) {
+        for g in [
+            &self.budget,
+            &self.page,
+            &self.rss,
+            &self.up,
+            &self.paging,
+            &self.resident,
+        ] {
+            g.reset();
+        }
+        for c in [
+            &self.read,
+            &self.write,
+            &self.exited,
+            &self.faults,
+            &self.paged_in,
+            &self.paged_out,
+            &self.evictions,
+        ] {
+            c.reset();
+        }
+        self.fault_time.clear();
+    }
+}
+
+/// The labels of a run: its program's pid and its [`Owner`].
+pub fn run_label_values(rec: &RunRecord, o: &Owner) -> [String; 3] {
+    [rec.pid.to_string(), o.job.clone(), o.user.clone()]
 }
 
 /// The metrics of a `tierstack run`, served from the `tierstack run` process.
 pub fn serve_run(listener: TcpListener, rec: RunRecord) -> Result<()> {
     let reg = Registry::new();
-    let l = ["pid"];
-    let ig = |n: &str, h: &str| -> Result<IntGaugeVec> {
-        let g = IntGaugeVec::new(Opts::new(n, h), &l).map_err(reg_err)?;
-        reg.register(Box::new(g.clone())).map_err(reg_err)?;
-        Ok(g)
-    };
-    let ic = |n: &str, h: &str| -> Result<IntCounterVec> {
-        let c = IntCounterVec::new(Opts::new(n, h), &l).map_err(reg_err)?;
-        reg.register(Box::new(c.clone())).map_err(reg_err)?;
-        Ok(c)
-    };
-    let budget = ig(
-        "tierstack_run_dram_budget_bytes",
-        "The run's --dram budget per process",
-    )?;
-    let page = ig("tierstack_run_page_bytes", "The run's page size")?;
-    let rss = ig(
-        "tierstack_run_resident_bytes",
-        "Resident memory of the program's main process (VmRSS)",
-    )?;
-    let up = ig("tierstack_run_up", "1 while the program runs")?;
-    let read = ic(
-        "tierstack_run_read_bytes_total",
-        "Bytes the program read from block devices (paging in, and its own reads)",
-    )?;
-    let write = ic(
-        "tierstack_run_written_bytes_total",
-        "Bytes the program wrote to block devices (paging out, and its own writes)",
-    )?;
-    let exited = ic(
-        "tierstack_run_exited_processes_total",
-        "Paged processes of the program that exited",
-    )?;
-    let paging = ig(
-        "tierstack_run_paging_processes",
-        "Processes of the program paging now (each reports about once a second)",
-    )?;
-    let faults = ic(
-        "tierstack_run_faults_total",
-        "Page faults served by tierstack (live and exited processes)",
-    )?;
-    let paged_in = ic(
-        "tierstack_run_paged_in_bytes_total",
-        "Bytes paged in from the store",
-    )?;
-    let paged_out = ic(
-        "tierstack_run_paged_out_bytes_total",
-        "Bytes paged out to the store",
-    )?;
-    let evictions = ic("tierstack_run_evictions_total", "Pages evicted")?;
-    let resident = ig(
-        "tierstack_run_paged_resident_bytes",
-        "Bytes of paged memory resident now (processes paging now)",
-    )?;
-    let fault_time = Buckets::register(
-        &reg,
-        "tierstack_run_fault_duration_seconds",
-        "Time from a fault served from the store to the program's wake-up",
-        &l,
-    )?;
+    let m = RunMetrics::new(&reg)?;
     let devices = Devices::new(&reg)?;
-    let pid = rec.pid.to_string();
+    let l = run_label_values(&rec, &run_owner(&rec));
     serve(listener, reg, move || {
-        let lv = [pid.as_str()];
-        budget.with_label_values(&lv).set(rec.dram_bytes as i64);
-        page.with_label_values(&lv).set(rec.page_bytes as i64);
-        let alive = tierstack_common::process::alive(rec.pid);
-        up.with_label_values(&lv).set(i64::from(alive));
-        if let Some(r) = rss_bytes(rec.pid) {
-            rss.with_label_values(&lv).set(r as i64);
-        }
-        if let Some(io) = proc_io(rec.pid) {
-            set_counter(&read, &lv, io.read_bytes);
-            set_counter(&write, &lv, io.write_bytes);
-        }
-        let c = run_counters(&rec.stats_dir);
-        set_counter(&exited, &lv, c.exited);
-        paging.with_label_values(&lv).set(c.live as i64);
-        set_counter(&faults, &lv, c.get("faults"));
-        set_counter(&paged_in, &lv, c.get("bytes_in"));
-        set_counter(&paged_out, &lv, c.get("bytes_out"));
-        set_counter(&evictions, &lv, c.get("evictions"));
-        resident.with_label_values(&lv).set(c.live_resident as i64);
-        fault_time.set(&lv, &c.fault_buckets, c.get("store_fault_ns") as f64 / 1e9);
-        devices.update(
-            &open_files(rec.pid, Some(&rec.stats_dir))
-                .into_iter()
-                .map(|(_, d)| d)
-                .collect(),
-        );
+        m.fill(&label_refs(&l), &rec, &devices)
     })
 }

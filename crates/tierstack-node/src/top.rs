@@ -63,6 +63,25 @@ pub struct Sample {
 
 /// Mounts that answer in the runtime folder.
 pub fn mounts() -> (Vec<MountStatus>, Vec<PathBuf>) {
+    let (found, silent) = mount_sockets();
+    (found.into_iter().map(|f| f.status).collect(), silent)
+}
+
+/// A mount found in the runtime folder: its control socket, its status and how long the
+/// status request took.
+#[derive(Debug, Clone)]
+pub struct FoundMount {
+    /// The control socket (owned by the mount's user).
+    pub socket: PathBuf,
+    /// What the daemon answered.
+    pub status: MountStatus,
+    /// The status request's round trip.
+    pub round_trip: Duration,
+}
+
+/// Mounts that answer in the runtime folder (sorted by mount point), and the control
+/// sockets that did not answer (sorted).
+pub fn mount_sockets() -> (Vec<FoundMount>, Vec<PathBuf>) {
     let mut ok = Vec::new();
     let mut silent = Vec::new();
     let Ok(rd) = std::fs::read_dir(fsmount::run_dir()) else {
@@ -74,13 +93,41 @@ pub fn mounts() -> (Vec<MountStatus>, Vec<PathBuf>) {
         .filter(|p| p.extension().is_some_and(|x| x == "sock"))
         .collect();
     socks.sort();
-    for s in socks {
-        match status_at(&s) {
-            Some(st) => ok.push(st),
+    // All at once: a daemon's answer waits mostly on its own locks (status walks its
+    // namespace), so one slow mount does not hold up the others' requests.
+    let answers: Vec<(PathBuf, Option<(MountStatus, Duration)>)> = std::thread::scope(|sc| {
+        let ask = |s: PathBuf| {
+            let t0 = Instant::now();
+            let st = status_at(&s).map(|st| (st, t0.elapsed()));
+            (s, st)
+        };
+        let mut done = Vec::new();
+        let mut asks = Vec::new();
+        for s in socks {
+            // A thread that cannot start: that socket is asked here, in turn.
+            let b = std::thread::Builder::new().name("status".into());
+            match b.spawn_scoped(sc, {
+                let s = s.clone();
+                move || ask(s)
+            }) {
+                Ok(h) => asks.push(h),
+                Err(_) => done.push(ask(s)),
+            }
+        }
+        done.extend(asks.into_iter().filter_map(|h| h.join().ok()));
+        done
+    });
+    for (s, a) in answers {
+        match a {
+            Some((status, round_trip)) => ok.push(FoundMount {
+                round_trip,
+                socket: s,
+                status,
+            }),
             None => silent.push(s),
         }
     }
-    ok.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
+    ok.sort_by(|a, b| a.status.mountpoint.cmp(&b.status.mountpoint));
     (ok, silent)
 }
 

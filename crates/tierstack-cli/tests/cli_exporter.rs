@@ -1,0 +1,416 @@
+//! `tierstack exporter`: one Prometheus endpoint for every mount of the node. Real mounts
+//! (root and /dev/fuse; elsewhere the test says why and passes), each test in its own runtime
+//! folder (TIERSTACK_RUN_DIR), so the exporter sees that test's mounts only. The output must
+//! pass `promtool check metrics` (Debian's `prometheus` package; CI installs it).
+//!
+//! `exporter_cost_20_mounts` is the benchmark of issue 38 (20 mounts of 10,000 files each,
+//! their drains running), ignored by default:
+//! `cargo test --release -p tierstack-cli --test cli_exporter -- --ignored --nocapture`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{detach, root_with_fuse, s, serial, success_stdout, BIN};
+
+fn tierstack(rd: &Path, args: &[&str], job: Option<&str>) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env("TIERSTACK_RUN_DIR", rd)
+        .env_remove("SLURM_JOB_ID")
+        .stdin(Stdio::null());
+    if let Some(j) = job {
+        c.env("SLURM_JOB_ID", j);
+    }
+    c.output().expect("run tierstack")
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A mount made for a test, detached however the test ends.
+struct TestMount {
+    mnt: PathBuf,
+    backing: PathBuf,
+    pid: Option<u32>,
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        detach(&self.mnt, self.pid);
+    }
+}
+
+/// Mounts `root/NAME/backing` at `root/NAME/mnt` (fast tier in `root/NAME/fast`, a DRAM
+/// tier of `dram`), with `SLURM_JOB_ID=job` in the daemon's environment when given.
+fn mount(
+    rd: &Path,
+    root: &Path,
+    name: &str,
+    job: Option<&str>,
+    dram: &str,
+    extra: &[&str],
+) -> TestMount {
+    let base = root.join(name);
+    let (backing, mnt, fast) = (base.join("backing"), base.join("mnt"), base.join("fast"));
+    std::fs::create_dir_all(&backing).expect("mkdir");
+    std::fs::create_dir_all(&mnt).expect("mkdir");
+    let mut args = vec![
+        "mount",
+        s(&backing),
+        s(&mnt),
+        "--dir",
+        s(&fast),
+        "--dram",
+        dram,
+        "--drive-size",
+        "64M",
+    ];
+    args.extend_from_slice(extra);
+    success_stdout(&args, tierstack(rd, &args, job));
+    let st: serde_json::Value = serde_json::from_str(&success_stdout(
+        &[],
+        tierstack(rd, &["status", s(&mnt), "--json"], None),
+    ))
+    .expect("status");
+    TestMount {
+        mnt: std::fs::canonicalize(&mnt).expect("canon"),
+        backing,
+        pid: st["pid"].as_u64().map(|p| p as u32),
+    }
+}
+
+/// The exporter, killed if the test ends before it stops it.
+struct Exporter(Child);
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `tierstack exporter --listen 127.0.0.1:PORT` and waits until it answers.
+fn start_exporter(rd: &Path, port: u16) -> Exporter {
+    let child = Command::new(BIN)
+        .args(["exporter", "--listen", &format!("127.0.0.1:{port}")])
+        .env("TIERSTACK_RUN_DIR", rd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the exporter");
+    let e = Exporter(child);
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the exporter does not listen on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    e
+}
+
+/// GET /metrics: the body of a 200 answer.
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("http answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+/// The value of the sample `name` whose labels include every `k="v"` of `labels`.
+fn value(body: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `promtool check metrics` on the body: it must pass (and promtool must be installed).
+fn promtool(body: &str) {
+    let mut c = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package: apt-get install prometheus)");
+    c.stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
+    let o = c.wait_with_output().expect("promtool");
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "promtool check metrics: {text}\n{body}");
+}
+
+/// Writes `n` files of `size` bytes under `dir`.
+fn write_files(dir: &Path, n: usize, size: usize) {
+    let data = common::random(size, n as u64);
+    for i in 0..n {
+        std::fs::write(dir.join(format!("f{i:05}")), &data).expect("write through the mount");
+    }
+}
+
+#[test]
+fn exporter_serves_every_mount_and_forgets_the_gone() {
+    let _g = serial();
+    if !root_with_fuse() {
+        return;
+    }
+    let rd = tempfile::tempdir().expect("tempdir");
+    let tmp = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let a = mount(rd.path(), tmp.path(), "a", None, "16M", &[]);
+    // b's daemon starts inside a SLURM job: its job label comes from its environment.
+    let mut b = mount(rd.path(), tmp.path(), "b", Some("4242"), "16M", &[]);
+    write_files(&a.mnt, 20, 256 << 10);
+    write_files(&b.mnt, 5, 64 << 10);
+    let port = free_port();
+    let mut exp = start_exporter(rd.path(), port);
+    let (ma, mb) = (a.mnt.display().to_string(), b.mnt.display().to_string());
+    let la = [
+        ("mountpoint", ma.as_str()),
+        ("slurm_job", ""),
+        ("user", "root"),
+    ];
+    let lb = [
+        ("mountpoint", mb.as_str()),
+        ("slurm_job", "4242"),
+        ("user", "root"),
+    ];
+    let body = scrape(port);
+    assert_eq!(
+        value(&body, "tierstack_exporter_mounts", &[]),
+        Some(2.0),
+        "{body}"
+    );
+    assert_eq!(value(&body, "tierstack_exporter_runs", &[]), Some(0.0));
+    assert!(
+        value(&body, "tierstack_exporter_scrape_duration_seconds", &[]).is_some_and(|d| d > 0.0)
+    );
+    for (l, files, bytes) in [(&la, 20.0, 20.0 * 262144.0), (&lb, 5.0, 5.0 * 65536.0)] {
+        assert_eq!(
+            value(&body, "tierstack_mount_up", l),
+            Some(1.0),
+            "{l:?}: {body}"
+        );
+        // Everything written is held in the fast tier (drained or not).
+        let held = value(&body, "tierstack_held_bytes", l).expect("held");
+        assert!(held >= bytes, "{l:?} held {held} < {bytes}: {body}");
+        let writes = value(&body, "tierstack_fuse_ops_total", &[l[0], ("op", "write")])
+            .expect("write count");
+        assert!(writes >= files, "{l:?}: {writes} writes for {files} files");
+        let creates = value(&body, "tierstack_fuse_ops_total", &[l[0], ("op", "create")]);
+        assert_eq!(creates, Some(files), "{l:?}");
+        assert!(value(
+            &body,
+            "tierstack_tier_capacity_bytes",
+            &[l[0], ("tier", "dram")]
+        )
+        .is_some_and(|c| c >= 16.0 * 1048576.0));
+        assert!(value(&body, "tierstack_control_request_duration_seconds_count", l) >= Some(1.0));
+        // The daemon's own I/O (its /proc/PID/io) and its drives.
+        assert!(
+            value(&body, "tierstack_process_written_bytes_total", l).is_some(),
+            "{body}"
+        );
+        assert!(body
+            .lines()
+            .any(|x| x.starts_with("tierstack_drive_allocated_bytes{")
+                && x.contains(&format!("mountpoint=\"{}\"", l[0].1))));
+        assert!(value(&body, "tierstack_drain_backlog_bytes", l).is_some());
+    }
+    promtool(&body);
+    // The statfs probe runs once a second per mount.
+    std::thread::sleep(Duration::from_millis(1500));
+    let body = scrape(port);
+    assert!(
+        value(&body, "tierstack_mount_probe_duration_seconds_count", &la) >= Some(1.0),
+        "{body}"
+    );
+    assert!(
+        value(
+            &body,
+            "tierstack_control_request_duration_seconds_count",
+            &la
+        ) >= Some(2.0)
+    );
+    // b goes: none of its series is left at the next scrape.
+    success_stdout(&[], tierstack(rd.path(), &["umount", s(&b.mnt)], None));
+    b.pid = None;
+    assert_eq!(std::fs::read_dir(&b.backing).expect("backing").count(), 5);
+    let body = scrape(port);
+    assert_eq!(
+        value(&body, "tierstack_exporter_mounts", &[]),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(!body.contains(&mb), "{mb} still in:\n{body}");
+    assert!(!body.contains("4242"), "{body}");
+    assert_eq!(value(&body, "tierstack_mount_up", &la), Some(1.0));
+    promtool(&body);
+    // A second exporter on the same port: a usage error in one line naming the flag.
+    let o = tierstack(
+        rd.path(),
+        &["exporter", "--listen", &format!("127.0.0.1:{port}")],
+        None,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--listen") && err.contains("free port"),
+        "{err}"
+    );
+    // SIGTERM: exits 0 at once.
+    let t0 = Instant::now();
+    // SAFETY: kill(2) on the exporter this test started.
+    unsafe {
+        libc::kill(exp.0.id() as i32, libc::SIGTERM);
+    }
+    let status = loop {
+        if let Some(st) = exp.0.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no exit 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let mut err = String::new();
+    exp.0
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read");
+    assert!(
+        err.contains(&format!("http://127.0.0.1:{port}/metrics")),
+        "the start line names the address: {err}"
+    );
+    eprintln!("exporter's log:\n{err}");
+    success_stdout(&[], tierstack(rd.path(), &["umount", s(&a.mnt)], None));
+}
+
+#[test]
+fn exporter_refuses_a_bad_address() {
+    let rd = tempfile::tempdir().expect("tempdir");
+    let o = tierstack(rd.path(), &["exporter", "--listen", "nowhere"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--listen nowhere is not an address"), "{err}");
+}
+
+/// Issue 38's benchmark: the cost of a scrape with 20 mounts holding 10,000 files each while
+/// their drains run (a drain rate of 0.5 MB/s keeps them running). Prints the time of each
+/// scrape over HTTP and per mount, the exporter's own gathering time, and a `status`
+/// request's round trip alone.
+#[test]
+#[ignore]
+fn exporter_cost_20_mounts() {
+    let _g = serial();
+    assert!(root_with_fuse(), "needs root and /dev/fuse");
+    let (mounts, files) = (20, 10_000);
+    let rd = tempfile::tempdir().expect("tempdir");
+    let tmp = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let t0 = Instant::now();
+    let ms: Vec<TestMount> = (0..mounts)
+        .map(|i| {
+            mount(
+                rd.path(),
+                tmp.path(),
+                &format!("m{i:02}"),
+                None,
+                "64M",
+                &["--drain-rate", "0.5"],
+            )
+        })
+        .collect();
+    std::thread::scope(|sc| {
+        for chunk in ms.chunks(mounts / 4) {
+            sc.spawn(move || {
+                for m in chunk {
+                    write_files(&m.mnt, files, 4096);
+                }
+            });
+        }
+    });
+    eprintln!(
+        "{mounts} mounts, {files} files of 4 KiB each written in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let port = free_port();
+    let _exp = start_exporter(rd.path(), port);
+    let mut times = Vec::new();
+    let mut gather = Vec::new();
+    let mut body = String::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        body = scrape(port);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        gather.push(
+            value(&body, "tierstack_exporter_scrape_duration_seconds", &[]).expect("duration")
+                * 1e3,
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        value(&body, "tierstack_exporter_mounts", &[]),
+        Some(mounts as f64)
+    );
+    let sum = |n: &str| -> f64 {
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{n}{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let (backlog, inflight) = (
+        sum("tierstack_drain_backlog_files"),
+        sum("tierstack_drains_in_flight"),
+    );
+    let rtt = sum("tierstack_control_request_duration_seconds_sum")
+        / sum("tierstack_control_request_duration_seconds_count")
+        * 1e3;
+    times.sort_by(f64::total_cmp);
+    gather.sort_by(f64::total_cmp);
+    let med = |v: &[f64]| v[v.len() / 2];
+    eprintln!(
+        "scrape over HTTP: median {:.1} ms (min {:.1}, max {:.1}) = {:.2} ms per mount; gathering: median {:.1} ms; status round trip: mean {rtt:.2} ms; {} bytes of text; at the last scrape {backlog} files waited to drain, {inflight} draining",
+        med(&times),
+        times[0],
+        times[times.len() - 1],
+        med(&times) / mounts as f64,
+        med(&gather),
+        body.len()
+    );
+    assert!(
+        backlog > 0.0,
+        "the drains had ended: the figures prove nothing"
+    );
+    promtool(&body);
+}
