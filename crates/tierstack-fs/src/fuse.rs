@@ -175,7 +175,7 @@ impl TierFs {
     /// The answer to `op` for `caller`, and the inode whose kernel entries are to be dropped
     /// once the answer is sent ([`TierFs::after_reply`]). Timed in `status --json`'s `ops`.
     pub fn answer(&self, op: Op<'_>, caller: Caller) -> (Answer, Option<u64>) {
-        let _t = self.core.ops.time(op.kind());
+        let _t = self.core.ops().time(op.kind());
         let core = &self.core;
         let r: Answer = match op {
             Op::Lookup { parent, name } => match core.lookup(parent, name) {
@@ -395,7 +395,7 @@ impl TierFs {
             }),
             Op::Statfs => {
                 let bsize = 4096u64;
-                let (blocks, bfree) = match rustix::fs::statvfs(&core.backing) {
+                let (blocks, bfree) = match rustix::fs::statvfs(core.backing_path()) {
                     Ok(s) => (
                         s.f_blocks * s.f_frsize / bsize,
                         s.f_bavail * s.f_frsize / bsize,

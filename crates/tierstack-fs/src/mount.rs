@@ -798,7 +798,7 @@ impl Daemon {
         if let Some(dev) = &dev {
             use std::os::fd::AsFd;
             match ring.start(dev.as_fd(), ring_fs, &mp, Duration::from_secs(10)) {
-                Ok(serving) => core.uring.store(serving, Relaxed),
+                Ok(serving) => core.set_uring(serving),
                 Err(e) => {
                     let _ = std::fs::remove_file(&sock);
                     drop(session);
@@ -809,7 +809,7 @@ impl Daemon {
                 }
             }
         }
-        if spec.transport == crate::uring::Transport::Uring && !core.uring.load(Relaxed) {
+        if spec.transport == crate::uring::Transport::Uring && !core.serves_uring() {
             let _ = std::fs::remove_file(&sock);
             drop(session);
             return Err(FsError::Config(format!(
@@ -838,7 +838,7 @@ impl Daemon {
                             let _ = tx.send(Stop::Signal(sig));
                             first = false;
                         } else {
-                            core.force_stop.store(true, Relaxed);
+                            core.force_stop();
                         }
                     }
                 })
@@ -884,7 +884,7 @@ impl Daemon {
                     let mut misses = 0;
                     loop {
                         std::thread::sleep(Duration::from_millis(500));
-                        if core.stopping.load(Relaxed) {
+                        if core.stopping() {
                             return;
                         }
                         let ours = || {
@@ -974,12 +974,11 @@ impl Daemon {
         // Whatever was written after the last drain check. Quarantined rows, and with
         // `umount --force` everything not drained yet, stay in the journal for the next
         // mount of the same fast tier.
-        self.core.force.store(true, Relaxed);
-        self.core.wake_drainer();
+        self.core.request_drain(false);
         self.drain_for_stop(None);
         self.drainer.stop.store(true, Relaxed);
-        self.core.stopping.store(true, Relaxed);
-        self.core.store.flush()?;
+        self.core.set_stopping();
+        self.core.store().flush()?;
         self.core.record_clean_stop()?;
         let _ = std::fs::remove_file(&self.sock);
         tracing::info!("unmounted {}", self.spec.mountpoint.display());
@@ -1012,15 +1011,14 @@ impl Daemon {
         loop {
             let at = policy::AtStop {
                 drained: self.drainer.idle() || self.drainer.settled(),
-                cut_short: self.core.force_stop.load(Relaxed),
+                cut_short: self.core.stop_forced(),
                 elapsed: t0.elapsed(),
                 limit,
             };
             if !policy::stop_drain_goes_on(&at) {
                 return;
             }
-            self.core.force.store(true, Relaxed);
-            self.core.wake_drainer();
+            self.core.request_drain(false);
             std::thread::sleep(cfg.stop_poll);
         }
     }
@@ -1079,7 +1077,7 @@ impl Daemon {
             None => true,
         };
         self.drainer.stop.store(true, Relaxed);
-        self.core.stopping.store(true, Relaxed);
+        self.core.set_stopping();
         self.core.sync_all()?;
         if ended {
             self.core.record_clean_stop()?;
@@ -1181,31 +1179,29 @@ pub fn detach_mount(mp: &Path, lazy: bool) -> std::io::Result<()> {
 
 fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> MountStatus {
     let (dirty_files, _) = core.dirty_summary();
-    let (pending_ops, stuck) = {
-        let db = core.db.lock();
-        (db.count_ops().unwrap_or(0), db.stuck().unwrap_or_default())
-    };
+    let (pending_ops, stuck) = core.journal_backlog();
     let inflight = drainer.in_flight();
-    let array = core.array.status();
+    let array = core.array().status();
+    let fig = core.figures();
     MountStatus {
         mountpoint: mp.to_path_buf(),
-        backing: core.backing.clone(),
+        backing: core.backing_path().to_path_buf(),
         pid: std::process::id(),
         mode: if spec.sync { "sync" } else { "async" }.into(),
         drain: DrainFigures {
-            dirty_bytes: core.dirty_bytes.load(Relaxed),
+            dirty_bytes: fig.dirty_bytes,
             dirty_files,
             pending_ops,
             drains_in_flight: inflight,
             drain_bytes_per_s: drainer.rate(),
-            drained_bytes: core.drained_bytes.load(Relaxed),
+            drained_bytes: fig.drained_bytes,
         },
-        held_bytes: core.held.load(Relaxed),
-        limit_bytes: core.limit,
-        backpressure: core.pressure.load(Relaxed),
+        held_bytes: fig.held_bytes,
+        limit_bytes: fig.limit_bytes,
+        backpressure: fig.backpressure,
         idle: pending_ops == 0 && inflight == 0 && dirty_files == 0,
         settled: drainer.settled(),
-        retry_pending: core.retry.load(Relaxed),
+        retry_pending: fig.retry_pending,
         array_state: array.state.clone(),
         rebuild_percent: array.rebuild_percent,
         drives_not_online: array
@@ -1213,17 +1209,12 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
             .iter()
             .filter(|d| d.state != tierstack_array::format::DriveState::Online)
             .count(),
-        ops: core.ops.figures(),
-        conditioned_bytes: core.array.conditioned_bytes(),
-        conditioned: core.conditioned.load(Relaxed),
-        polling: core.polling.load(Relaxed),
-        polled_ms: core.polled_ms.load(Relaxed),
-        transport: if core.uring.load(Relaxed) {
-            "io_uring"
-        } else {
-            "/dev/fuse"
-        }
-        .into(),
+        ops: core.ops().figures(),
+        conditioned_bytes: core.array().conditioned_bytes(),
+        conditioned: fig.conditioned,
+        polling: fig.polling,
+        polled_ms: fig.polled_ms,
+        transport: if fig.uring { "io_uring" } else { "/dev/fuse" }.into(),
         fast_dir: spec.dir.clone(),
         stuck: stuck
             .into_iter()
@@ -1236,12 +1227,12 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
             .collect(),
         drain_retries: drainer.retries.load(Relaxed),
         cancelled_ops: drainer.cancelled_rows.load(Relaxed),
-        fsync_logged: core.fsync_logged.load(Relaxed),
-        fsync_flushed: core.fsync_flushed.load(Relaxed),
-        intent_replayed: core.intent_replayed.load(Relaxed),
-        last_error: core.last_error.lock().clone(),
+        fsync_logged: fig.fsync_logged,
+        fsync_flushed: fig.fsync_flushed,
+        intent_replayed: fig.intent_replayed,
+        last_error: core.last_error(),
         tiers: core
-            .store
+            .store()
             .status()
             .into_iter()
             .map(|t| TierUse {
@@ -1272,16 +1263,12 @@ fn serve(
         Some("status") => serde_json::to_value(status_of(core, drainer, mp, spec))
             .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()})),
         Some("drain") => {
-            if req.get("retry").and_then(|v| v.as_bool()) == Some(true) {
-                core.retry.store(true, Relaxed);
-            }
-            core.force.store(true, Relaxed);
-            core.wake_drainer();
+            core.request_drain(req.get("retry").and_then(|v| v.as_bool()) == Some(true));
             serde_json::json!({"ok": true})
         }
         Some("shutdown") => {
             if req.get("force").and_then(|v| v.as_bool()) == Some(true) {
-                core.force_stop.store(true, Relaxed);
+                core.force_stop();
             }
             match unmount_when_free(mp) {
                 Ok(()) => {
@@ -1360,34 +1347,32 @@ fn may_condition(conditioned: u64, written: u64) -> bool {
 fn condition_when_idle(core: &Core, drainer: &Drainer) {
     let nap = Duration::from_millis(50);
     let mut pause = nap;
-    while !core.stopping.load(Relaxed) {
+    while !core.stopping() {
         let t0 = std::time::Instant::now();
-        while t0.elapsed() < pause && !core.stopping.load(Relaxed) {
+        while t0.elapsed() < pause && !core.stopping() {
             std::thread::sleep(nap);
         }
         pause = nap;
-        if core.quiet_for() < CONDITION_QUIET || core.store.dirty_bytes() > 0 || !drainer.idle() {
+        if core.quiet_for() < CONDITION_QUIET || core.store().dirty_bytes() > 0 || !drainer.idle() {
             continue;
         }
-        while !core.stopping.load(Relaxed) && core.quiet_for() >= CONDITION_QUIET {
-            let ahead = may_condition(
-                core.array.conditioned_bytes(),
-                core.array.drive_bytes_written(),
-            );
+        while !core.stopping() && core.quiet_for() >= CONDITION_QUIET {
+            let array = core.array();
+            let ahead = may_condition(array.conditioned_bytes(), array.drive_bytes_written());
             match if ahead {
-                core.array.condition_step()
+                array.condition_step()
             } else {
                 Ok(None)
             } {
-                Ok(Some(_)) => core.conditioned.store(false, Relaxed),
+                Ok(Some(_)) => core.set_conditioned(false),
                 Ok(None) => {
-                    core.conditioned.store(true, Relaxed);
+                    core.set_conditioned(true);
                     pause = Duration::from_secs(10);
                     break;
                 }
                 Err(e) => {
                     tracing::warn!("conditioning the fast tier: {e}");
-                    core.conditioned.store(true, Relaxed);
+                    core.set_conditioned(true);
                     pause = Duration::from_secs(60);
                     break;
                 }

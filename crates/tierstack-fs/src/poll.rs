@@ -24,7 +24,6 @@
 //! notifications written to the device do not depend on the flag.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,12 +73,12 @@ fn govern(fd: OwnedFd, core: &Core) {
         };
         fcntl_setfl(fd.as_fd(), want).is_ok()
     };
-    let mut seen = core.ops.started();
+    let mut seen = core.ops().started();
     let mut looked = Instant::now();
     let mut last_op = looked;
     let mut busy_until = looked;
     let mut polling = false;
-    while !core.stopping.load(Relaxed) && connected(&fd) {
+    while !core.stopping() && connected(&fd) {
         let wait = if polling {
             CHECK_BUSY
         } else if last_op.elapsed() < Duration::from_secs(1) {
@@ -89,7 +88,7 @@ fn govern(fd: OwnedFd, core: &Core) {
         };
         std::thread::sleep(wait);
         let now = Instant::now();
-        let started = core.ops.started();
+        let started = core.ops().started();
         let ms = now.duration_since(looked).as_secs_f64() * 1e3;
         let rate = started.wrapping_sub(seen) as f64 / ms.max(1e-3);
         if started != seen {
@@ -98,9 +97,9 @@ fn govern(fd: OwnedFd, core: &Core) {
         seen = started;
         looked = now;
         if polling {
-            core.polled_ms.fetch_add(ms.round() as u64, Relaxed);
+            core.add_polled_ms(ms.round() as u64);
         }
-        if rate >= POLL_RATE && !core.uring.load(Relaxed) {
+        if rate >= POLL_RATE && !core.serves_uring() {
             busy_until = now + QUIET_OFF;
             if !polling {
                 polling = set(true);
@@ -109,9 +108,9 @@ fn govern(fd: OwnedFd, core: &Core) {
             set(false);
             polling = false;
         }
-        core.polling.store(polling, Relaxed);
+        core.set_polling(polling);
     }
-    core.polling.store(false, Relaxed);
+    core.set_polling(false);
     if polling {
         set(false);
     }

@@ -427,11 +427,7 @@ fn same(what: &str, got: &Tree, want: &Tree) -> Result<(), TestCaseError> {
 fn drain(bed: &Bed) {
     let t0 = Instant::now();
     loop {
-        bed.fs
-            .core
-            .force
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        bed.fs.core.wake_drainer();
+        bed.fs.core.request_drain(false);
         if bed.drainer.idle() {
             return;
         }

@@ -19,11 +19,11 @@ use super::{eio, now_ns, Core, Kind, Ns, PAGE, R};
 #[derive(Clone, Copy, Debug)]
 pub struct Page {
     /// Changes on every write of the page (0: loaded at start-up or cached from BACKING).
-    pub ver: u64,
+    pub(super) ver: u64,
     /// Differs from BACKING (must be drained before it may be dropped).
-    pub dirty: bool,
+    pub(super) dirty: bool,
     /// Bytes of the page held in the store (at most [`PAGE`]).
-    pub len: u32,
+    pub(super) len: u32,
 }
 
 /// The contents of one regular file: pages in the store over an optional base file in
@@ -31,52 +31,52 @@ pub struct Page {
 #[derive(Debug, Default)]
 pub struct FileData {
     /// The file's size in bytes, as the mount shows it.
-    pub size: u64,
+    pub(super) size: u64,
     /// The file has a base in BACKING (see [`FileData::base_path`]).
-    pub has_base: bool,
+    pub(super) has_base: bool,
     /// Bytes of the base that are the file's contents; past them the file is what the store
     /// holds, or zeros.
-    pub base_len: u64,
+    pub(super) base_len: u64,
     /// The file's path in BACKING as of the journal rows applied so far (`None`: not there
     /// yet).
-    pub bpath: Option<Vec<u8>>,
+    pub(super) bpath: Option<Vec<u8>>,
     /// Contents differ from BACKING.
-    pub dirty: bool,
+    pub(super) dirty: bool,
     /// The pages held in the store, by page number (offset / [`PAGE`]).
-    pub pages: BTreeMap<u64, Page>,
+    pub(super) pages: BTreeMap<u64, Page>,
     /// Bumped by every change of contents.
-    pub ver: u64,
+    pub(super) ver: u64,
     /// The base file, held open once read (dropped when the base changes).
-    pub base_fd: Option<Arc<File>>,
+    pub(super) base_fd: Option<Arc<File>>,
     /// A data op for this file is queued in the journal and has not started.
-    pub data_pending: bool,
+    pub(super) data_pending: bool,
     /// Smallest size since the current drain took its snapshot.
-    pub min_size: u64,
+    pub(super) min_size: u64,
     /// A drain of the file while it was still open staged its contents under a temporary
     /// name in BACKING (this path): that file is the base (first `base_len` bytes) until the
     /// drain after the last close renames it into place. Each byte is drained once.
-    pub staged: Option<Vec<u8>>,
+    pub(super) staged: Option<Vec<u8>>,
     /// 512-byte blocks the base holds in BACKING (holes excluded), for `st_blocks`.
-    pub base_blocks: u64,
+    pub(super) base_blocks: u64,
     /// Byte ranges written since the full flush of generation `unsynced_gen` (adjacent ones
     /// merged) and their bytes in all: what an `fsync` logs (`crate::intent`).
-    pub unsynced: Vec<(u64, u64)>,
+    pub(super) unsynced: Vec<(u64, u64)>,
     /// The full-flush generation (`Core::flush_gen`) that `unsynced` was gathered under; a
     /// newer one makes the list stale.
-    pub unsynced_gen: u64,
+    pub(super) unsynced_gen: u64,
     /// The allocated 4 KiB blocks (written or reserved), as ext4 would have them: `st_blocks`,
     /// `SEEK_DATA`/`SEEK_HOLE`, and what the drain writes. None: not known yet (a file found
     /// in BACKING; read from its base's holes at its first change, see
     /// [`Core::ensure_extents`]).
-    pub extents: Option<super::extents::Extents>,
+    pub(super) extents: Option<super::extents::Extents>,
     /// Bytes written since that full flush, in all (may exceed the bytes of `unsynced`,
     /// which stops growing past `intent::MAX_RECORD`).
-    pub unsynced_bytes: u64,
+    pub(super) unsynced_bytes: u64,
 }
 
 impl FileData {
     /// Where the base is in BACKING: the staged temporary file, else the file's own path.
-    pub fn base_path(&self) -> Option<&[u8]> {
+    pub(super) fn base_path(&self) -> Option<&[u8]> {
         self.staged.as_deref().or(self.bpath.as_deref())
     }
 }
@@ -110,7 +110,7 @@ impl Core {
     /// store when `cache`), else None (zeros). The contents are shared with the store (a later
     /// write of the page replaces them, it never changes them); they may be longer than the
     /// file's current size.
-    pub fn read_page(
+    pub(super) fn read_page(
         &self,
         obj: u64,
         f: &mut FileData,
@@ -644,7 +644,7 @@ impl Core {
     /// handle). The drainer calls it just before it removes that copy, in journal order,
     /// so no drain of the file is in flight; the caller makes the store and the journal
     /// durable before the removal.
-    pub fn pin_base(&self, ino: u64, obj: u64, f: &mut FileData) -> Result<()> {
+    pub(super) fn pin_base(&self, ino: u64, obj: u64, f: &mut FileData) -> Result<()> {
         if !f.has_base {
             return Ok(());
         }

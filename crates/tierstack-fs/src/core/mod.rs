@@ -2,6 +2,11 @@
 //! database), file contents (pages in the tiered store over a base file in BACKING), space
 //! accounting and backpressure.
 //!
+//! [`Core`] is the only way in: it has no public field, and neither have the state types
+//! it holds ([`Node`], [`Ns`], [`FileData`], [`Page`]). Outside this module the state is
+//! reached only through `Core`'s methods, each named for what its caller means and doing
+//! its locked work inside (the lock order below is kept here, in one place).
+//!
 //! The parts, by job:
 //!
 //! * this file: [`Core`] itself (construction, loading the namespace from the journal) and
@@ -13,10 +18,19 @@
 //! * `data`: file contents ([`FileData`], pages in the store over a base file in BACKING):
 //!   read, write, truncate;
 //! * `space`: space accounting and backpressure, dropping clean pages, `fsync`, the
-//!   background loop and the dirty summaries.
+//!   background loop and the dirty summaries;
+//! * `signals`: the flags the daemon's threads raise for one another (drain requests,
+//!   pressure and the drainer's wake-up, the stop, io_uring, polling, conditioning);
+//! * `status`: the status figures ([`Figures`]), the last error, and the handles the daemon
+//!   uses directly (array, store, BACKING, operation counters);
+//! * `journal`: the journal's rows as the drainer reads and deletes them, the quarantine;
+//! * `drain_pass`: a file's drain pass ([`DrainPass`]: begin, read the dirty pages, finish);
+//! * `bpaths`: what namespace rows need in BACKING (attributes, xattrs, backing paths,
+//!   staging files) and the bases pinned before BACKING's copy goes.
 //!
 //! Lock order: `ns` -> a file's `FileData` -> `db`. Writers never hold a lock while they wait
-//! for space.
+//! for space. The flags' locks (`wake_lock`, `last_error`, `stuck_inos`) are taken alone or
+//! last.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
@@ -34,15 +48,22 @@ use crate::backing::Backing;
 use crate::db::{self, Db, InodeRow, OpKind};
 use crate::error::Result;
 
+mod bpaths;
 mod data;
+mod drain_pass;
 pub mod extents;
+mod journal;
 mod namespace;
 mod node;
+mod signals;
 mod space;
+mod status;
 
 pub use data::{FileData, Page};
+pub use drain_pass::{DrainPass, Drained};
 pub use namespace::STALE_NS;
 pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, NAME_MAX};
+pub use status::Figures;
 
 /// The page size of file contents in the store (the store's largest value).
 pub const PAGE: u64 = 1 << 20;
@@ -86,56 +107,63 @@ pub fn join_rel(dir: &[u8], name: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Whether path `p` is `root` or lies under it (whole components).
+pub fn under(p: &[u8], root: &[u8]) -> bool {
+    p == root || (p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/')
+}
+
 fn eio(e: impl std::fmt::Display) -> Errno {
     tracing::error!("{e}");
     libc::EIO
 }
 
-/// What the FUSE layer and the drainer share.
+/// The file system's state, as the FUSE layer, the drainer and the daemon use it: only
+/// through its methods (no field is public; see the module's notes for the groups and the
+/// lock order).
 pub struct Core {
     /// The backing directory's path.
-    pub backing: PathBuf,
+    backing: PathBuf,
     /// BACKING held open: every access to it goes through directory handles.
-    pub bk: Backing,
+    bk: Backing,
     /// `--mode sync`: `fsync` makes data durable in the fast tier (false: `--mode async`,
     /// `fsync` returns once the data is in the store's DRAM).
-    pub sync_mode: bool,
+    sync_mode: bool,
     /// The tiered store holding file pages (the fast tier).
-    pub store: TieredStore,
+    store: TieredStore,
     /// The array under the store.
-    pub array: Arc<Array>,
+    array: Arc<Array>,
     /// The in-memory namespace.
-    pub ns: Mutex<Ns>,
+    ns: Mutex<Ns>,
     /// The SQLite namespace journal and inode table.
-    pub db: Mutex<Db>,
+    db: Mutex<Db>,
     /// Bytes of file pages held in the store.
-    pub held: AtomicU64,
+    held: AtomicU64,
     /// Bytes of dirty pages.
-    pub dirty_bytes: AtomicU64,
+    dirty_bytes: AtomicU64,
     /// Above this many held bytes writers wait for the drainer.
-    pub limit: u64,
+    limit: u64,
     space_lock: Mutex<()>,
     space_cv: Condvar,
     /// Wake-ups of the drainer so far; the dispatcher waits on `wake_cv` under this lock.
-    pub wake_lock: Mutex<u64>,
+    wake_lock: Mutex<u64>,
     /// Signalled by [`Core::wake_drainer`].
-    pub wake_cv: Condvar,
+    wake_cv: Condvar,
     /// Raised when a group transaction opens; the committer waits on it (see `tx`).
     group_open: Mutex<bool>,
     group_cv: Condvar,
     /// Writers are waiting for space.
-    pub pressure: AtomicBool,
+    pressure: AtomicBool,
     /// `tierstack drain` asked for every dirty file to be drained now.
-    pub force: AtomicBool,
+    force: AtomicBool,
     /// When the foreground last changed something (a namespace transaction or a write), in
     /// nanoseconds since `epoch`: the drainer waits for a gap in this work (see
     /// `drain::policy::DRAIN_QUIET`).
     activity: AtomicU64,
     epoch: std::time::Instant,
     /// Bytes of file contents written to BACKING by the drainer since the mount started.
-    pub drained_bytes: AtomicU64,
+    drained_bytes: AtomicU64,
     /// The last error the drainer met (shown by `status`), if any.
-    pub last_error: Mutex<Option<String>>,
+    last_error: Mutex<Option<String>>,
     /// Group commit of `fsync` in sync mode: `fsync` calls so far, and how many of them the
     /// last completed flush covered (it started after they arrived). `sync_lock` is held
     /// while a flush runs.
@@ -143,47 +171,47 @@ pub struct Core {
     sync_covered: AtomicU64,
     sync_lock: Mutex<()>,
     /// Sync mode's intent log (`crate::intent`): small `fsync`s are made durable there.
-    pub intent: Option<crate::intent::IntentLog>,
+    intent: Option<crate::intent::IntentLog>,
     /// Bumped when a full flush starts: writes noted under an older value are covered by it.
-    pub flush_gen: AtomicU64,
+    flush_gen: AtomicU64,
     /// Bytes written since the last full flush by files whose changes outgrew an intent
     /// record: their `fsync` flushes everything, so background write-back starts early for
     /// them (large streams) instead of waiting for half the DRAM tier.
-    pub unloggable: AtomicU64,
+    unloggable: AtomicU64,
     /// Log commits hold it shared, a full flush (which voids the log) exclusively.
     flush_rw: parking_lot::RwLock<()>,
     /// Namespace commits so far, and how many of them the last durable point covered.
     db_commits: AtomicU64,
     db_durable: AtomicU64,
     /// `fsync`s made durable in the intent log, and by a full flush.
-    pub fsync_logged: AtomicU64,
+    fsync_logged: AtomicU64,
     /// `fsync`s made durable by a full flush.
-    pub fsync_flushed: AtomicU64,
+    fsync_flushed: AtomicU64,
     /// Intent log records this mount replayed at its start (after a crash).
-    pub intent_replayed: AtomicU64,
+    intent_replayed: AtomicU64,
     /// The daemon is stopping: background threads end.
-    pub stopping: AtomicBool,
+    stopping: AtomicBool,
     /// A FUSE thread polls the device now (`crate::poll`).
-    pub polling: AtomicBool,
+    polling: AtomicBool,
     /// The kernel's io_uring queues carry the mount's requests (`crate::uring`): nothing
     /// comes through `/dev/fuse` worth polling for.
-    pub uring: AtomicBool,
+    uring: AtomicBool,
     /// Milliseconds a FUSE thread spent polling the device since the mount started.
-    pub polled_ms: AtomicU64,
+    polled_ms: AtomicU64,
     /// The fast tier's conditioning has nothing left to do (`mount::condition_when_idle`).
-    pub conditioned: AtomicBool,
+    conditioned: AtomicBool,
     /// Inodes with a quarantined journal row (their dirty data stays in the fast tier).
-    pub stuck_inos: Mutex<std::collections::HashSet<u64>>,
+    stuck_inos: Mutex<std::collections::HashSet<u64>>,
     /// `tierstack drain --retry` asked for the quarantined rows to be tried again.
-    pub retry: AtomicBool,
+    retry: AtomicBool,
     /// `tierstack umount --force`: stop without waiting for the drain (the journal keeps
     /// what is left for the next mount).
-    pub force_stop: AtomicBool,
+    force_stop: AtomicBool,
     /// The intent log is being replayed (in `new`, before any drainer runs): writes do not
     /// wait for space (none would be freed), and a full store is an error, not a wait.
     replaying: AtomicBool,
     /// Counts and latencies of the FUSE operations served.
-    pub ops: crate::opstats::OpStats,
+    ops: crate::opstats::OpStats,
 }
 
 /// The longest a namespace operation waits in an open group transaction before the group is
@@ -492,7 +520,7 @@ impl Core {
     /// once by every later database access (one connection); it survives a `kill -9` of the
     /// daemon once its group is committed (within a few milliseconds), and a power loss
     /// once made durable (fsync of the file or a directory, umount).
-    pub fn tx<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> Result<T>) -> Result<T> {
+    fn tx<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> Result<T>) -> Result<T> {
         let mut db = self.db.lock();
         self.tx_in(&mut db, f)
     }
@@ -500,7 +528,7 @@ impl Core {
     /// As [`Core::tx`], with the database lock already held (taken while the namespace lock
     /// was, so that the operation's rows keep their place in the journal after that lock is
     /// let go: see [`Core::release`]).
-    pub fn tx_in<T>(
+    fn tx_in<T>(
         &self,
         db: &mut Db,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T>,
@@ -582,7 +610,7 @@ impl Core {
 
     /// The path of `ino` relative to the mount's root, by its first link (None if it has no
     /// link or is nested deeper than 4096 levels).
-    pub fn path_of(ns: &Ns, ino: u64) -> Option<Vec<u8>> {
+    fn path_of(ns: &Ns, ino: u64) -> Option<Vec<u8>> {
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut cur = ino;
         let mut depth = 0;
@@ -613,7 +641,7 @@ impl Core {
 
     /// The attributes of node `n` (inode `ino`) as the FUSE layer reports them; a file's
     /// size and blocks come from its [`FileData`].
-    pub fn attr_of(ino: u64, n: &Node) -> Attr {
+    fn attr_of(ino: u64, n: &Node) -> Attr {
         let (size, blocks) = match &n.data {
             Some(d) => {
                 let f = d.lock();
@@ -661,7 +689,7 @@ impl Core {
     }
 
     /// Queues a data op for `ino` (all its current paths) unless one is queued already.
-    pub fn queue_data(&self, ns: &Ns, ino: u64) -> Result<()> {
+    fn queue_data(&self, ns: &Ns, ino: u64) -> Result<()> {
         let Some(n) = ns.nodes.get(&ino) else {
             return Ok(());
         };
@@ -683,7 +711,7 @@ impl Core {
     }
 
     /// The paths (from the mount's root) of every name of node `n`.
-    pub fn link_paths(ns: &Ns, n: &Node) -> Vec<Vec<u8>> {
+    fn link_paths(ns: &Ns, n: &Node) -> Vec<Vec<u8>> {
         n.links
             .iter()
             .filter_map(|(p, name)| Self::path_of(ns, *p).map(|pp| join_rel(&pp, name)))
@@ -743,7 +771,7 @@ impl Core {
 
 /// The `inodes` table row of node `n` (inode `ino`), with the contents fields of `f` for a
 /// regular file.
-pub fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
+fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
     InodeRow {
         ino,
         kind: n.kind as u8,
@@ -777,6 +805,14 @@ mod tests {
     fn join_rel_of_root_is_the_name() {
         assert_eq!(join_rel(b"", b"x"), b"x");
         assert_eq!(join_rel(b"a/b", b"x"), b"a/b/x");
+    }
+
+    #[test]
+    fn under_matches_whole_components() {
+        assert!(under(b"a/b", b"a"));
+        assert!(under(b"a", b"a"));
+        assert!(!under(b"ab", b"a"));
+        assert!(!under(b"a", b"a/b"));
     }
 
     #[test]

@@ -32,76 +32,76 @@ pub fn check_name(name: &[u8]) -> R<()> {
 /// One inode of the namespace, as the mount shows it.
 pub struct Node {
     /// The node's type.
-    pub kind: Kind,
+    pub(super) kind: Kind,
     /// Permission, set-ID and sticky bits (`0o7777`; the type is in `kind`).
-    pub mode: u32,
+    pub(super) mode: u32,
     /// Owner's user id.
-    pub uid: u32,
+    pub(super) uid: u32,
     /// Owner's group id.
-    pub gid: u32,
+    pub(super) gid: u32,
     /// Last access time, in nanoseconds since the epoch.
-    pub atime: i64,
+    pub(super) atime: i64,
     /// Last modification time, in nanoseconds since the epoch.
-    pub mtime: i64,
+    pub(super) mtime: i64,
     /// Last status change time, in nanoseconds since the epoch.
-    pub ctime: i64,
+    pub(super) ctime: i64,
     /// Size of directories and symlinks (files: `FileData::size`).
-    pub size: u64,
+    pub(super) size: u64,
     /// A symlink's target, or a special node's device number (see [`rdev_of`]); empty for
     /// other kinds.
-    pub target: Vec<u8>,
+    pub(super) target: Vec<u8>,
     /// (parent, name) of every link; directories have one, the root none.
-    pub links: Vec<super::Link>,
+    pub(super) links: Vec<super::Link>,
     /// The object id keying a regular file's pages in the store (0 for other kinds).
-    pub obj: u64,
+    pub(super) obj: u64,
     /// Where this node is in BACKING as of the journal rows applied so far.
-    pub bpath: Option<Vec<u8>>,
+    pub(super) bpath: Option<Vec<u8>>,
     /// A directory's entries in BACKING have been listed into the namespace (done once, on
     /// first use).
-    pub loaded: bool,
+    pub(super) loaded: bool,
     /// A directory's entries: name to inode number.
-    pub children: BTreeMap<Vec<u8>, u64>,
+    pub(super) children: BTreeMap<Vec<u8>, u64>,
     /// Directories among `children` (a directory's link count is 2 + this).
-    pub subdirs: u32,
+    pub(super) subdirs: u32,
     /// Extended attributes (user.*, trusted.*, security.*).
-    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub(super) xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Open handles on the node (a file's data row is queued at the last close).
-    pub open: u32,
+    pub(super) open: u32,
     /// Of those, the handles that may write (the kernel may hold dirty pages of the file
     /// while one is open: it writes them back at the last release).
-    pub open_w: u32,
+    pub(super) open_w: u32,
     /// When a write through a handle that bypasses the kernel's page cache last changed the
     /// file (ns; 0: never since the daemon started). The kernel did not see it: times it
     /// writes back from its cache never set the mtime below this (`Core::setattr`).
-    pub direct_mtime: i64,
+    pub(super) direct_mtime: i64,
     /// When the open of the direct handle that last wrote the file reached the daemon (ns;
     /// 0: none, or the kernel has forgotten the inode since). The kernel's cached mtime then
     /// lies between a tick before it and `direct_first` (see
     /// [`Core::setattr`](super::Core::setattr)).
-    pub direct_opened: i64,
+    pub(super) direct_opened: i64,
     /// When that handle's first write reached the daemon (ns).
-    pub direct_first: i64,
+    pub(super) direct_first: i64,
     /// A direct handle's release found the kernel's cached mtime stale; cleared once the
     /// entries were dropped with no handle left open, or the kernel forgot the inode.
-    pub kernel_stale: bool,
+    pub(super) kernel_stale: bool,
     /// A regular file's contents; `None` for other kinds.
-    pub data: Option<Arc<Mutex<FileData>>>,
+    pub(super) data: Option<Arc<Mutex<FileData>>>,
 }
 
 /// The namespace: every inode the mount knows, by inode number.
 #[derive(Default)]
 pub struct Ns {
     /// The nodes, by inode number.
-    pub nodes: HashMap<u64, Node>,
+    pub(super) nodes: HashMap<u64, Node>,
     /// The inode number the next new node gets.
-    pub next_ino: u64,
+    pub(super) next_ino: u64,
     /// The store object id the next new regular file gets.
-    pub next_obj: u64,
+    pub(super) next_obj: u64,
 }
 
 impl Ns {
     /// Enters `ino` (already in `nodes`) as `name` in directory `parent`.
-    pub fn insert_child(&mut self, parent: u64, name: Vec<u8>, ino: u64) {
+    pub(super) fn insert_child(&mut self, parent: u64, name: Vec<u8>, ino: u64) {
         let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
         if let Some(p) = self.nodes.get_mut(&parent) {
             if p.children.insert(name, ino).is_none() && is_dir {
@@ -111,7 +111,7 @@ impl Ns {
     }
 
     /// Removes `name` from directory `parent`.
-    pub fn remove_child(&mut self, parent: u64, name: &[u8]) {
+    pub(super) fn remove_child(&mut self, parent: u64, name: &[u8]) {
         let Some(ino) = self
             .nodes
             .get_mut(&parent)
@@ -128,7 +128,7 @@ impl Ns {
     }
 
     /// The inode of `name` in directory `parent`, if there is one.
-    pub fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
+    pub(super) fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
         self.nodes
             .get(&parent)
             .and_then(|p| p.children.get(name))

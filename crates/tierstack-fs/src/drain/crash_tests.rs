@@ -118,8 +118,7 @@ impl Bed {
     fn drain(&self) {
         let t0 = Instant::now();
         loop {
-            self.fs.core.force.store(true, Relaxed);
-            self.fs.core.wake_drainer();
+            self.fs.core.request_drain(false);
             if self.drainer.idle() {
                 return;
             }
@@ -180,13 +179,13 @@ fn a_page_older_than_its_drain_reads_and_drains_the_same() {
         assert_eq!(std::fs::read(backing.join("f")).expect("drained"), want);
         // The array still has the page as it was after the first write: the later
         // version never left the DRAM tier before the kill.
-        let obj = bed.fs.core.ns.lock().nodes.get(&ino).expect("node").obj;
+        let obj = bed.fs.core.object_of(ino).expect("node");
         bed.fs
             .core
-            .store
+            .store()
             .put_owned((obj, 0), first.clone())
             .expect("older page");
-        bed.fs.core.store.flush().expect("flush");
+        bed.fs.core.store().flush().expect("flush");
         bed.crash();
         obj
     };
@@ -198,10 +197,7 @@ fn a_page_older_than_its_drain_reads_and_drains_the_same() {
         Out::Entry(a) => a.ino,
         o => panic!("lookup answered {o:?}"),
     };
-    assert_eq!(
-        bed.fs.core.ns.lock().nodes.get(&ino).map(|n| n.obj),
-        Some(obj)
-    );
+    assert_eq!(bed.fs.core.object_of(ino), Some(obj));
     let view = bed.read_all(ino, size);
     assert_eq!(view.len() as u64, size);
     bed.drain();

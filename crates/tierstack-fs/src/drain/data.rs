@@ -4,13 +4,11 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering::Relaxed;
 
-use parking_lot::Mutex;
 use rustix::fs::OFlags;
 
 use crate::backing::Backing;
-use crate::core::PAGE;
+use crate::core::{DrainPass, Drained, PAGE};
 use crate::db::JOp;
 
 use super::{tmp_name, Drainer};
@@ -103,48 +101,34 @@ impl Drainer {
     /// file, and each byte is written to BACKING once however often the drain runs.
     pub(super) fn drain_file(&self, op: &JOp) -> io::Result<()> {
         let c = &self.core;
-        let (d, obj, open) = {
-            let ns = c.ns.lock();
-            match ns.nodes.get(&op.ino) {
-                Some(n) if !n.links.is_empty() => match &n.data {
-                    Some(d) => (d.clone(), n.obj, n.open > 0),
-                    None => return Ok(()),
-                },
-                // Deleted since: its later unlink removes every path this op would write.
-                _ => return Ok(()),
-            }
+        let bk = c.backing();
+        let Some(pass) = c.begin_drain(op.ino) else {
+            // Deleted since (its later unlink removes every path this op would write), or
+            // nothing to drain.
+            return Ok(());
         };
-        let (size, start_ver, staged, base, ext) = {
-            let mut f = d.lock();
-            f.data_pending = false;
-            if !f.dirty {
-                return Ok(());
-            }
-            f.min_size = f.size;
-            let base = (f.has_base && f.staged.is_none() && f.base_len > 0)
-                .then(|| f.bpath.clone().map(|b| (b, f.base_len)))
-                .flatten();
-            (f.size, f.ver, f.staged.clone(), base, f.extents.clone())
-        };
+        let (open, size) = (pass.open(), pass.size());
+        let (staged, base, ext) = (pass.staged(), pass.base(), pass.extents());
         tracing::debug!(
-            "drain file: inode {} {} size {size} ver {start_ver} staged {:?} base {:?} extents {} open {open}",
+            "drain file: inode {} {} size {size} ver {} staged {:?} base {:?} extents {} open {open}",
             op.ino,
             String::from_utf8_lossy(&op.p1),
-            staged.as_ref().map(|s| String::from_utf8_lossy(s).into_owned()),
-            base.as_ref().map(|(b, l)| (String::from_utf8_lossy(b).into_owned(), *l)),
+            pass.ver(),
+            staged.map(String::from_utf8_lossy),
+            base.map(|(b, l)| (String::from_utf8_lossy(b), l)),
             ext.is_some()
         );
-        let (dir, dname) = c.bk.parent(&op.p1)?;
-        let (sdir, sname, srel) = match &staged {
+        let (dir, dname) = bk.parent(&op.p1)?;
+        let (sdir, sname, srel) = match staged {
             Some(rel) => {
-                let (sd, sn) = c.bk.parent(rel)?;
-                (sd, sn.to_vec(), rel.clone())
+                let (sd, sn) = bk.parent(rel)?;
+                (sd, sn.to_vec(), rel.to_vec())
             }
             None => {
                 let name = tmp_name(op.ino, "");
                 let (dpart, _) = crate::backing::split(&op.p1);
                 let rel = crate::core::join_rel(dpart, &name);
-                (c.bk.dir(dpart)?, name, rel)
+                (bk.dir(dpart)?, name, rel)
             }
         };
         let flags = if staged.is_some() {
@@ -154,29 +138,29 @@ impl Drainer {
         };
         let file = Backing::open_in(&sdir, &sname, flags, 0o600)?;
         let res = (|| -> io::Result<(Vec<(u64, u64)>, u64)> {
-            let mut have = match &staged {
+            let mut have = match staged {
                 // Bytes a truncation took away since the last pass are not the file's.
                 Some(_) => {
-                    let keep = d.lock().base_len;
+                    let keep = c.staged_len(&pass);
                     file.set_len(keep)?;
                     keep
                 }
                 None => 0,
             };
-            if let Some((brel, blen)) = &base {
+            if let Some((brel, blen)) = base {
                 // The file was drained whole before: its unchanged bytes come from there.
                 // Only its allocated ranges: its holes stay holes.
-                let src = c.bk.open_file(brel, OFlags::RDONLY, 0)?;
-                let ranges = match &ext {
-                    Some(e) => e.within(0, *blen),
-                    None => crate::backing::data_ranges(&src, *blen)?,
+                let src = bk.open_file(brel, OFlags::RDONLY, 0)?;
+                let ranges = match ext {
+                    Some(e) => e.within(0, blen),
+                    None => crate::backing::data_ranges(&src, blen)?,
                 };
                 for (a, b) in ranges {
                     copy_within_backing(&src, &file, a, b)?;
                 }
-                have = *blen;
+                have = blen;
             }
-            self.write_dirty(&d, obj, size, have, &file, ext.as_ref(), staged.is_some())
+            self.write_dirty(&pass, size, have, &file, ext, staged.is_some())
         })();
         let (drained, written) = match res {
             Ok(v) => v,
@@ -197,7 +181,7 @@ impl Drainer {
                 file.set_len(size)?;
                 // Blocks the file reserved without writing them (fallocate) are reserved in
                 // BACKING too; a BACKING that cannot reserve keeps them as holes.
-                if let Some(e) = &ext {
+                if let Some(e) = ext {
                     for (a, b) in e.ranges() {
                         let r = rustix::fs::fallocate(
                             &file,
@@ -213,12 +197,7 @@ impl Drainer {
                 self.apply_attrs_fd(op.ino, &file)?;
                 // The renamed file replaces the old one in BACKING: it takes the extended
                 // attributes along. A BACKING without them reports it through the xattr rows.
-                let xattrs =
-                    c.ns.lock()
-                        .nodes
-                        .get(&op.ino)
-                        .map(|n| n.xattrs.clone())
-                        .unwrap_or_default();
+                let xattrs = c.node_xattrs(op.ino);
                 for (k, v) in &xattrs {
                     if let Err(e) = Backing::set_xattr_fd(&file, k, v) {
                         tracing::warn!(
@@ -237,7 +216,7 @@ impl Drainer {
                     .filter(|p| !p.is_empty())
                     .enumerate()
                 {
-                    let (odir, oname) = c.bk.parent(other)?;
+                    let (odir, oname) = bk.parent(other)?;
                     let t2 = tmp_name(op.ino, &format!(".l{i}"));
                     let _ = Backing::unlink(&odir, &t2, false);
                     Backing::link(&dir, dname, &odir, &t2)?;
@@ -260,77 +239,15 @@ impl Drainer {
         };
         // BACKING holds the contents now (staged or in place): record that durably before
         // anything is dropped.
-        {
-            let mut f = d.lock();
-            for (p, ver) in &drained {
-                if let Some(pg) = f.pages.get_mut(p) {
-                    if pg.ver == *ver && pg.dirty {
-                        pg.dirty = false;
-                        c.dirty_bytes.fetch_sub(pg.len as u64, Relaxed);
-                    }
-                }
-            }
-            f.has_base = true;
-            f.base_len = size.min(f.min_size);
-            f.base_blocks = base_blocks;
-            f.base_fd = None;
-            if open {
-                // Not in place yet: the drain after the last close renames it.
-                f.staged = Some(srel.clone());
-                f.dirty = true;
-            } else {
-                f.staged = None;
-                f.bpath = Some(op.p1.clone());
-                f.dirty = f.ver != start_ver;
-            }
-            tracing::debug!(
-                "drained inode {}: base_len {} staged {:?} dirty {} ({} bytes written)",
-                op.ino,
-                f.base_len,
-                f.staged
-                    .as_ref()
-                    .map(|s| String::from_utf8_lossy(s).into_owned()),
-                f.dirty,
-                written
-            );
-            let row = (
-                f.has_base,
-                f.base_len,
-                f.dirty,
-                f.bpath.clone(),
-                f.staged.clone(),
-            );
-            drop(f);
-            let r = c.tx(|tx| {
-                tx.execute(
-                    "UPDATE inodes SET has_base=?2, base_len=?3, dirty=?4, bpath=?5, staged=?6 WHERE ino=?1",
-                    rusqlite::params![
-                        op.ino as i64,
-                        row.0 as i64,
-                        row.1 as i64,
-                        row.2 as i64,
-                        row.3,
-                        row.4
-                    ],
-                )?;
-                Ok(())
-            });
-            if let Err(e) = r {
-                return Err(io::Error::other(e.to_string()));
-            }
-        }
-        if !open {
-            let mut ns = c.ns.lock();
-            if let Some(n) = ns.nodes.get_mut(&op.ino) {
-                n.bpath = Some(op.p1.clone());
-            }
-        }
-        c.drained_bytes.fetch_add(written, Relaxed);
-        if c.pressure.load(Relaxed) {
-            c.drop_clean(0);
-        }
-        c.notify_space();
-        Ok(())
+        let done = Drained {
+            pages: &drained,
+            written,
+            base_blocks,
+            staged_at: &srel,
+            path: &op.p1,
+        };
+        c.finish_drain(&pass, &done)
+            .map_err(|e| io::Error::other(e.to_string()))
     }
 
     /// Writes the dirty pages of a file below `size` to `out`; `have`: bytes `out` already
@@ -339,11 +256,9 @@ impl Drainer {
     /// With the file's allocation (`ext`), only its allocated ranges are written and, where
     /// `out` may hold older bytes (`reused`: a staging file of an earlier pass), the rest
     /// of each page is punched; without it, all-zero blocks past `have` stay holes.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn write_dirty(
         &self,
-        d: &Mutex<crate::core::FileData>,
-        obj: u64,
+        pass: &DrainPass,
         size: u64,
         have: u64,
         out: &File,
@@ -351,28 +266,14 @@ impl Drainer {
         reused: bool,
     ) -> io::Result<(Vec<(u64, u64)>, u64)> {
         let c = &self.core;
-        let dirty: Vec<u64> = {
-            let f = d.lock();
-            f.pages
-                .iter()
-                .filter(|(p, pg)| pg.dirty && **p * PAGE < size)
-                .map(|(p, _)| *p)
-                .collect()
-        };
+        let dirty = c.pages_to_drain(pass, size);
         let mut drained = Vec::new();
         let mut written = 0u64;
         for p in dirty {
-            let (data, ver) = {
-                let mut f = d.lock();
-                let Some(ver) = f.pages.get(&p).filter(|pg| pg.dirty).map(|pg| pg.ver) else {
-                    continue;
-                };
-                let v = c
-                    .read_page(obj, &mut f, p, false)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                (v, ver)
-            };
-            let Some(page) = data else { continue };
+            let data = c
+                .read_dirty_page(pass, p)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            let Some((page, ver)) = data else { continue };
             let lim = (size - p * PAGE).min(PAGE) as usize;
             // A page that grew past the size this drain writes (the file was written to
             // since) is not all in BACKING: it stays dirty.

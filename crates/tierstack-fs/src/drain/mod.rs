@@ -23,9 +23,11 @@
 //! delay, urgency, the worker limit, retries and the quarantine), as pure functions of what
 //! the drainer tells it; this file holds the [`Drainer`], the mechanism (dispatcher, workers,
 //! rate limit, the quarantine's table) that gathers that and carries out what the policy
-//! says; `meta.rs` applies namespace rows to BACKING and keeps the backing paths of the
-//! namespace up to date; `data.rs` drains a file's contents (staging, writing the dirty
-//! pages, copying within BACKING).
+//! says; `meta.rs` applies namespace rows to BACKING (the core keeps the backing paths of
+//! the namespace up to date: `Core::set_backing_path` and the like); `data.rs` drains a
+//! file's contents (staging, writing the dirty pages, copying within BACKING) between
+//! `Core::begin_drain` and `Core::finish_drain`. The drainer reaches the namespace and the
+//! journal only through `Core`'s methods.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -41,9 +43,7 @@ use crate::core::{Core, TMP_PREFIX};
 use crate::db::{JOp, OpKind};
 
 pub use policy::{may_heal, DRAIN_MAX_DELAY, DRAIN_QUIET, PERMANENT_TRIES};
-use policy::{
-    under, AfterFailure, Backlog, Choice, Refused, RowKind, Signals, Slots, State, Tries,
-};
+use policy::{AfterFailure, Backlog, Choice, Refused, RowKind, Signals, Slots, State, Tries};
 
 #[cfg(test)]
 mod crash_tests;
@@ -205,7 +205,7 @@ impl Drainer {
         {
             return;
         }
-        s.push_back((now, self.core.drained_bytes.load(Relaxed)));
+        s.push_back((now, self.core.drained_bytes()));
         while s.len() > 2
             && s.front()
                 .is_some_and(|f| now.duration_since(f.0) > Duration::from_secs(5))
@@ -222,7 +222,7 @@ impl Drainer {
     fn note_error(&self, what: &str, e: &dyn std::fmt::Display) {
         let msg = format!("{what}: {e}");
         tracing::warn!("drain: {msg} (retrying)");
-        *self.core.last_error.lock() = Some(msg);
+        self.core.set_last_error(msg);
         self.retries.fetch_add(1, Relaxed);
     }
 
@@ -251,7 +251,7 @@ impl Drainer {
     fn to_quarantine(&self, op: &JOp, msg: String) {
         self.refused.lock().push(Refused::of(op));
         let mut attempt = 0;
-        while let Err(e) = self.core.db.lock().quarantine(op, &msg) {
+        while let Err(e) = self.core.quarantine_row(op, &msg) {
             self.note_error("quarantining a journal row", &e);
             if self.stop.load(Relaxed) {
                 return;
@@ -259,8 +259,7 @@ impl Drainer {
             std::thread::sleep(self.policy.backoff(attempt));
             attempt += 1;
         }
-        self.core.stuck_inos.lock().insert(op.ino);
-        *self.core.last_error.lock() = Some(format!(
+        self.core.set_last_error(format!(
             "{:?} {}: {msg} (quarantined)",
             op.kind,
             String::from_utf8_lossy(&op.p1)
@@ -314,9 +313,8 @@ impl Drainer {
     /// dispatcher then reads the journal from its start.
     fn release_stuck(&self) -> bool {
         drop(self.wait_slot(RowKind::Barrier, 0));
-        match self.core.db.lock().release_stuck() {
+        match self.core.release_quarantine() {
             Ok(_) => {
-                self.core.stuck_inos.lock().clear();
                 self.refused.lock().clear();
                 true
             }
@@ -342,13 +340,13 @@ impl Drainer {
             if self.stop.load(Relaxed) {
                 break;
             }
-            if self.core.retry.swap(false, Relaxed) && self.release_stuck() {
+            if self.core.take_retry_request() && self.release_stuck() {
                 last = 0;
             }
-            let pressure = self.core.pressure.load(Relaxed);
+            let pressure = self.core.under_pressure();
             // A request is taken (cleared) only when pressure does not make the drain urgent
             // anyway: under pressure it stays for the turn after.
-            let forced = !pressure && self.core.force.swap(false, Relaxed);
+            let forced = !pressure && self.core.take_drain_request();
             if policy::turns_urgent(pressure, forced) {
                 urgent_at = Some(Instant::now());
                 if let Err(e) = self.core.queue_all_dirty() {
@@ -359,18 +357,14 @@ impl Drainer {
             match policy::choose(&state, &cfg) {
                 Choice::Sleep(d) => {
                     waiting_since = None;
-                    let mut g = self.core.wake_lock.lock();
-                    self.core.wake_cv.wait_for(&mut g, d);
+                    self.core.wait_for_wake(d);
                 }
                 Choice::Pause(d) => std::thread::sleep(d),
                 Choice::Wait(d) => self.nap(d),
                 Choice::Drain(_) => {
                     // Only committed rows reach BACKING: a row of a group that a `kill -9`
                     // would lose must not have been applied there.
-                    let batch = {
-                        let mut db = self.core.db.lock();
-                        db.commit_group().and_then(|()| db.ops_after(last, BATCH))
-                    };
+                    let batch = self.core.committed_rows_after(last, BATCH);
                     let ops = match batch {
                         Ok(o) => o,
                         Err(e) => {
@@ -399,7 +393,7 @@ impl Drainer {
         waiting_since: &mut Option<Instant>,
         urgent_at: Option<Instant>,
     ) -> State {
-        let any = self.core.db.lock().has_ops_after(last);
+        let any = self.core.has_rows_after(last);
         let now = Instant::now();
         let backlog = match any {
             Ok(false) => Backlog::Empty,
@@ -434,9 +428,9 @@ impl Drainer {
     fn signals(&self) -> Signals {
         Signals {
             stop: self.stop.load(Relaxed),
-            force: self.core.force.load(Relaxed),
-            pressure: self.core.pressure.load(Relaxed),
-            retry: self.core.retry.load(Relaxed),
+            force: self.core.drain_requested(),
+            pressure: self.core.under_pressure(),
+            retry: self.core.retry_requested(),
         }
     }
 
@@ -496,7 +490,7 @@ impl Drainer {
         if seqs.is_empty() {
             return true;
         }
-        let r = self.core.db.lock().del_ops(seqs);
+        let r = self.core.delete_rows(seqs);
         match r {
             Ok(()) => {
                 self.cancelled_rows.fetch_add(seqs.len() as u64, Relaxed);
@@ -512,23 +506,16 @@ impl Drainer {
     /// The rows of `create` and those that cancel with it (see [`cancels`]) when its file is
     /// gone now: none of them is to be applied (the caller deletes them).
     fn cancel(&self, create: &JOp) -> Option<Vec<i64>> {
-        let gone = self
-            .core
-            .ns
-            .lock()
-            .nodes
-            .get(&create.ino)
-            .is_none_or(|n| n.links.is_empty());
-        if !gone {
+        if !self.core.unlinked(create.ino) {
             return None;
         }
-        let later = self.core.db.lock().ops_of(create.ino, create.seq).ok()?;
+        let later = self.core.rows_of(create.ino, create.seq).ok()?;
         cancels(create, &later)
     }
 
     fn finish_row(&self, seq: i64) {
         let mut attempt = 0;
-        while let Err(e) = self.core.db.lock().del_op(seq) {
+        while let Err(e) = self.core.delete_row(seq) {
             self.note_error("deleting a journal row", &e);
             std::thread::sleep(self.policy.backoff(attempt));
             attempt += 1;
@@ -559,14 +546,14 @@ impl Drainer {
 
     /// Whether nothing waits: no journal rows, no dirty file, nothing in flight.
     pub fn idle(&self) -> bool {
-        let ops = self.core.db.lock().count_ops().unwrap_or(1);
+        let ops = self.core.journal_len().unwrap_or(1);
         ops == 0 && self.in_flight() == 0 && self.core.dirty_summary().0 == 0
     }
 
     /// Whether nothing waits but what is quarantined: no journal rows, nothing in flight,
     /// and every dirty file one whose drain is quarantined.
     pub fn settled(&self) -> bool {
-        let ops = self.core.db.lock().count_ops().unwrap_or(1);
+        let ops = self.core.journal_len().unwrap_or(1);
         ops == 0 && self.in_flight() == 0 && self.core.unsettled_dirty_files() == 0
     }
 }

@@ -18,6 +18,7 @@
 use std::io;
 use std::time::Duration;
 
+use crate::core::under;
 use crate::db::{JOp, OpKind};
 
 /// The drain waits until the foreground has done no namespace work or write for this long
@@ -353,11 +354,6 @@ pub fn waits_for<'a>(op: &JOp, refused: &'a [Refused]) -> Option<&'a Refused> {
     })
 }
 
-/// Whether path `p` is `root` or lies under it (whole components).
-pub(super) fn under(p: &[u8], root: &[u8]) -> bool {
-    p == root || (p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/')
-}
-
 // ------------------------------------------------------------------ the stop
 
 /// Where the drain of a stopping daemon stands.
@@ -592,14 +588,6 @@ mod tests {
         assert_eq!(w(&op(7, OpKind::Mkdir, 15, "z")), None);
         // Nothing quarantined: nothing waits.
         assert!(waits_for(&op(8, OpKind::Data, 11, "q"), &[]).is_none());
-    }
-
-    #[test]
-    fn under_matches_whole_components() {
-        assert!(under(b"a/b", b"a"));
-        assert!(under(b"a", b"a"));
-        assert!(!under(b"ab", b"a"));
-        assert!(!under(b"a", b"a/b"));
     }
 
     #[test]

@@ -1,0 +1,277 @@
+//! The namespace as the drainer's namespace rows need it: what a node must look like in
+//! BACKING (owner, mode, times, target, extended attributes), where each node is in BACKING
+//! as of the rows applied so far (its backing path, its staging file), and the bases pinned
+//! into the fast tier before BACKING's copy goes.
+//!
+//! Lock order as everywhere in the core: `ns` -> a file's lock -> `db`. Methods that
+//! write the journal while they hold `ns` say so.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::backing::{Attrs, Backing};
+use crate::db;
+
+use super::{join_rel, under, Core, FileData, Kind};
+
+impl Core {
+    /// Whether node `ino` is gone from the namespace or has no name left. Takes `ns`.
+    pub fn unlinked(&self, ino: u64) -> bool {
+        self.ns
+            .lock()
+            .nodes
+            .get(&ino)
+            .is_none_or(|n| n.links.is_empty())
+    }
+
+    /// The store object that holds node `ino`'s pages (None when it is gone), for tests
+    /// that put a page into the store as a crash would leave it. Takes `ns`.
+    #[cfg(test)]
+    pub(crate) fn object_of(&self, ino: u64) -> Option<u64> {
+        self.ns.lock().nodes.get(&ino).map(|n| n.obj)
+    }
+
+    /// Node `ino`'s kind, the owner, mode and times BACKING must show, and its target (a
+    /// symlink's, or a special node's device number); None when it is gone. Takes `ns`.
+    pub fn backing_attrs(&self, ino: u64) -> Option<(Kind, Attrs, Vec<u8>)> {
+        let ns = self.ns.lock();
+        let n = ns.nodes.get(&ino)?;
+        Some((
+            n.kind,
+            Attrs {
+                mode: n.mode,
+                uid: n.uid,
+                gid: n.gid,
+                atime: n.atime,
+                mtime: n.mtime,
+            },
+            n.target.clone(),
+        ))
+    }
+
+    /// Extended attribute `name` of node `ino`: None when the node is gone, `Some(None)`
+    /// when it has no such attribute. Takes `ns`.
+    pub fn node_xattr(&self, ino: u64, name: &[u8]) -> Option<Option<Vec<u8>>> {
+        let ns = self.ns.lock();
+        ns.nodes.get(&ino).map(|n| n.xattrs.get(name).cloned())
+    }
+
+    /// Every extended attribute of node `ino` (none when it is gone). Takes `ns`.
+    pub fn node_xattrs(&self, ino: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        self.ns
+            .lock()
+            .nodes
+            .get(&ino)
+            .map(|n| n.xattrs.clone())
+            .unwrap_or_default()
+    }
+
+    /// Before `path` is removed or replaced in BACKING: every file still in the namespace
+    /// (another name, an open handle) whose base lies there (its name in BACKING or its
+    /// staging file) gets the base's data copied into the fast tier ([`Core::pin_base`];
+    /// one added to `pinned` for each), and that is made durable (store and journal) before
+    /// the caller touches BACKING. `except`: the node a rename moves there (its base is at
+    /// its old path). Takes `ns` (with each file's lock inside it) to find them, lets it go,
+    /// then each file's lock (with `db` inside it), then `db`.
+    pub fn pin_bases_under(
+        &self,
+        path: &[u8],
+        except: Option<u64>,
+        pinned: &AtomicU64,
+    ) -> io::Result<()> {
+        let victims: Vec<(u64, u64, Arc<Mutex<FileData>>)> = {
+            let ns = self.ns.lock();
+            ns.nodes
+                .iter()
+                .filter(|(i, _)| Some(**i) != except)
+                .filter_map(|(i, n)| {
+                    let d = n.data.as_ref()?;
+                    let f = d.lock();
+                    let bp = f.base_path()?;
+                    (f.has_base && under(bp, path)).then(|| (*i, n.obj, d.clone()))
+                })
+                .collect()
+        };
+        if victims.is_empty() {
+            return Ok(());
+        }
+        for (ino, obj, d) in &victims {
+            let mut f = d.lock();
+            self.pin_base(*ino, *obj, &mut f)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            pinned.fetch_add(1, Relaxed);
+        }
+        self.store
+            .flush()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.db
+            .lock()
+            .make_durable()
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
+    /// Records that node `ino` is at `bp` in BACKING (None: nowhere yet); a file's base
+    /// handle is dropped. Takes `ns` (with the file's lock inside it, let go), and writes the
+    /// journal (`db`) while it holds `ns`.
+    pub fn set_backing_path(&self, ino: u64, bp: Option<&[u8]>) {
+        let mut ns = self.ns.lock();
+        if let Some(n) = ns.nodes.get_mut(&ino) {
+            n.bpath = bp.map(|b| b.to_vec());
+            if let Some(d) = &n.data {
+                let mut f = d.lock();
+                f.bpath = n.bpath.clone();
+                f.base_fd = None;
+            }
+            if let Err(e) = self.tx(|tx| db::set_bpath(tx, ino, bp)) {
+                tracing::warn!("recording the backing path of inode {ino}: {e}");
+            }
+        }
+    }
+
+    /// After `path` was removed or replaced in BACKING: nothing is there any more (but
+    /// `except`). Takes `ns` (with each file's lock inside it), lets it go, then writes the
+    /// journal (`db`).
+    pub fn clear_backing_paths(&self, path: &[u8], except: Option<u64>) {
+        let mut changed = Vec::new();
+        let mut ns = self.ns.lock();
+        for (ino, n) in ns.nodes.iter_mut() {
+            if Some(*ino) == except {
+                continue;
+            }
+            let Some(bp) = &n.bpath else { continue };
+            if under(bp, path) {
+                n.bpath = None;
+                if let Some(d) = &n.data {
+                    let mut f = d.lock();
+                    f.bpath = None;
+                    f.base_fd = None;
+                    if f.has_base && f.staged.is_none() {
+                        // Cannot happen: such files are pinned before their last BACKING name
+                        // is removed. Keep the pages; they are the file.
+                        tracing::error!(
+                            "inode {ino} lost its base at {}",
+                            String::from_utf8_lossy(path)
+                        );
+                        f.has_base = false;
+                    }
+                }
+                changed.push(*ino);
+            }
+        }
+        drop(ns);
+        let r = self.tx(|tx| {
+            for i in &changed {
+                db::set_bpath(tx, *i, None)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::warn!("recording backing paths: {e}");
+        }
+    }
+
+    /// After file `ino` moved to `to` in BACKING: its staging file (if any, in another
+    /// directory) follows, as `name` in `to`'s directory, so removing the old directory never
+    /// removes it. Holds the file's lock while it renames in BACKING and writes the journal
+    /// (`db`); `ns` only to find the file, let go before.
+    pub fn move_staged(&self, ino: u64, to: &[u8], name: &[u8]) -> io::Result<()> {
+        let d = {
+            let ns = self.ns.lock();
+            match ns.nodes.get(&ino).and_then(|n| n.data.clone()) {
+                Some(d) => d,
+                None => return Ok(()),
+            }
+        };
+        let mut f = d.lock();
+        let Some(sp) = f.staged.clone() else {
+            return Ok(());
+        };
+        let (sdir, _) = crate::backing::split(&sp);
+        let (tdir, _) = crate::backing::split(to);
+        if sdir == tdir {
+            return Ok(());
+        }
+        let (od, oname) = self.bk.parent(&sp)?;
+        let nd = self.bk.dir(tdir)?;
+        Backing::rename(&od, oname, &nd, name)?;
+        Backing::fsync_dir(&nd)?;
+        let nsp = join_rel(tdir, name);
+        tracing::debug!(
+            "inode {ino}'s staging file moves from {} to {}",
+            String::from_utf8_lossy(&sp),
+            String::from_utf8_lossy(&nsp)
+        );
+        f.staged = Some(nsp.clone());
+        f.base_fd = None;
+        drop(f);
+        self.tx(|tx| {
+            tx.execute(
+                "UPDATE inodes SET staged=?2 WHERE ino=?1",
+                rusqlite::params![ino as i64, nsp],
+            )?;
+            Ok(())
+        })
+        .map_err(|e| io::Error::other(e.to_string()))
+    }
+
+    /// After node `ino` was renamed from `from` to `to` in BACKING: what was at `to` is gone
+    /// ([`Core::clear_backing_paths`]), and every backing path and staging file under `from`
+    /// is under `to` now. Takes `ns` (with each file's lock inside it), lets it go, then
+    /// writes the journal (`db`).
+    pub fn rename_backing_paths(&self, ino: u64, from: &[u8], to: &[u8]) {
+        self.clear_backing_paths(to, Some(ino));
+        let mut changed = Vec::new();
+        let mut staged = Vec::new();
+        let mut ns = self.ns.lock();
+        for (i, n) in ns.nodes.iter_mut() {
+            // Staging files inside a renamed directory move with it.
+            if let Some(d) = &n.data {
+                let mut f = d.lock();
+                if let Some(sp) = f.staged.clone().filter(|sp| under(sp, from)) {
+                    let mut ns2 = to.to_vec();
+                    ns2.extend_from_slice(&sp[from.len()..]);
+                    tracing::debug!(
+                        "inode {i}'s staging file {} is now {} (directory renamed)",
+                        String::from_utf8_lossy(&sp),
+                        String::from_utf8_lossy(&ns2)
+                    );
+                    f.staged = Some(ns2.clone());
+                    f.base_fd = None;
+                    staged.push((*i, ns2));
+                }
+            }
+            let Some(bp) = &n.bpath else { continue };
+            if under(bp, from) {
+                let mut nb = to.to_vec();
+                nb.extend_from_slice(&bp[from.len()..]);
+                n.bpath = Some(nb.clone());
+                if let Some(d) = &n.data {
+                    let mut f = d.lock();
+                    f.bpath = Some(nb.clone());
+                    f.base_fd = None;
+                }
+                changed.push((*i, nb));
+            }
+        }
+        drop(ns);
+        let r = self.tx(|tx| {
+            for (i, b) in &changed {
+                db::set_bpath(tx, *i, Some(b))?;
+            }
+            for (i, sp) in &staged {
+                tx.execute(
+                    "UPDATE inodes SET staged=?2 WHERE ino=?1",
+                    rusqlite::params![*i as i64, sp],
+                )?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::warn!("recording backing paths: {e}");
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! A file's contents drained to BACKING, the core's side of it: the drainer begins a pass
+//! ([`Core::begin_drain`]: what the file is now), reads the dirty pages through it, writes
+//! them to BACKING on its own (no lock of the core held), and ends the pass
+//! ([`Core::finish_drain`]: pages clean, the base is BACKING's copy, the inode row).
+//!
+//! Locks: each method takes the namespace lock (`ns`) or the file's lock, never one inside
+//! the other, and `db` only after the file's lock is let go.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tierstack_store::PageData;
+
+use crate::error::Result;
+
+use super::extents::Extents;
+use super::{Core, FileData, PAGE};
+
+/// One drain pass over a regular file, from [`Core::begin_drain`] to
+/// [`Core::finish_drain`]: what the file was when the pass began, and the file's contents it
+/// works on (held by the pass even if the file is removed meanwhile). Opaque: the drainer
+/// reads the snapshot through its methods and hands the pass back to the core's.
+pub struct DrainPass {
+    data: Arc<Mutex<FileData>>,
+    ino: u64,
+    obj: u64,
+    open: bool,
+    size: u64,
+    start_ver: u64,
+    staged: Option<Vec<u8>>,
+    base: Option<(Vec<u8>, u64)>,
+    extents: Option<Extents>,
+}
+
+impl DrainPass {
+    /// A handle is open on the file: the pass stages the contents, the pass after the last
+    /// close puts them in place.
+    pub fn open(&self) -> bool {
+        self.open
+    }
+
+    /// The file's size: the pass drains this many bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The file's version when the pass began (a later write makes it stay dirty).
+    pub fn ver(&self) -> u64 {
+        self.start_ver
+    }
+
+    /// Where an earlier pass staged the contents in BACKING, if one did.
+    pub fn staged(&self) -> Option<&[u8]> {
+        self.staged.as_deref()
+    }
+
+    /// The file's own copy in BACKING (path, bytes of it that are the file's) when it was
+    /// drained whole before and not staged since: its unchanged bytes are copied from there.
+    pub fn base(&self) -> Option<(&[u8], u64)> {
+        self.base.as_ref().map(|(p, len)| (p.as_slice(), *len))
+    }
+
+    /// The file's allocated blocks, if known: only they are written (holes stay holes).
+    pub fn extents(&self) -> Option<&Extents> {
+        self.extents.as_ref()
+    }
+}
+
+/// What a pass wrote, for [`Core::finish_drain`]. Plain data.
+pub struct Drained<'a> {
+    /// (page, version) of the pages now in BACKING.
+    pub pages: &'a [(u64, u64)],
+    /// Bytes written to BACKING.
+    pub written: u64,
+    /// 512-byte blocks BACKING's copy holds (for `st_blocks`).
+    pub base_blocks: u64,
+    /// The staging file's path in BACKING (the base while the file is open).
+    pub staged_at: &'a [u8],
+    /// The file's path in BACKING (its place after the last close).
+    pub path: &'a [u8],
+}
+
+impl Core {
+    /// Begins a drain pass over file `ino`: None when there is nothing to drain (the file is
+    /// gone or has no name left: its later unlink removes every path the pass would write;
+    /// not a regular file; not dirty). Takes its data row off the queue (a change from now on
+    /// queues another) and starts tracking the smallest size until the pass ends. Takes
+    /// `ns`, lets it go, then takes the file's lock.
+    pub fn begin_drain(&self, ino: u64) -> Option<DrainPass> {
+        let (data, obj, open) = {
+            let ns = self.ns.lock();
+            match ns.nodes.get(&ino) {
+                Some(n) if !n.links.is_empty() => match &n.data {
+                    Some(d) => (d.clone(), n.obj, n.open > 0),
+                    None => return None,
+                },
+                _ => return None,
+            }
+        };
+        let mut f = data.lock();
+        f.data_pending = false;
+        if !f.dirty {
+            return None;
+        }
+        f.min_size = f.size;
+        let base = (f.has_base && f.staged.is_none() && f.base_len > 0)
+            .then(|| f.bpath.clone().map(|b| (b, f.base_len)))
+            .flatten();
+        let (size, start_ver, staged, extents) =
+            (f.size, f.ver, f.staged.clone(), f.extents.clone());
+        drop(f);
+        Some(DrainPass {
+            data,
+            ino,
+            obj,
+            open,
+            size,
+            start_ver,
+            staged,
+            base,
+            extents,
+        })
+    }
+
+    /// Bytes of the staging file that are still the file's (a truncation since the last
+    /// pass took the rest away). Takes the file's lock.
+    pub fn staged_len(&self, pass: &DrainPass) -> u64 {
+        pass.data.lock().base_len
+    }
+
+    /// The dirty pages of the pass's file that begin below `size`, in order. Takes the
+    /// file's lock.
+    pub fn pages_to_drain(&self, pass: &DrainPass, size: u64) -> Vec<u64> {
+        let f = pass.data.lock();
+        f.pages
+            .iter()
+            .filter(|(p, pg)| pg.dirty && **p * PAGE < size)
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    /// Page `p` of the pass's file and its version, if it is still dirty and holds data
+    /// (read from the store, or the base, not cached). Takes the file's lock.
+    pub fn read_dirty_page(&self, pass: &DrainPass, p: u64) -> Result<Option<(PageData, u64)>> {
+        let mut f = pass.data.lock();
+        let Some(ver) = f.pages.get(&p).filter(|pg| pg.dirty).map(|pg| pg.ver) else {
+            return Ok(None);
+        };
+        Ok(self
+            .read_page(pass.obj, &mut f, p, false)?
+            .map(|v| (v, ver)))
+    }
+
+    /// Ends a pass once BACKING holds its contents (staged, or in place after the last
+    /// close): the pages it wrote are clean unless written since, the base is BACKING's copy
+    /// (the staging file while the file is open, else its path), the file stays dirty if it
+    /// changed since the pass began; all of that recorded in the inode row before anything
+    /// is dropped. Then the node's backing path (in place), the drained bytes, and clean
+    /// pages dropped under pressure. Takes the file's lock, lets it go, then `db` (the
+    /// row), then `ns` (the path); an error of the row ends it there.
+    pub fn finish_drain(&self, pass: &DrainPass, done: &Drained<'_>) -> Result<()> {
+        let row = {
+            let mut f = pass.data.lock();
+            for (p, ver) in done.pages {
+                if let Some(pg) = f.pages.get_mut(p) {
+                    if pg.ver == *ver && pg.dirty {
+                        pg.dirty = false;
+                        self.dirty_bytes.fetch_sub(pg.len as u64, Relaxed);
+                    }
+                }
+            }
+            f.has_base = true;
+            f.base_len = pass.size.min(f.min_size);
+            f.base_blocks = done.base_blocks;
+            f.base_fd = None;
+            if pass.open {
+                // Not in place yet: the drain after the last close renames it.
+                f.staged = Some(done.staged_at.to_vec());
+                f.dirty = true;
+            } else {
+                f.staged = None;
+                f.bpath = Some(done.path.to_vec());
+                f.dirty = f.ver != pass.start_ver;
+            }
+            tracing::debug!(
+                "drained inode {}: base_len {} staged {:?} dirty {} ({} bytes written)",
+                pass.ino,
+                f.base_len,
+                f.staged.as_deref().map(String::from_utf8_lossy),
+                f.dirty,
+                done.written
+            );
+            (
+                f.has_base,
+                f.base_len,
+                f.dirty,
+                f.bpath.clone(),
+                f.staged.clone(),
+            )
+        };
+        self.tx(|tx| {
+            tx.execute(
+                "UPDATE inodes SET has_base=?2, base_len=?3, dirty=?4, bpath=?5, staged=?6 WHERE ino=?1",
+                rusqlite::params![
+                    pass.ino as i64,
+                    row.0 as i64,
+                    row.1 as i64,
+                    row.2 as i64,
+                    row.3,
+                    row.4
+                ],
+            )?;
+            Ok(())
+        })?;
+        if !pass.open {
+            let mut ns = self.ns.lock();
+            if let Some(n) = ns.nodes.get_mut(&pass.ino) {
+                n.bpath = Some(done.path.to_vec());
+            }
+        }
+        self.note_drained(done.written);
+        if self.under_pressure() {
+            self.drop_clean(0);
+        }
+        self.notify_space();
+        Ok(())
+    }
+}

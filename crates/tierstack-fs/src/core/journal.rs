@@ -1,0 +1,72 @@
+//! The journal as the drainer and `status` read it: rows waiting for BACKING, their
+//! deletion once applied, and the quarantine (rows BACKING refused for good, with the
+//! inodes whose dirty data they keep in the fast tier).
+//!
+//! Every method here takes the database lock (`db`) for its own work and lets it go before
+//! it returns; none takes the namespace lock (`ns`) or a file's lock.
+
+use crate::db::{JOp, Stuck};
+use crate::error::Result;
+
+use super::Core;
+
+impl Core {
+    /// Commits the open group transaction, then reads up to `limit` rows after `seq`, in
+    /// order: only committed rows reach BACKING (a row of a group that a `kill -9` would
+    /// lose must not have been applied there). Both under one hold of `db`.
+    pub fn committed_rows_after(&self, seq: i64, limit: usize) -> Result<Vec<JOp>> {
+        let mut db = self.db.lock();
+        db.commit_group().and_then(|()| db.ops_after(seq, limit))
+    }
+
+    /// Whether the journal holds a row after `seq`. Takes `db`.
+    pub fn has_rows_after(&self, seq: i64) -> Result<bool> {
+        self.db.lock().has_ops_after(seq)
+    }
+
+    /// The rows of inode `ino` after `seq`, in order. Takes `db`.
+    pub fn rows_of(&self, ino: u64, seq: i64) -> Result<Vec<JOp>> {
+        self.db.lock().ops_of(ino, seq)
+    }
+
+    /// Deletes row `seq` (applied to BACKING). Takes `db`.
+    pub fn delete_row(&self, seq: i64) -> Result<()> {
+        self.db.lock().del_op(seq)
+    }
+
+    /// Deletes the rows `seqs` in one transaction (they cancelled out). Takes `db`.
+    pub fn delete_rows(&self, seqs: &[i64]) -> Result<()> {
+        self.db.lock().del_ops(seqs)
+    }
+
+    /// How many rows the journal holds. Takes `db`.
+    pub fn journal_len(&self) -> Result<u64> {
+        self.db.lock().count_ops()
+    }
+
+    /// For `status`: the journal's rows and the quarantined rows (0 and none where the
+    /// journal cannot be read), under one hold of `db`.
+    pub fn journal_backlog(&self) -> (u64, Vec<Stuck>) {
+        let db = self.db.lock();
+        (db.count_ops().unwrap_or(0), db.stuck().unwrap_or_default())
+    }
+
+    /// Moves `op` from the journal to the quarantine with the error `msg`, and notes its
+    /// inode as stuck (its dirty data stays in the fast tier). Takes `db`, lets it go, then
+    /// takes `stuck_inos`.
+    pub fn quarantine_row(&self, op: &JOp, msg: &str) -> Result<()> {
+        self.db.lock().quarantine(op, msg)?;
+        self.stuck_inos.lock().insert(op.ino);
+        Ok(())
+    }
+
+    /// Moves every quarantined row back into the journal (`drain --retry`) and forgets the
+    /// stuck inodes. Takes `db`, and `stuck_inos` inside it (order `db` -> `stuck_inos`).
+    pub fn release_quarantine(&self) -> Result<usize> {
+        let mut db = self.db.lock();
+        let n = db.release_stuck()?;
+        self.stuck_inos.lock().clear();
+        drop(db);
+        Ok(n)
+    }
+}
