@@ -756,7 +756,11 @@ fn make_install_then_uninstall() {
             "share/tierstack/{f} not installed"
         );
     }
-    for unit in ["tierstack@.service", "tierstack-recover.service"] {
+    for unit in [
+        "tierstack@.service",
+        "tierstack-recover.service",
+        "tierstack-exporter.service",
+    ] {
         let text = std::fs::read_to_string(usr.join("lib/systemd/system").join(unit))
             .unwrap_or_else(|e| panic!("{unit} not installed: {e}"));
         assert!(

@@ -319,6 +319,7 @@ fn rpm_spec_builds_the_fhs_layout() {
         "/usr/share/tierstack/grafana/tierstack.json".to_string(),
         "/usr/lib/systemd/system/tierstack@.service".to_string(),
         "/usr/lib/systemd/system/tierstack-recover.service".to_string(),
+        "/usr/lib/systemd/system/tierstack-exporter.service".to_string(),
         "/usr/lib/sysusers.d/tierstack.conf".to_string(),
         "/usr/lib/tmpfiles.d/tierstack.conf".to_string(),
         "/usr/lib/udev/rules.d/60-tierstack.rules".to_string(),

@@ -49,10 +49,14 @@ fn exec_args(unit: &Path) -> Vec<String> {
 #[test]
 fn systemd_analyze_accepts_the_units() {
     let t = tempfile::tempdir().expect("tmp");
-    let files: Vec<PathBuf> = ["tierstack-recover.service", "tierstack@.service"]
-        .iter()
-        .map(|n| installed(n, t.path()))
-        .collect();
+    let files: Vec<PathBuf> = [
+        "tierstack-recover.service",
+        "tierstack@.service",
+        "tierstack-exporter.service",
+    ]
+    .iter()
+    .map(|n| installed(n, t.path()))
+    .collect();
     // An instance of the template, as `systemctl enable tierstack@scratch` makes it.
     let inst = t.path().join("tierstack@scratch.service");
     std::fs::copy(&files[1], &inst).expect("copy");
@@ -60,10 +64,57 @@ fn systemd_analyze_accepts_the_units() {
         .args(["verify", "--man=no"])
         .arg(&files[0])
         .arg(&inst)
+        .arg(&files[2])
         .output()
         .expect("systemd-analyze (the systemd package) is installed by .ci/run");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && err.trim().is_empty(), "{err}");
+}
+
+/// The exporter's unit runs `tierstack exporter` on the configured address (here through
+/// the configuration's variable, as an `Environment=` line or the site file would give it):
+/// it answers a scrape, and `systemctl stop`'s SIGTERM ends it with status 0.
+#[test]
+fn the_exporter_unit_serves_and_stops_on_sigterm() {
+    let t = tempfile::tempdir().expect("tmp");
+    let unit = installed("tierstack-exporter.service", t.path());
+    let args = exec_args(&unit);
+    assert_eq!(args, ["exporter"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(BIN)
+        .args(&args)
+        .env("TIERSTACK_EXPORTER_LISTEN", &addr)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("exporter");
+    let t0 = std::time::Instant::now();
+    let body = loop {
+        use std::io::{Read, Write};
+        if let Ok(mut c) = std::net::TcpStream::connect(&addr) {
+            c.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("ask");
+            let mut out = String::new();
+            c.read_to_string(&mut out).expect("answer");
+            break out;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "no answer at {addr}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(body.contains("tierstack_exporter_mounts"), "{body}");
+    // SAFETY: kill(2) of the exporter this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t1 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(t1.elapsed() < std::time::Duration::from_secs(10), "no exit on SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
 }
 
 #[test]
