@@ -95,12 +95,16 @@ fn the_exporter_unit_serves_and_stops_on_sigterm() {
     let body = loop {
         use std::io::{Read, Write};
         if let Ok(mut c) = std::net::TcpStream::connect(&addr) {
-            c.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("ask");
+            c.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                .expect("ask");
             let mut out = String::new();
             c.read_to_string(&mut out).expect("answer");
             break out;
         }
-        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "no answer at {addr}");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no answer at {addr}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     assert!(body.contains("tierstack_exporter_mounts"), "{body}");
@@ -111,7 +115,10 @@ fn the_exporter_unit_serves_and_stops_on_sigterm() {
         if let Some(st) = child.try_wait().expect("wait") {
             break st;
         }
-        assert!(t1.elapsed() < std::time::Duration::from_secs(10), "no exit on SIGTERM");
+        assert!(
+            t1.elapsed() < std::time::Duration::from_secs(10),
+            "no exit on SIGTERM"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
