@@ -15,6 +15,7 @@ pub mod latency;
 pub mod mounts;
 pub mod process;
 pub mod size;
+pub mod users;
 
 pub use duration::{fmt_duration, parse_duration, DurationError};
 pub use error::{io_err, PathIoError};

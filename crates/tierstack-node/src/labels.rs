@@ -11,7 +11,6 @@
 //!   root daemon was mounted for with `--owner`), else the daemon's or program's real uid,
 //!   resolved to a name through the user database (NSS: LDAP users too), else the number.
 
-use std::ffi::CStr;
 use std::path::Path;
 
 use tierstack_fs::mount::MountStatus;
@@ -79,30 +78,9 @@ pub fn proc_uid(pid: u32) -> Option<u32> {
 
 /// The name of `uid` in the user database, else the number.
 pub fn user_name(uid: u32) -> String {
-    let mut buf = vec![0u8; 16384];
-    // SAFETY: libc::passwd is a plain C struct of integers and pointers; all-zero is valid.
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
-        return uid.to_string();
-    }
-    // SAFETY: getpwuid_r succeeded, so pw_name points to a NUL-terminated string in buf.
-    let name = unsafe { CStr::from_ptr(pwd.pw_name) }.to_string_lossy();
-    if name.is_empty() {
-        uid.to_string()
-    } else {
-        name.into_owned()
-    }
+    tierstack_common::users::user_name(uid)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| uid.to_string())
 }
 
 /// The owner of the mount whose status is `st` and control socket `socket`.

@@ -1,7 +1,7 @@
 //! Running work as the job's user: the user's groups, a child process with the job's uid,
 //! gid and groups, bounded in time; the `tierstack` binary run that way.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Seek};
 use std::os::unix::ffi::OsStrExt;
@@ -20,25 +20,10 @@ use crate::Common;
 
 /// The supplementary groups of `uid` (with `gid`), from the user database.
 pub(crate) fn user_groups(uid: u32, gid: u32) -> Result<Vec<libc::gid_t>> {
-    let mut buf = vec![0u8; 16384];
-    let mut pwd: libc::passwd = unsafe_zeroed_passwd();
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() {
+    let Some(name) = tierstack_common::users::user_name(uid) else {
         // A uid without a name (e.g. from a container): only its primary group.
         return Ok(vec![gid]);
-    }
-    // SAFETY: getpwuid_r succeeded, so pw_name points to a NUL-terminated string inside buf.
-    let name: CString = unsafe { CStr::from_ptr(pwd.pw_name) }.to_owned();
+    };
     let mut n: libc::c_int = 64;
     loop {
         let mut groups = vec![0 as libc::gid_t; n as usize];
@@ -54,11 +39,6 @@ pub(crate) fn user_groups(uid: u32, gid: u32) -> Result<Vec<libc::gid_t>> {
         }
         n = count.max(n * 2);
     }
-}
-
-pub(crate) fn unsafe_zeroed_passwd() -> libc::passwd {
-    // SAFETY: libc::passwd is a plain C struct of integers and pointers; all-zero is valid.
-    unsafe { std::mem::zeroed() }
 }
 
 /// A command that runs as `uid`/`gid` with the user's groups (when we are root).
