@@ -10,6 +10,9 @@ use crate::error::Result;
 
 use super::Core;
 
+/// The `meta` key of the row whose change to BACKING may be under way.
+const IN_FLIGHT: &str = "in_flight";
+
 impl Core {
     /// Commits the open group transaction, then reads up to `limit` rows after `seq`, in
     /// order: only committed rows reach BACKING (a row of a group that a `kill -9` would
@@ -17,6 +20,35 @@ impl Core {
     pub fn committed_rows_after(&self, seq: i64, limit: usize) -> Result<Vec<JOp>> {
         let mut db = self.db.lock();
         db.commit_group().and_then(|()| db.ops_after(seq, limit))
+    }
+
+    /// Records durably that row `seq` is about to change BACKING (a rename, after which the
+    /// namespace's backing paths follow it): everything committed so far, the record
+    /// included, survives a crash. If the daemon dies after BACKING changed but before the
+    /// backing paths and the row's deletion were committed, the next mount finds the row
+    /// here and applies it again before it serves (see [`Core::interrupted_row`]): reads
+    /// would otherwise look for bases where BACKING no longer has them. Takes `db`.
+    pub fn mark_in_flight(&self, seq: i64) -> Result<()> {
+        let mut db = self.db.lock();
+        db.meta_set(IN_FLIGHT, &seq.to_le_bytes())?;
+        db.make_durable()
+    }
+
+    /// The row recorded by [`Core::mark_in_flight`], if it is still in the journal: its
+    /// change to BACKING may have been made without the namespace knowing. Takes `db`.
+    pub fn interrupted_row(&self) -> Result<Option<JOp>> {
+        let db = self.db.lock();
+        let Some(v) = db.meta_get(IN_FLIGHT)? else {
+            return Ok(None);
+        };
+        let Ok(b) = <[u8; 8]>::try_from(v.as_slice()) else {
+            return Ok(None);
+        };
+        let seq = i64::from_le_bytes(b);
+        Ok(db
+            .ops_after(seq - 1, 1)?
+            .into_iter()
+            .find(|op| op.seq == seq))
     }
 
     /// Whether the journal holds a row after `seq`. Takes `db`.

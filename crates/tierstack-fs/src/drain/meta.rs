@@ -117,6 +117,11 @@ impl Drainer {
                 let (nd, nname) = bk.parent(&op.p2)?;
                 self.core
                     .pin_bases_under(&op.p2, Some(op.ino), &self.pinned)?;
+                // From here until the row is deleted, BACKING and the backing paths below
+                // differ: a crash in between is mended by the next start (`Drainer::start`).
+                self.core
+                    .mark_in_flight(op.seq)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
                 if let Err(e) = Backing::rename(&od, oname, &nd, nname) {
                     // Replayed after a crash: the rename is done already.
                     if !(e.kind() == io::ErrorKind::NotFound && Backing::stat(&nd, nname).is_ok()) {

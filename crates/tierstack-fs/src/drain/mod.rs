@@ -165,6 +165,7 @@ impl Drainer {
 
     /// Starts the dispatcher and the workers.
     pub fn start(self: &Arc<Self>) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+        self.finish_interrupted();
         let (tx, rx) = mpsc::channel::<JOp>();
         let rx = Arc::new(Mutex::new(rx));
         let mut hs = Vec::new();
@@ -184,6 +185,35 @@ impl Drainer {
                 .spawn(move || me.dispatch(tx))?,
         );
         Ok(hs)
+    }
+
+    /// Applies again, before the mount serves, the row whose change to BACKING a crash may
+    /// have cut short (see [`Core::mark_in_flight`]): BACKING may have the change while the
+    /// namespace still has the backing paths from before it, and a read of a base there would
+    /// fail until the dispatcher reached the row. One try (rows are idempotent); if it fails
+    /// (BACKING away), the dispatcher applies it in its turn, as before.
+    fn finish_interrupted(&self) {
+        let op = match self.core.interrupted_row() {
+            Ok(Some(op)) => op,
+            Ok(None) => return,
+            Err(e) => {
+                self.note_error("reading the journal", &e);
+                return;
+            }
+        };
+        tracing::info!(
+            "recovery: applying again row {} ({:?} {}), which was under way when the daemon stopped",
+            op.seq,
+            op.kind,
+            String::from_utf8_lossy(&op.p1)
+        );
+        match self.apply_meta(&op) {
+            Ok(()) => self.finish_row(op.seq),
+            Err(e) => self.note_error(
+                &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
+                &e,
+            ),
+        }
     }
 
     /// Bytes per second drained over the last few seconds.
