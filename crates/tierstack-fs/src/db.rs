@@ -349,7 +349,8 @@ impl Db {
              CREATE TABLE IF NOT EXISTS xattrs(ino INTEGER, name BLOB, value BLOB,
                 PRIMARY KEY(ino, name));
              CREATE TABLE IF NOT EXISTS stuck(seq INTEGER PRIMARY KEY, kind INTEGER,
-                ino INTEGER, p1 BLOB, p2 BLOB, error TEXT, since INTEGER);",
+                ino INTEGER, p1 BLOB, p2 BLOB, error TEXT, since INTEGER);
+             CREATE TABLE IF NOT EXISTS staging(path BLOB PRIMARY KEY, ino INTEGER);",
         )?;
         // Journals made before staged drains lack the column.
         let has_staged = conn.prepare("SELECT staged FROM inodes LIMIT 0").is_ok();
@@ -557,6 +558,32 @@ impl Db {
         self.conn
             .prepare_cached("DELETE FROM journal WHERE seq=?1")?
             .execute([seq])?;
+        Ok(())
+    }
+
+    /// Records that the drainer is about to make a temporary file at `path` in BACKING for
+    /// inode `ino` (see [`Db::staging_files`]).
+    pub fn staging_add(&self, path: &[u8], ino: u64) -> Result<()> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO staging(path, ino) VALUES (?1, ?2)")?
+            .execute(params![path, ino as i64])?;
+        Ok(())
+    }
+
+    /// Every temporary file the drainer recorded and has not yet found gone or in use.
+    pub fn staging_files(&self) -> Result<Vec<(Vec<u8>, u64)>> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT path, ino FROM staging ORDER BY path")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+    }
+
+    /// Forgets the temporary file at `path`.
+    pub fn staging_del(&self, path: &[u8]) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM staging WHERE path=?1")?
+            .execute([path])?;
         Ok(())
     }
 

@@ -976,6 +976,7 @@ impl Daemon {
         // mount of the same fast tier.
         self.core.request_drain(false);
         self.drain_for_stop(None);
+        self.drainer.sweep_when_settled();
         self.drainer.stop.store(true, Relaxed);
         self.core.set_stopping();
         self.core.store().flush()?;

@@ -28,6 +28,14 @@ impl Core {
             .is_none_or(|n| n.links.is_empty())
     }
 
+    /// Where file `ino`'s staging file is in BACKING (None: it has none, or it is gone).
+    /// Takes `ns`, then the file's lock.
+    pub fn staged_path(&self, ino: u64) -> Option<Vec<u8>> {
+        let d = self.ns.lock().nodes.get(&ino)?.data.clone()?;
+        let f = d.lock();
+        f.staged.clone()
+    }
+
     /// The store object that holds node `ino`'s pages (None when it is gone), for tests
     /// that put a page into the store as a crash would leave it. Takes `ns`.
     #[cfg(test)]
@@ -197,9 +205,11 @@ impl Core {
         }
         let (od, oname) = self.bk.parent(&sp)?;
         let nd = self.bk.dir(tdir)?;
+        let nsp = join_rel(tdir, name);
+        self.note_staging(&nsp, ino)
+            .map_err(|e| io::Error::other(e.to_string()))?;
         Backing::rename(&od, oname, &nd, name)?;
         Backing::fsync_dir(&nd)?;
-        let nsp = join_rel(tdir, name);
         tracing::debug!(
             "inode {ino}'s staging file moves from {} to {}",
             String::from_utf8_lossy(&sp),
@@ -266,6 +276,10 @@ impl Core {
                 tx.execute(
                     "UPDATE inodes SET staged=?2 WHERE ino=?1",
                     rusqlite::params![*i as i64, sp],
+                )?;
+                tx.execute(
+                    "INSERT OR REPLACE INTO staging(path, ino) VALUES (?1, ?2)",
+                    rusqlite::params![sp, *i as i64],
                 )?;
             }
             Ok(())

@@ -51,6 +51,27 @@ impl Core {
             .find(|op| op.seq == seq))
     }
 
+    /// Records, committed before it returns, that the drainer is about to make a temporary
+    /// file at `path` in BACKING for inode `ino` (a staging file, a further link's temporary
+    /// name): a crash before the namespace records what became of it leaves a file nobody
+    /// knows, which the drainer's sweep ([`Core::staging_files`]) then removes. Takes `db`.
+    pub fn note_staging(&self, path: &[u8], ino: u64) -> Result<()> {
+        let mut db = self.db.lock();
+        db.staging_add(path, ino)?;
+        db.commit_group()
+    }
+
+    /// The temporary files recorded by [`Core::note_staging`] and not yet forgotten, with
+    /// their inodes. Takes `db`.
+    pub fn staging_files(&self) -> Result<Vec<(Vec<u8>, u64)>> {
+        self.db.lock().staging_files()
+    }
+
+    /// Forgets a temporary file (gone from BACKING, or removed by the sweep). Takes `db`.
+    pub fn forget_staging(&self, path: &[u8]) -> Result<()> {
+        self.db.lock().staging_del(path)
+    }
+
     /// Whether the journal holds a row after `seq`. Takes `db`.
     pub fn has_rows_after(&self, seq: i64) -> Result<bool> {
         self.db.lock().has_ops_after(seq)

@@ -151,6 +151,16 @@ impl Bed {
     }
 }
 
+/// A temporary folder with a fast tier's folder and BACKING made in it.
+fn folders() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (fast, backing) = (tmp.path().join("fast"), tmp.path().join("backing"));
+    for d in [&fast, &backing] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    (tmp, fast, backing)
+}
+
 fn bytes(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
@@ -159,11 +169,7 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn a_page_older_than_its_drain_reads_and_drains_the_same() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (fast, backing) = (tmp.path().join("fast"), tmp.path().join("backing"));
-    for d in [&fast, &backing] {
-        std::fs::create_dir(d).expect("mkdir");
-    }
+    let (_tmp, fast, backing) = folders();
     let first = bytes(7894, 3);
     let later = bytes(117_037, 7);
     let at = 607_302u64;
@@ -171,19 +177,7 @@ fn a_page_older_than_its_drain_reads_and_drains_the_same() {
     assert!(size < PAGE, "both writes in page 0");
     let obj = {
         let bed = Bed::open(&fast, &backing, true);
-        let ino = match bed.ask(Op::Create {
-            parent: ROOT,
-            name: b"f",
-            mode: libc::S_IFREG | 0o644,
-            umask: 0,
-            flags: libc::O_WRONLY | libc::O_CREAT,
-        }) {
-            Out::Created(a, fh, _) => {
-                bed.ask(Op::Release { ino: a.ino, fh });
-                a.ino
-            }
-            o => panic!("create answered {o:?}"),
-        };
+        let ino = create(&bed, b"f");
         bed.write(ino, 0, &first);
         bed.write(ino, at, &later);
         bed.drain();
@@ -243,11 +237,7 @@ fn lookup(bed: &Bed, name: &[u8]) -> Option<u64> {
 
 #[test]
 fn a_rename_applied_to_backing_but_not_recorded_reads_from_its_new_place() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (fast, backing) = (tmp.path().join("fast"), tmp.path().join("backing"));
-    for d in [&fast, &backing] {
-        std::fs::create_dir(d).expect("mkdir");
-    }
+    let (_tmp, fast, backing) = folders();
     // A file BACKING had before the mount: the mount reads it from there (its base).
     let data = bytes(3 * PAGE as usize + 1234, 5);
     std::fs::write(backing.join("f"), &data).expect("BACKING file");
@@ -289,4 +279,127 @@ fn a_rename_applied_to_backing_but_not_recorded_reads_from_its_new_place() {
     bed.drain();
     assert_eq!(std::fs::read(backing.join("g")).expect("g"), data);
     assert!(!backing.join("f").exists());
+}
+
+/// The temporary files of the drainer left in BACKING (under `dir`, recursively).
+fn strays(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(strays(&p));
+        } else if e
+            .file_name()
+            .as_encoded_bytes()
+            .starts_with(crate::core::TMP_PREFIX)
+        {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}
+
+fn create(bed: &Bed, name: &[u8]) -> u64 {
+    match bed.ask(Op::Create {
+        parent: ROOT,
+        name,
+        mode: libc::S_IFREG | 0o644,
+        umask: 0,
+        flags: libc::O_WRONLY | libc::O_CREAT,
+    }) {
+        Out::Created(a, fh, _) => {
+            bed.ask(Op::Release { ino: a.ino, fh });
+            a.ino
+        }
+        o => panic!("create answered {o:?}"),
+    }
+}
+
+/// A file drained while open has a staging file in BACKING; a rename that replaces it, then
+/// its last close, must not leave that staging file behind (churn seed 3107 left
+/// `p2/n6/.tierstack-tmp.221`).
+#[test]
+fn a_file_replaced_by_a_rename_leaves_no_staging_file() {
+    let (_tmp, fast, backing) = folders();
+    let bed = Bed::open(&fast, &backing, true);
+    let a = create(&bed, b"a");
+    let b = create(&bed, b"b");
+    bed.write(b, 0, &bytes(5000, 1));
+    let fh = match bed.ask(Op::Open {
+        ino: a,
+        flags: libc::O_WRONLY,
+    }) {
+        Out::Open(fh, _) => fh,
+        o => panic!("open answered {o:?}"),
+    };
+    bed.ask(Op::Write {
+        ino: a,
+        fh,
+        offset: 0,
+        data: &bytes(70_000, 2),
+        kill_suidgid: false,
+    });
+    // Drained while open: into its staging file, not yet into place.
+    let t0 = Instant::now();
+    while strays(&backing).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no staging file in 60 s"
+        );
+        bed.fs.core.request_drain(false);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        strays(&backing).len(),
+        1,
+        "the open file drained to its staging file"
+    );
+    bed.ask(Op::Rename {
+        parent: ROOT,
+        name: b"b",
+        newparent: ROOT,
+        newname: b"a",
+        flags: 0,
+    });
+    bed.ask(Op::Release { ino: a, fh });
+    bed.drain();
+    let t0 = Instant::now();
+    while !strays(&backing).is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(strays(&backing), Vec::<String>::new());
+    assert_eq!(std::fs::read(backing.join("a")).expect("a"), bytes(5000, 1));
+    bed.crash();
+}
+
+/// A staging file made just before a crash, which the namespace never recorded, is removed
+/// by the next mount's drainer.
+#[test]
+fn a_staging_file_a_crash_left_unrecorded_is_removed() {
+    let (_tmp, fast, backing) = folders();
+    let stray = backing.join(".tierstack-tmp.77");
+    {
+        let bed = Bed::open_with(&fast, &backing, true, false);
+        let f = create(&bed, b"f");
+        bed.write(f, 0, &bytes(3000, 4));
+        // The drainer's first step for inode 77, then the crash.
+        bed.fs
+            .core
+            .note_staging(b".tierstack-tmp.77", 77)
+            .expect("note");
+        std::fs::write(&stray, b"half a drain").expect("stray");
+        bed.crash();
+    }
+    // A temporary name nobody recorded is not the drainer's to remove.
+    let foreign = backing.join(".tierstack-tmp.78");
+    std::fs::write(&foreign, b"not ours").expect("foreign");
+    let bed = Bed::open(&fast, &backing, false);
+    bed.drain();
+    let t0 = Instant::now();
+    while stray.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!stray.exists(), "the unrecorded staging file stays");
+    assert!(foreign.exists());
+    bed.crash();
 }

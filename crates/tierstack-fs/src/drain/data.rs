@@ -136,6 +136,12 @@ impl Drainer {
         } else {
             OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC
         };
+        if staged.is_none() {
+            c.note_staging(&srel, op.ino)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            self.sweep_due
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let file = Backing::open_in(&sdir, &sname, flags, 0o600)?;
         let res = (|| -> io::Result<(Vec<(u64, u64)>, u64)> {
             let mut have = match staged {
@@ -218,6 +224,9 @@ impl Drainer {
                 {
                     let (odir, oname) = bk.parent(other)?;
                     let t2 = tmp_name(op.ino, &format!(".l{i}"));
+                    let (opart, _) = crate::backing::split(other);
+                    c.note_staging(&crate::core::join_rel(opart, &t2), op.ino)
+                        .map_err(|e| io::Error::other(e.to_string()))?;
                     let _ = Backing::unlink(&odir, &t2, false);
                     Backing::link(&dir, dname, &odir, &t2)?;
                     Backing::rename(&odir, &t2, &odir, oname)?;
@@ -247,7 +256,22 @@ impl Drainer {
             path: &op.p1,
         };
         c.finish_drain(&pass, &done)
-            .map_err(|e| io::Error::other(e.to_string()))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        if !open {
+            // Renamed into place: the temporary names are gone from BACKING.
+            let _ = c.forget_staging(&srel);
+            for (i, other) in op
+                .p2
+                .split(|b| *b == 0)
+                .filter(|p| !p.is_empty())
+                .enumerate()
+            {
+                let (opart, _) = crate::backing::split(other);
+                let t2 = tmp_name(op.ino, &format!(".l{i}"));
+                let _ = c.forget_staging(&crate::core::join_rel(opart, &t2));
+            }
+        }
+        Ok(())
     }
 
     /// Writes the dirty pages of a file below `size` to `out`; `have`: bytes `out` already

@@ -132,6 +132,9 @@ impl Drainer {
                 self.core.rename_backing_paths(op.ino, &op.p1, &op.p2);
                 self.core
                     .move_staged(op.ino, &op.p2, &tmp_name(op.ino, ""))?;
+                // A file this rename replaced may leave a staging file behind.
+                self.sweep_due
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
             }
             OpKind::Unlink => {
                 let (d, name) = bk.parent(&op.p1)?;

@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::backing::Backing;
 use crate::core::{Core, TMP_PREFIX};
 use crate::db::{JOp, OpKind};
 
@@ -133,6 +134,9 @@ pub struct Drainer {
     /// one (see [`policy::waits_for`]) is held behind it, never tried against a BACKING that
     /// lacks what it needs.
     refused: Mutex<Vec<Refused>>,
+    /// Whether the temporary files the drainer recorded are to be looked at again (at the
+    /// start, after a crash may have left some, and whenever a drain made one).
+    sweep_due: AtomicBool,
 }
 
 /// The name of the drainer's temporary file for inode `ino` (suffix: a further link).
@@ -160,6 +164,7 @@ impl Drainer {
             cancelled_rows: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             refused: Mutex::new(Vec::new()),
+            sweep_due: AtomicBool::new(true),
         })
     }
 
@@ -213,6 +218,62 @@ impl Drainer {
                 &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
                 &e,
             ),
+        }
+    }
+
+    /// At a clean stop, once everything drained: removes the temporary files no file uses
+    /// (as the dispatcher does when it goes idle), so that a fast tier removed after the stop
+    /// leaves none in BACKING. Nothing while journal rows or drains are pending.
+    pub fn sweep_when_settled(&self) {
+        if self.core.journal_len().unwrap_or(1) == 0 && self.in_flight() == 0 {
+            self.sweep_due.store(true, Relaxed);
+            self.sweep_staging();
+        }
+    }
+
+    /// Removes the temporary files in BACKING that no file uses any more: a staging file of
+    /// a file replaced by a rename or deleted while it drained, or one that a crash left
+    /// before the namespace recorded it. Runs in the dispatcher when the journal is empty and
+    /// no data drain is in flight, so no worker is making one meanwhile. A file that cannot
+    /// be removed (BACKING away) stays recorded for the next sweep.
+    fn sweep_staging(&self) {
+        if !self.sweep_due.swap(false, Relaxed) {
+            return;
+        }
+        if self.in_flight() > 0 {
+            self.sweep_due.store(true, Relaxed);
+            return;
+        }
+        let files = match self.core.staging_files() {
+            Ok(f) => f,
+            Err(e) => {
+                self.note_error("reading the staging files", &e);
+                return;
+            }
+        };
+        let bk = self.core.backing();
+        for (path, ino) in files {
+            if self.core.staged_path(ino).as_deref() == Some(path.as_slice()) {
+                continue;
+            }
+            let gone = match bk.parent(&path) {
+                Ok((d, name)) => Backing::unlink(&d, name, false),
+                Err(e) => Err(e),
+            };
+            match gone {
+                Ok(()) => tracing::debug!(
+                    "removed {}: inode {ino} no longer uses it",
+                    String::from_utf8_lossy(&path)
+                ),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    self.note_error(&format!("removing {}", String::from_utf8_lossy(&path)), &e);
+                    continue;
+                }
+            }
+            if let Err(e) = self.core.forget_staging(&path) {
+                self.note_error("forgetting a staging file", &e);
+            }
         }
     }
 
@@ -387,6 +448,7 @@ impl Drainer {
             match policy::choose(&state, &cfg) {
                 Choice::Sleep(d) => {
                     waiting_since = None;
+                    self.sweep_staging();
                     self.core.wait_for_wake(d);
                 }
                 Choice::Pause(d) => std::thread::sleep(d),
