@@ -44,6 +44,10 @@ fn check(a: &Array, model: &BTreeMap<u64, Vec<u8>>, when: &str) -> Result<(), Te
             .map_err(|e| TestCaseError::fail(format!("{when}: get {k}: {e}")))?;
         prop_assert_eq!(got.as_ref(), model.get(&k), "{}: key {}", when, k);
     }
+    // `status` keeps the bytes in use as a running sum: it is the model's.
+    let used: u64 = model.values().map(|v| v.len() as u64).sum();
+    prop_assert_eq!(a.status().used_bytes, used, "{}: used bytes", when);
+    prop_assert_eq!(a.status().objects, model.len() as u64, "{}: objects", when);
     Ok(())
 }
 

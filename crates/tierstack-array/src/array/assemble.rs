@@ -277,6 +277,7 @@ impl Array {
                 writer: Mutex::new(Writer::new(StripeImage::new(&geo))),
                 index: RwLock::new(Index {
                     map: HashMap::new(),
+                    bytes: 0,
                     tombs: HashMap::new(),
                     segs,
                     damaged: Vec::new(),

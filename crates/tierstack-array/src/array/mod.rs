@@ -208,6 +208,9 @@ struct Tomb {
 
 struct Index {
     map: HashMap<Key, Loc>,
+    /// The sum of the values' lengths in `map` (`status`'s used bytes without a walk of the
+    /// map under its lock: the mount answers `status` for every Prometheus scrape).
+    bytes: u64,
     tombs: HashMap<Key, Tomb>,
     segs: Vec<SegInfo>,
     /// Stripes whose summaries are damaged beyond repair, (segment, stripe), in order: their
@@ -219,6 +222,27 @@ struct Index {
 type Newest = HashMap<Key, (Entry, u32, u32)>;
 
 impl Index {
+    /// Enters `loc` for `key`, keeping the segments' live counts and `bytes`; the location
+    /// it replaces, if any.
+    fn put(&mut self, key: Key, loc: Loc) -> Option<Loc> {
+        let old = self.map.insert(key, loc);
+        if let Some(o) = &old {
+            self.segs[o.seg as usize].add_live(o.len, -1);
+            self.bytes -= u64::from(o.len);
+        }
+        self.segs[loc.seg as usize].add_live(loc.len, 1);
+        self.bytes += u64::from(loc.len);
+        old
+    }
+
+    /// Removes `key`, keeping the segments' live counts and `bytes`; its location, if any.
+    fn take(&mut self, key: &Key) -> Option<Loc> {
+        let old = self.map.remove(key)?;
+        self.segs[old.seg as usize].add_live(old.len, -1);
+        self.bytes -= u64::from(old.len);
+        Some(old)
+    }
+
     /// Enters the newest entry of each key: a value into the map, a deletion into the tombs.
     fn install(&mut self, best: Newest) {
         for (k, (e, seg, s)) in best {
@@ -231,8 +255,7 @@ impl Index {
                     },
                 );
             } else {
-                self.segs[seg as usize].add_live(e.len, 1);
-                self.map.insert(
+                self.put(
                     k,
                     Loc {
                         seg,

@@ -229,9 +229,7 @@ impl Array {
         );
         let mut idx = self.inner.index.write();
         for (k, _) in &locs {
-            if let Some(l) = idx.map.remove(k) {
-                idx.segs[l.seg as usize].add_live(l.len, -1);
-            }
+            idx.take(k);
         }
         // Older versions of those keys may still exist; the voided stripe must not hide them,
         // so reload them from a full rescan is unnecessary: a torn stripe holds only versions

@@ -62,6 +62,7 @@ impl Array {
                 writer: Mutex::new(Writer::new(StripeImage::new(&inner.geo))),
                 index: RwLock::new(Index {
                     map: idx.map.clone(),
+                    bytes: idx.bytes,
                     tombs: idx.tombs.clone(),
                     segs: idx.segs.clone(),
                     damaged: idx.damaged.clone(),

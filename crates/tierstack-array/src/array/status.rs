@@ -101,7 +101,11 @@ impl Array {
         let idx = self.inner.index.read();
         let seg_bytes = geo.seg_stripes * geo.stripe_data() as u64;
         let capacity = (geo.nsegs - self.inner.reserve) * seg_bytes;
-        let used: u64 = idx.map.values().map(|l| l.len as u64).sum();
+        let used = idx.bytes;
+        debug_assert_eq!(
+            used,
+            idx.map.values().map(|l| u64::from(l.len)).sum::<u64>()
+        );
         let free_segments = idx
             .segs
             .iter()

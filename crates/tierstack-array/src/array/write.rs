@@ -134,10 +134,7 @@ impl Array {
             pending: true,
         };
         let mut idx = self.inner.index.write();
-        if let Some(old) = idx.map.insert(key, loc) {
-            idx.segs[old.seg as usize].add_live(old.len, -1);
-        }
-        idx.segs[seg as usize].add_live(value.len() as u32, 1);
+        idx.put(key, loc);
         idx.tombs.remove(&key);
         Ok(())
     }
@@ -164,9 +161,7 @@ impl Array {
         });
         w.dirty = true;
         let mut idx = self.inner.index.write();
-        if let Some(old) = idx.map.remove(&key) {
-            idx.segs[old.seg as usize].add_live(old.len, -1);
-        }
+        idx.take(&key);
         idx.tombs.insert(key, Tomb { version, seg });
         Ok(())
     }

@@ -368,9 +368,11 @@ impl Core {
         let mut bytes = 0;
         for n in ns.nodes.values() {
             if let Some(d) = &n.data {
-                // A file the drainer holds (pinning, draining) counts as dirty: the summary
-                // (what `status` shows) never waits behind that work.
-                let Some(f) = d.try_lock_for(std::time::Duration::from_millis(5)) else {
+                // A file someone holds (the drainer pinning or draining it, a write) counts
+                // as dirty: the summary (what `status`, and so every Prometheus scrape,
+                // shows) never waits behind that work. (It used to wait up to 5 ms per held
+                // file: most of a scrape's cost while drains ran.)
+                let Some(f) = d.try_lock() else {
                     if !n.links.is_empty() {
                         files += 1;
                     }
@@ -397,9 +399,13 @@ impl Core {
         ns.nodes
             .iter()
             .filter(|(i, n)| {
+                // A file someone holds counts as unsettled (it is being written or drained):
+                // the answer never waits behind that work.
                 !stuck.contains(i)
                     && !n.links.is_empty()
-                    && n.data.as_ref().is_some_and(|d| d.lock().dirty)
+                    && n.data
+                        .as_ref()
+                        .is_some_and(|d| d.try_lock().is_none_or(|f| f.dirty))
             })
             .count() as u64
     }
