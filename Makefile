@@ -153,9 +153,10 @@ uninstall:
 # make deb: target/dist/tierstack_<version>_<arch>.deb, with dpkg-deb alone (no cargo-deb, no
 # debhelper): the tree of `make install DESTDIR=$(DEB_ROOT) PREFIX=/usr` (the same build and
 # the same BIN= PRELOAD= CARGO= as install) plus DEBIAN/control from contrib/debian/control.in.
-# No maintainer scripts: the systemd units are installed, not enabled, and the drop-ins are
-# installed, not applied (the group is made by hand: systemd-sysusers tierstack.conf). The install's
-# installed-files list is left out (dpkg keeps the list: `dpkg -L tierstack`).
+# One maintainer script, contrib/debian/postinst: it makes the tierstack group and lets udev
+# apply the rule; the systemd units are installed, not enabled, and the other drop-ins are
+# installed, not applied. The install's installed-files list is left out (dpkg keeps the
+# list: `dpkg -L tierstack`).
 # make rpm: a binary-only RPM of the same build (contrib/rpm/tierstack.spec with
 # tierstack_prebuilt, rpmbuild --nodeps since a Debian host has no RPM database of the build
 # dependencies) in $(DIST); `rpmbuild -bb contrib/rpm/tierstack.spec` with a source tarball
@@ -178,6 +179,7 @@ deb:
 	sed -e 's#@VERSION@#$(VERSION)#' -e 's#@ARCH@#$(DEB_ARCH)#' -e 's#@MAINTAINER@#$(DEB_MAINTAINER)#' \
 		-e "s#@INSTALLED_SIZE@#$$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1)#" \
 		contrib/debian/control.in >$(DEB_ROOT)/DEBIAN/control
+	install -m 0755 contrib/debian/postinst $(DEB_ROOT)/DEBIAN/postinst
 	dpkg-deb -Z$(DEB_COMPRESS) --build --root-owner-group $(DEB_ROOT) $(DIST)/tierstack_$(VERSION)_$(DEB_ARCH).deb
 
 rpm: $(BIN) $(PRELOAD)

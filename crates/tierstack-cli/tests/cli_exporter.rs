@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{detach, root_with_fuse, s, serial, success_stdout, BIN};
+use common::{detach, free_port, get_metrics, root_with_fuse, s, serial, success_stdout, BIN};
 
 fn tierstack(rd: &Path, args: &[&str], job: Option<&str>) -> Output {
     let mut c = Command::new(BIN);
@@ -26,11 +26,6 @@ fn tierstack(rd: &Path, args: &[&str], job: Option<&str>) -> Output {
         c.env("SLURM_JOB_ID", j);
     }
     c.output().expect("run tierstack")
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
 }
 
 /// A mount made for a test, detached however the test ends.
@@ -119,16 +114,9 @@ fn start_exporter(rd: &Path, port: u16) -> Exporter {
 
 /// GET /metrics: the body of a 200 answer.
 fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let (head, body) = resp.split_once("\r\n\r\n").expect("http answer");
+    let (head, body) = get_metrics(port);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_string()
+    body
 }
 
 /// The value of the sample `name` whose labels include every `k="v"` of `labels`.

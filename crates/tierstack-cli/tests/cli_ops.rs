@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{detach, root_with_fuse, success_stdout, BIN};
+use common::{detach, free_port, get_metrics, root_with_fuse, success_stdout, BIN};
 
 fn tierstack(rd: &Path, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -36,25 +36,9 @@ fn fails_with(rd: &Path, args: &[&str], needle: &str) {
     );
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
 /// GET /metrics: (status line, body).
 fn scrape(port: u16) -> (String, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let (head, body) = resp.split_once("\r\n\r\n").expect("http answer");
-    (
-        head.lines().next().unwrap_or("").to_string(),
-        body.to_string(),
-    )
+    get_metrics(port)
 }
 
 /// `promtool check metrics` on the body where promtool is installed.

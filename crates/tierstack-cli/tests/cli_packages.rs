@@ -21,7 +21,7 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 mod common;
-use common::{is_root, preload, repo_root, BIN};
+use common::{free_port, get_metrics, is_root, preload, repo_root, BIN};
 
 fn have(tool: &str) -> bool {
     Command::new("sh")
@@ -97,6 +97,17 @@ fn deb_installed() -> bool {
 /// Purges the package when dropped (a failed assertion included), unless `done`.
 struct Purge {
     done: bool,
+    /// The test made the group (through the postinst): removed again at the end, though a
+    /// real purge keeps it.
+    drop_group: bool,
+}
+
+/// Whether group `name` exists.
+fn has_group(name: &str) -> bool {
+    Command::new("getent")
+        .args(["group", name])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 impl Drop for Purge {
@@ -108,6 +119,9 @@ impl Drop for Purge {
                 Ok(o) => eprintln!("cleanup: dpkg --purge tierstack failed: {}", text(&o)),
                 Err(e) => eprintln!("cleanup: dpkg: {e}"),
             }
+        }
+        if self.drop_group && has_group("tierstack") {
+            let _ = Command::new("groupdel").arg("tierstack").output();
         }
     }
 }
@@ -142,14 +156,16 @@ fn deb_builds_installs_and_purges() {
         .parse()
         .expect("Installed-Size");
     assert!(size > 1000, "Installed-Size {size} KiB");
-    // Files owned by root (--root-owner-group), no maintainer scripts, no make uninstall list.
+    // Files owned by root (--root-owner-group), one maintainer script (the group), no make
+    // uninstall list.
     let contents = output_of(Command::new("dpkg-deb").arg("-c").arg(&deb));
     for line in contents.lines() {
         assert!(line.contains(" root/root "), "not root's: {line}");
         assert!(!line.ends_with("/installed-files"), "{line}");
     }
     let control = output_of(Command::new("dpkg-deb").arg("-I").arg(&deb));
-    for script in ["postinst", "prerm", "postrm", "preinst"] {
+    assert!(control.contains("postinst"), "no postinst: {control}");
+    for script in ["prerm", "postrm", "preinst"] {
         assert!(!control.contains(script), "a {script}: {control}");
     }
 
@@ -163,10 +179,16 @@ fn deb_builds_installs_and_purges() {
          test installs and purges its own and will not remove yours; remove it \
          (dpkg --purge tierstack) or run the test elsewhere"
     );
-    let mut guard = Purge { done: false };
+    let had_group = has_group("tierstack");
+    let mut guard = Purge {
+        done: false,
+        drop_group: !had_group,
+    };
     let t0 = Instant::now();
     output_of(Command::new("dpkg").arg("-i").arg(&deb));
     eprintln!("dpkg -i: {:.1} s", t0.elapsed().as_secs_f64());
+    // The postinst made the group the udev rule and the SLURM hooks name.
+    assert!(has_group("tierstack"), "no group tierstack after dpkg -i");
 
     let listed: Vec<PathBuf> = output_of(Command::new("dpkg").args(["-L", "tierstack"]))
         .lines()
@@ -215,12 +237,40 @@ fn deb_builds_installs_and_purges() {
         "installed demo --only array: {:.1} s",
         t0.elapsed().as_secs_f64()
     );
+    // The installed exporter answers a scrape (what the packaged tierstack-exporter.service
+    // runs), with no mount on the node.
+    let port = free_port();
+    let rd = tempfile::tempdir().expect("tmp");
+    let mut exp = Command::new(bin)
+        .args(["exporter", "--listen", &format!("127.0.0.1:{port}")])
+        .env("TIERSTACK_RUN_DIR", rd.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the installed exporter");
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if t0.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = exp.kill();
+            panic!("the installed exporter does not listen on port {port}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (head, body) = get_metrics(port);
+    let _ = exp.kill();
+    let _ = exp.wait();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        body.contains("tierstack_exporter_mounts 0"),
+        "the installed exporter's scrape:\n{body}"
+    );
     let page = output_of(Command::new("man").args(["-w", "tierstack"]));
     assert!(
         page.trim().starts_with("/usr/share/man/man1/tierstack.1"),
         "man -w tierstack: {page}"
     );
-    // The units are installed, not enabled (no maintainer scripts).
+    // The units are installed, not enabled (the postinst makes the group only).
     assert!(
         !Path::new("/etc/systemd/system/multi-user.target.wants/tierstack-recover.service")
             .exists()
@@ -307,6 +357,17 @@ fn rpm_spec_builds_the_fhs_layout() {
         "{name}"
     );
 
+    // Its scripts make the group (rpm before 4.19) and reload udev's rules.
+    let scripts = output_of(
+        Command::new("rpm")
+            .arg("-qp")
+            .arg("--scripts")
+            .arg(&rpms[0]),
+    );
+    assert!(
+        scripts.contains("groupadd -r tierstack") && scripts.contains("udevadm control --reload"),
+        "rpm --scripts:\n{scripts}"
+    );
     let list = output_of(Command::new("rpm").arg("-qlp").arg(&rpms[0]));
     let has = |p: &str| list.lines().any(|l| l == p);
     for want in [

@@ -189,3 +189,26 @@ pub fn preload() -> PathBuf {
     );
     p
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// `GET /metrics` on 127.0.0.1:`port` (bounded at 30 s): the status line and the body.
+pub fn get_metrics(port: u16) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("http answer");
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
