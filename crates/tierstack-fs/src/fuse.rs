@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::core::{now_ns, Attr, Core, Kind, PAGE};
@@ -39,6 +39,8 @@ pub struct TierFs {
     /// A second transport that INIT may offer the kernel (FUSE over io_uring, see
     /// [`crate::uring`]), when the mount asks for it.
     pub ring: Option<Arc<dyn InitOffer>>,
+    /// Whether INIT asks for listings with attributes (READDIRPLUS, see `readdirplus`).
+    pub readdirplus: bool,
 }
 
 /// A transport that is agreed in the FUSE INIT handshake (FUSE over io_uring): INIT asks
@@ -549,12 +551,21 @@ impl fuser::Filesystem for TierFs {
         // open(O_TRUNC) truncates in the open request instead of a separate setattr.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
         // FUSE over io_uring (`crate::uring`), when asked for and the kernel offers it.
+        let mut uring = false;
         if let Some(ring) = &self.ring {
-            let offered = ring.wanted()
+            uring = ring.wanted()
                 && config
                     .add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING)
                     .is_ok();
-            ring.negotiated(offered);
+            ring.negotiated(uring);
+        }
+        // Listings with attributes (`readdirplus`), where the kernel finds them worth it
+        // (AUTO: after a listing was followed by lookups of its names). Not over io_uring,
+        // whose decoder serves READDIR alone.
+        if !uring && self.readdirplus {
+            let _ = config.add_capabilities(
+                fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
+            );
         }
         Ok(())
     }
@@ -934,6 +945,63 @@ impl fuser::Filesystem for TierFs {
             Ok(o) => reply.error(err(mismatch("readdir", &o))),
             Err(e) => reply.error(err(e)),
         })
+    }
+
+    /// A listing with each entry's attributes (READDIRPLUS, asked for in `init`): the
+    /// kernel then needs no LOOKUP round trip per entry for what walks a tree and stats every
+    /// name (`ls -l`, `git add`, `tar c`, `find`, Python's import). Each entry is answered as
+    /// a lookup of its name would be (the same attributes and timeouts; "." and ".." with
+    /// their attributes, which the kernel does not enter).
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let who = caller(req);
+        let op = Op::Readdir {
+            ino: ino.0,
+            offset,
+            size: u32::MAX,
+        };
+        let (r, then) = self.answer(op, who);
+        self.after_reply(then);
+        let ents = match r {
+            Ok(Out::Dir(ents)) => ents,
+            Ok(o) => return reply.error(err(mismatch("readdirplus", &o))),
+            Err(e) => return reply.error(err(e)),
+        };
+        for (i, pos, _k, name) in ents {
+            let op = if name == b"." || name == b".." {
+                Op::Getattr { ino: i }
+            } else {
+                Op::Lookup {
+                    parent: ino.0,
+                    name: &name,
+                }
+            };
+            let (r, then) = self.answer(op, who);
+            self.after_reply(then);
+            let a = match r {
+                Ok(Out::Entry(a)) | Ok(Out::Attr(a)) => a,
+                // Gone since the listing (a concurrent unlink): the next listing shows it.
+                _ => continue,
+            };
+            let full = reply.add(
+                INodeNo(a.ino),
+                pos,
+                OsStr::from_bytes(&name),
+                &TTL,
+                &fattr(&a),
+                Generation(0),
+            );
+            if full {
+                break;
+            }
+        }
+        reply.ok();
     }
 
     fn fsyncdir(

@@ -775,6 +775,8 @@ impl Daemon {
             direct_writes: spec.direct_writes,
             refresh: refresh.clone(),
             ring: Some(ring.clone() as Arc<dyn crate::fuse::InitOffer>),
+            // A diagnostic switch for comparisons (docs/BENCHMARKS.md), not a setting.
+            readdirplus: std::env::var_os("TIERSTACK_FUSE_NO_READDIRPLUS").is_none(),
         };
         let ring_fs = fs.clone();
         let mut dev = None;

@@ -68,6 +68,7 @@ impl Bed {
             direct_writes: false,
             refresh: Arc::new(tierstack_fs::refresh::Refresher::default()),
             ring: None,
+            readdirplus: true,
         };
         Bed {
             _tmp: tmp,

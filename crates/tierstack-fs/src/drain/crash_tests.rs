@@ -85,6 +85,7 @@ impl Bed {
             direct_writes: false,
             refresh: Arc::new(crate::refresh::Refresher::default()),
             ring: None,
+            readdirplus: true,
         };
         Bed {
             fs,
