@@ -53,12 +53,24 @@ pub enum MemError {
     /// A bad page size, budget or option.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// The userfaultfd could not be made or used.
-    #[error("userfaultfd: {0}")]
-    Uffd(String),
+    /// The userfaultfd could not be made or used: what was being done, the kernel's error.
+    #[error("userfaultfd: {what}: {source}")]
+    Uffd {
+        /// What failed (with the fix where there is one).
+        what: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The kernel refused a mapping.
     #[error("mmap: {0}")]
-    Map(String),
+    Map(#[source] std::io::Error),
+    /// A pager thread could not be started.
+    #[error("cannot start a pager thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The tier stack below the pager could not be built.
+    #[error("the store: {0}")]
+    Store(#[from] tierstack_store::StoreError),
     /// The store cannot hold another region of this size.
     #[error("the store cannot back {want} more bytes ({committed} of {limit} committed)")]
     NoSpace {
@@ -194,5 +206,31 @@ impl MemCounters {
             compressed_hits: 0,
             compressed_bytes: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemError;
+    use std::error::Error as _;
+
+    /// The kernel's error stays the cause (for `anyhow`'s chain at the CLI), not a string.
+    #[test]
+    fn errors_keep_their_cause() {
+        let e = MemError::Uffd {
+            what: "register",
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert_eq!(
+            e.source()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .and_then(|s| s.raw_os_error()),
+            Some(libc::EPERM)
+        );
+        assert!(e.to_string().starts_with("userfaultfd: register: "), "{e}");
+        let e = MemError::Map(std::io::Error::from_raw_os_error(libc::ENOMEM));
+        assert!(e.source().is_some());
+        let e = MemError::from(tierstack_store::StoreError::Config("x".into()));
+        assert!(matches!(e, MemError::Store(_)) && e.source().is_some());
     }
 }

@@ -239,7 +239,7 @@ pub fn store_over(
     if let Some(v) = vram {
         spec = spec.vram(v.gpu, v.bytes);
     }
-    let store = spec.build().map_err(|e| MemError::Config(e.to_string()))?;
+    let store = spec.build()?;
     Ok((
         Arc::new(store),
         PagerOptions {

@@ -157,10 +157,9 @@ impl Pager {
                 o.budget, o.page
             )));
         }
-        let uffd = Uffd::open(crate::uffd::PAGER_FEATURES).map_err(|e| {
-            MemError::Uffd(format!(
-                "cannot create ({e}): run as root or allow /dev/userfaultfd"
-            ))
+        let uffd = Uffd::open(crate::uffd::PAGER_FEATURES).map_err(|e| MemError::Uffd {
+            what: "cannot create one (run as root, or allow /dev/userfaultfd)",
+            source: e.into(),
         })?;
         let page = o.page as u64;
         // Watermarks close to the budget: under uniform access the hit rate is the share of
@@ -227,7 +226,7 @@ impl Pager {
             let h = std::thread::Builder::new()
                 .name(name)
                 .spawn(f)
-                .map_err(|e| MemError::Uffd(format!("cannot start a pager thread: {e}")))?;
+                .map_err(MemError::Thread)?;
             threads.push(h);
             Ok(())
         };

@@ -187,7 +187,7 @@ pub(super) fn map_region(
         Ok(p) => p as usize,
         Err(e) => {
             uncommit();
-            return Err(MemError::Map(e.to_string()));
+            return Err(MemError::Map(e.into()));
         }
     };
     let base = raw.next_multiple_of(align);
@@ -213,7 +213,10 @@ pub(super) fn map_region(
         // SAFETY: unmapping the mapping created above, which nobody else uses yet.
         let _ = unsafe { rustix::mm::munmap(base as *mut _, len) };
         uncommit();
-        return Err(MemError::Uffd(format!("register: {e}")));
+        return Err(MemError::Uffd {
+            what: "register",
+            source: e.into(),
+        });
     }
     let core = Arc::new(RegionCore {
         write_heat: std::sync::atomic::AtomicU32::new(0),
@@ -266,7 +269,10 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
     inner
         .uffd
         .register(base, len, crate::uffd::MODE_MISSING | crate::uffd::MODE_WP)
-        .map_err(|e| MemError::Uffd(format!("register: {e}")))?;
+        .map_err(|e| MemError::Uffd {
+            what: "register",
+            source: e.into(),
+        })?;
     let mut st = {
         let o = oc.st.lock();
         RState {
