@@ -159,7 +159,7 @@ impl Pager {
         }
         let uffd = Uffd::open(crate::uffd::PAGER_FEATURES).map_err(|e| MemError::Uffd {
             what: "cannot create one (run as root, or allow /dev/userfaultfd)",
-            source: e.into(),
+            source: e,
         })?;
         let page = o.page as u64;
         // Watermarks close to the budget: under uniform access the hit rate is the share of

@@ -215,7 +215,7 @@ pub(super) fn map_region(
         uncommit();
         return Err(MemError::Uffd {
             what: "register",
-            source: e.into(),
+            source: e,
         });
     }
     let core = Arc::new(RegionCore {
@@ -271,7 +271,7 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
         .register(base, len, crate::uffd::MODE_MISSING | crate::uffd::MODE_WP)
         .map_err(|e| MemError::Uffd {
             what: "register",
-            source: e.into(),
+            source: e,
         })?;
     let mut st = {
         let o = oc.st.lock();
