@@ -226,6 +226,20 @@ fn is_inside(a: &Path, b: &Path) -> bool {
     a == b || a.starts_with(b)
 }
 
+/// The error for a request to the daemon of `mp` that got no answer (`e`): a daemon that is
+/// alive but busy is said to be so (nothing is lost; try again), never "not mounted".
+fn no_answer(mp: &Path, what: &str, e: &dyn std::fmt::Display) -> anyhow::Error {
+    if fsmount::daemon_listens(mp) {
+        anyhow!(
+            "the daemon of {} is alive but did not answer {what} ({e}): it is busy (see `tierstack status {}` or its log); nothing is lost: try again",
+            mp.display(),
+            mp.display()
+        )
+    } else {
+        not_mounted(mp)
+    }
+}
+
 fn not_mounted(mp: &Path) -> anyhow::Error {
     anyhow!(
         "no tierstack mount answers at {} (mount it with `tierstack mount BACKING {}`)",
@@ -690,12 +704,15 @@ pub fn status(a: StatusArgs) -> Result<()> {
     Ok(())
 }
 
-fn request_drain(mp: &Path) -> Result<()> {
-    request_drain_with(mp, false)
+fn request_drain(mp: &Path, timeout: Option<Duration>) -> Result<()> {
+    request_drain_with(mp, false, timeout)
 }
 
-fn request_drain_with(mp: &Path, retry: bool) -> Result<()> {
-    fsmount::request_drain(mp, retry).map_err(|_| not_mounted(mp))
+/// The drain request, its answer awaited 30 s or `timeout` if shorter.
+fn request_drain_with(mp: &Path, retry: bool, timeout: Option<Duration>) -> Result<()> {
+    let within = timeout.map_or(Duration::from_secs(30), |t| t.min(Duration::from_secs(30)));
+    fsmount::request_drain_within(mp, retry, within)
+        .map_err(|e| no_answer(mp, "the drain request", &e))
 }
 
 /// Waits until nothing is left to drain (`tierstack_fs::mount::wait_drained`), with a
@@ -764,7 +781,7 @@ pub fn drain(a: DrainArgs) -> Result<()> {
         .as_deref()
         .map(|t| parse_duration("timeout", t))
         .transpose()?;
-    request_drain_with(&mp, a.retry)?;
+    request_drain_with(&mp, a.retry, timeout)?;
     if a.wait {
         wait_drained(&mp, timeout)?;
     }
@@ -823,16 +840,30 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         .map(|t| parse_duration("timeout", t))
         .transpose()?;
     let st = status_for_umount(&mp, timeout)?;
-    request_drain(&mp)?;
+    request_drain(&mp, timeout)?;
     if !a.force {
         wait_drained(&mp, timeout)?;
     }
-    let ans = fsmount::request(
+    // The daemon answers once the kernel let the mount go, which first writes back what the
+    // kernel's cache holds through that same daemon: as long as --timeout allows (a daemon
+    // starved of CPU took over a minute in the long churn). If the answer is lost but the
+    // mount is gone and the daemon lives, the request was carried out: wait for its exit.
+    let limit = timeout.unwrap_or(Duration::from_secs(3600));
+    let ans = match fsmount::request(
         &mp,
         &serde_json::json!({"cmd": "shutdown", "force": a.force, "keep": a.keep}),
-        Duration::from_secs(60),
-    )
-    .map_err(|_| not_mounted(&mp))?;
+        limit,
+    ) {
+        Ok(ans) => ans,
+        Err(_)
+            if tierstack_common::process::alive(st.pid)
+                && !tierstack_common::mounts::mounted_type(&mp)
+                    .is_some_and(|t| t.starts_with("fuse")) =>
+        {
+            serde_json::json!({"ok": true})
+        }
+        Err(e) => return Err(no_answer(&mp, "the unmount request", &e)),
+    };
     if ans.get("ok").and_then(|v| v.as_bool()) != Some(true) {
         let e = ans
             .get("error")
@@ -846,7 +877,6 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     // The daemon drains what came in last, makes the fast tier durable and exits.
     // Bounded by --timeout (default an hour), with a line every 10 s while it takes long.
     let t0 = Instant::now();
-    let limit = timeout.unwrap_or(Duration::from_secs(3600));
     let mut said = Instant::now();
     while tierstack_common::process::alive(st.pid) {
         if t0.elapsed() > limit {

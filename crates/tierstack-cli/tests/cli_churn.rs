@@ -1297,6 +1297,41 @@ fn umount_waits_for_a_busy_daemon_and_never_detaches_it() {
     assert_eq!(std::fs::read(bed.backing.join("f")).expect("read"), b"kept");
 }
 
+/// A request to a daemon that is alive but does not answer in time (here: stopped; in the long
+/// churn: starved of CPU while it drained) is reported as a busy daemon, never as "no
+/// tierstack mount answers ... mount it with", and leaves the mount as it is.
+#[test]
+fn a_busy_daemon_is_called_busy_not_unmounted() {
+    let _g = common::serial();
+    if !root_with_fuse() {
+        return;
+    }
+    let mut bed = Bed::new();
+    bed.mount();
+    std::fs::write(bed.mnt.join("f"), b"kept").expect("write");
+    let pid = bed.pid.expect("pid") as i32;
+    // SAFETY: kill(2) of the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let out = Command::new(common::BIN)
+        .args(["drain", s(&bed.mnt), "--timeout", "2s"])
+        .env("TIERSTACK_RUN_DIR", &bed.run)
+        .output();
+    let still_mounted = is_mounted(&bed.mnt);
+    // SAFETY: kill(2) of the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let out = out.expect("drain");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "drain of a stopped daemon succeeded");
+    assert!(
+        err.contains("alive but did not answer") && !err.contains("mount it with"),
+        "{err}"
+    );
+    assert!(still_mounted, "the mount of a live daemon went away");
+    ok(&["umount", s(&bed.mnt), "--timeout", "2m"]);
+    bed.pid = None;
+    assert_eq!(std::fs::read(bed.backing.join("f")).expect("read"), b"kept");
+}
+
 /// As on ext4, removing an entry (unlink, rmdir) or adding a hard link advances the
 /// directory's mtime and ctime, and the linked file's ctime for every file type, also while
 /// the kernel caches the attributes.

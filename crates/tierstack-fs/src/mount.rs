@@ -447,10 +447,15 @@ pub fn status(mountpoint: &Path) -> Result<MountStatus> {
 /// Asks the daemon of `mountpoint` to drain now (and, with `retry`, to try the quarantined
 /// records again).
 pub fn request_drain(mountpoint: &Path, retry: bool) -> Result<()> {
+    request_drain_within(mountpoint, retry, Duration::from_secs(30))
+}
+
+/// As [`request_drain`], the answer awaited up to `timeout`.
+pub fn request_drain_within(mountpoint: &Path, retry: bool, timeout: Duration) -> Result<()> {
     request(
         mountpoint,
         &serde_json::json!({"cmd": "drain", "retry": retry}),
-        Duration::from_secs(30),
+        timeout,
     )?;
     Ok(())
 }
