@@ -1258,6 +1258,17 @@ fn churn_long_with_kills() {
     churn(20_000, 5);
 }
 
+/// A mount with file `f` written, its daemon stopped (SIGSTOP): alive, answering nothing.
+fn stopped_bed() -> (Bed, i32) {
+    let mut bed = Bed::new();
+    bed.mount();
+    std::fs::write(bed.mnt.join("f"), b"kept").expect("write");
+    let pid = bed.pid.expect("pid") as i32;
+    // SAFETY: kill(2) of the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    (bed, pid)
+}
+
 /// `umount` of a mount whose daemon is alive but cannot answer (stopped with SIGSTOP, as a
 /// daemon deep in a long drain looks to a client) waits for it instead of detaching the
 /// mount and telling the user to mount it; once the daemon answers, the umount completes
@@ -1268,12 +1279,7 @@ fn umount_waits_for_a_busy_daemon_and_never_detaches_it() {
     if !root_with_fuse() {
         return;
     }
-    let mut bed = Bed::new();
-    bed.mount();
-    std::fs::write(bed.mnt.join("f"), b"kept").expect("write");
-    let pid = bed.pid.expect("pid") as i32;
-    // SAFETY: kill(2) of the daemon this test started.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let (mut bed, pid) = stopped_bed();
     let child = Command::new(common::BIN)
         .args(["umount", s(&bed.mnt), "--timeout", "2m"])
         .env("TIERSTACK_RUN_DIR", &bed.run)
@@ -1306,12 +1312,7 @@ fn a_busy_daemon_is_called_busy_not_unmounted() {
     if !root_with_fuse() {
         return;
     }
-    let mut bed = Bed::new();
-    bed.mount();
-    std::fs::write(bed.mnt.join("f"), b"kept").expect("write");
-    let pid = bed.pid.expect("pid") as i32;
-    // SAFETY: kill(2) of the daemon this test started.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let (mut bed, pid) = stopped_bed();
     let out = Command::new(common::BIN)
         .args(["drain", s(&bed.mnt), "--timeout", "2s"])
         .env("TIERSTACK_RUN_DIR", &bed.run)
