@@ -1186,7 +1186,8 @@ pub fn detach_mount(mp: &Path, lazy: bool) -> std::io::Result<()> {
 }
 
 fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> MountStatus {
-    let (dirty_files, _) = core.dirty_summary();
+    // One walk of the namespace for both counts: `status` answers every Prometheus scrape.
+    let (dirty_files, unsettled) = core.dirty_and_unsettled();
     let (pending_ops, stuck) = core.journal_backlog();
     let inflight = drainer.in_flight();
     let array = core.array().status();
@@ -1208,7 +1209,7 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         limit_bytes: fig.limit_bytes,
         backpressure: fig.backpressure,
         idle: pending_ops == 0 && inflight == 0 && dirty_files == 0,
-        settled: drainer.settled(),
+        settled: pending_ops == 0 && inflight == 0 && unsettled == 0,
         retry_pending: fig.retry_pending,
         array_state: array.state.clone(),
         rebuild_percent: array.rebuild_percent,

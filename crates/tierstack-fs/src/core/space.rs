@@ -392,6 +392,27 @@ impl Core {
         (files, bytes)
     }
 
+    /// For `status`, in one walk of the namespace: the dirty files (as
+    /// [`Core::dirty_summary`] counts them) and those of them whose drain is not quarantined
+    /// (as [`Core::unsettled_dirty_files`]). A file someone holds counts in both, without a
+    /// wait.
+    pub fn dirty_and_unsettled(&self) -> (u64, u64) {
+        let stuck = self.stuck_inos.lock().clone();
+        let ns = self.ns.lock();
+        let (mut files, mut unsettled) = (0, 0);
+        for (i, n) in ns.nodes.iter() {
+            let Some(d) = &n.data else { continue };
+            if n.links.is_empty() || !d.try_lock().is_none_or(|f| f.dirty) {
+                continue;
+            }
+            files += 1;
+            if !stuck.contains(i) {
+                unsettled += 1;
+            }
+        }
+        (files, unsettled)
+    }
+
     /// Dirty files whose drain is not quarantined.
     pub fn unsettled_dirty_files(&self) -> u64 {
         let stuck = self.stuck_inos.lock().clone();
