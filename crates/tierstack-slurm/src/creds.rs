@@ -72,6 +72,53 @@ pub(crate) fn exe() -> Result<PathBuf> {
     std::env::current_exe().context("cannot find the tierstack binary: reinstall it")
 }
 
+/// The path the binary was run by, for what `slurm install` writes into SLURM's configuration:
+/// a Spack view's or an environment module's `bin/tierstack` is a symlink into a versioned
+/// prefix that an upgrade replaces, and `current_exe` resolves it. The path as invoked (from
+/// `argv[0]`, or the `PATH` entry it was found in) is kept when it names the same file as the
+/// running binary; otherwise the running binary's own path.
+pub(crate) fn invoked_exe() -> Result<PathBuf> {
+    let exe = exe()?;
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let cwd = std::env::current_dir().unwrap_or_default();
+    Ok(invoked_path(
+        &argv0,
+        std::env::var_os("PATH").as_deref(),
+        &cwd,
+        &exe,
+    ))
+}
+
+/// [`invoked_exe`]'s choice: the first of `argv0` (made absolute against `cwd` when it has a
+/// slash) or, for a bare name, each `PATH` entry joined with it, that is absolute and names the
+/// same file as `exe`; else `exe`.
+pub(crate) fn invoked_path(
+    argv0: &std::ffi::OsStr,
+    path_var: Option<&std::ffi::OsStr>,
+    cwd: &std::path::Path,
+    exe: &std::path::Path,
+) -> PathBuf {
+    let same = |p: &std::path::Path| {
+        p.is_absolute()
+            && matches!(
+                (p.canonicalize(), exe.canonicalize()),
+                (Ok(a), Ok(b)) if a == b
+            )
+    };
+    let a = std::path::Path::new(argv0);
+    let candidates: Vec<PathBuf> = if argv0.as_encoded_bytes().contains(&b'/') {
+        vec![cwd.join(a)]
+    } else {
+        path_var
+            .map(|v| std::env::split_paths(v).map(|d| d.join(a)).collect())
+            .unwrap_or_default()
+    };
+    candidates
+        .into_iter()
+        .find(|c| same(c))
+        .unwrap_or_else(|| exe.to_path_buf())
+}
+
 /// Descriptors inherited from SLURM (slurmscriptd and slurmd read a hook's output through a
 /// pipe until EOF) must not reach our children: a mount daemon or a background drain outlives
 /// the hook and would hold that pipe open until SLURM's timeout.
@@ -289,4 +336,56 @@ pub fn user_clean(dir: &Path) -> Result<()> {
     }
     println!("removed {removed} temporary file(s) of a cut-short drain");
     Ok(())
+}
+
+#[cfg(test)]
+mod invoked_tests {
+    use super::invoked_path;
+    use std::ffi::OsStr;
+
+    /// A Spack view: `view/bin/tierstack` is a symlink to the versioned prefix's binary.
+    fn view() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        let t = tempfile::tempdir().expect("tmp");
+        let real = t.path().join("opt/tierstack-0.1.0-abc/bin");
+        let view = t.path().join("view/bin");
+        std::fs::create_dir_all(&real).expect("mkdir");
+        std::fs::create_dir_all(&view).expect("mkdir");
+        std::fs::write(real.join("tierstack"), b"binary").expect("write");
+        std::os::unix::fs::symlink(real.join("tierstack"), view.join("tierstack"))
+            .expect("symlink");
+        (t, real.join("tierstack"), view.join("tierstack"))
+    }
+
+    #[test]
+    fn the_view_path_is_kept_when_found_on_path() {
+        let (t, real, link) = view();
+        let path = std::env::join_paths([t.path().join("elsewhere"), t.path().join("view/bin")])
+            .expect("PATH");
+        let got = invoked_path(OsStr::new("tierstack"), Some(&path), t.path(), &real);
+        assert_eq!(got, link);
+    }
+
+    #[test]
+    fn an_argv0_with_a_slash_is_made_absolute_and_kept() {
+        let (t, real, link) = view();
+        let got = invoked_path(OsStr::new("view/bin/tierstack"), None, t.path(), &real);
+        assert_eq!(got, link);
+    }
+
+    #[test]
+    fn another_file_of_the_same_name_falls_back_to_the_running_binary() {
+        let (t, real, _) = view();
+        let other = t.path().join("other");
+        std::fs::create_dir_all(&other).expect("mkdir");
+        std::fs::write(other.join("tierstack"), b"another").expect("write");
+        let got = invoked_path(
+            OsStr::new("tierstack"),
+            Some(other.as_os_str()),
+            t.path(),
+            &real,
+        );
+        assert_eq!(got, real);
+        let got = invoked_path(OsStr::new("tierstack"), None, t.path(), &real);
+        assert_eq!(got, real);
+    }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::error::Result;
 use tierstack_common::fmt_size;
 
-use crate::creds::exe;
+use crate::creds::invoked_exe;
 use crate::state::write_atomic;
 use crate::{
     CONF_TEMPLATE, EPILOG_TEMPLATE, JOB_SUBMIT_TEMPLATE, LUA_TEMPLATE, MARKER, POOL,
@@ -96,7 +96,8 @@ pub fn install(a: &Settings) -> Result<()> {
             fast.display()
         );
     }
-    let exe = exe()?;
+    // The path as invoked (a Spack view's or a module's symlink stays valid across upgrades).
+    let exe = invoked_exe()?;
     let rate = a.drain_rate.map(|r| r.to_string()).unwrap_or_default();
     let lua = LUA_TEMPLATE
         .replace("\"@TIERSTACK@\"", &lua_quote(&exe.to_string_lossy()))
