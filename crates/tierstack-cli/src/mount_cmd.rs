@@ -143,7 +143,8 @@ pub struct DrainArgs {
     /// fixing the backing directory's permissions.
     #[arg(long)]
     pub retry: bool,
-    /// With --wait: give up after this long (e.g. 90s, 10m, 2h) with a non-zero exit.
+    /// With --wait: give up after this long (e.g. 90s, 10m, 2h) with a non-zero exit. Also
+    /// bounds the wait for a busy daemon to take the request (at most 30 s).
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
 }
@@ -151,8 +152,8 @@ pub struct DrainArgs {
 #[derive(Args)]
 pub struct UmountArgs {
     pub mountpoint: PathBuf,
-    /// Give up waiting for the drain after this long (e.g. 90s, 10m, 2h): exit non-zero with
-    /// the mount kept and nothing lost.
+    /// Give up waiting for a busy daemon, the drain and the unmount after this long (e.g. 90s,
+    /// 10m, 2h; default an hour): exit non-zero with nothing lost.
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
     /// Unmount without waiting for the drain or despite quarantined records: whatever is not
@@ -832,6 +833,39 @@ fn status_for_umount(mp: &Path, timeout: Option<Duration>) -> Result<MountStatus
     }
 }
 
+/// The shutdown request, its answer awaited up to `limit` with a line every 10 s (the daemon
+/// answers once the kernel let the mount go). Ctrl-C leaves; the daemon goes on.
+fn shutdown_request(
+    mp: &Path,
+    force: bool,
+    keep: bool,
+    limit: Duration,
+) -> tierstack_fs::Result<serde_json::Value> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let m = mp.to_path_buf();
+    std::thread::spawn(move || {
+        let req = serde_json::json!({"cmd": "shutdown", "force": force, "keep": keep});
+        let _ = tx.send(fsmount::request(&m, &req, limit));
+    });
+    let t0 = Instant::now();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => return r,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => eprintln!(
+                "tierstack: the daemon of {} is unmounting (writing back the kernel's cache); waiting ({:.0} s)",
+                mp.display(),
+                t0.elapsed().as_secs_f64()
+            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(tierstack_fs::FsError::Control {
+                    path: mp.to_path_buf(),
+                    msg: "the request's thread ended without an answer".into(),
+                })
+            }
+        }
+    }
+}
+
 pub fn umount(a: UmountArgs) -> Result<()> {
     let mp = fsmount::canonical_mountpoint(&a.mountpoint).map_err(anyhow::Error::from)?;
     let timeout = a
@@ -849,11 +883,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     // starved of CPU took over a minute in the long churn). If the answer is lost but the
     // mount is gone and the daemon lives, the request was carried out: wait for its exit.
     let limit = timeout.unwrap_or(Duration::from_secs(3600));
-    let ans = match fsmount::request(
-        &mp,
-        &serde_json::json!({"cmd": "shutdown", "force": a.force, "keep": a.keep}),
-        limit,
-    ) {
+    let ans = match shutdown_request(&mp, a.force, a.keep, limit) {
         Ok(ans) => ans,
         Err(_)
             if tierstack_common::process::alive(st.pid)

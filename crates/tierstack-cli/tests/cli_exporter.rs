@@ -7,14 +7,16 @@
 //! their drains running), ignored by default:
 //! `cargo test --release -p tierstack-cli --test cli_exporter -- --ignored --nocapture`.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{detach, free_port, get_metrics, root_with_fuse, s, serial, success_stdout, BIN};
+use common::{
+    detach, free_port, get_metrics, promtool_check, root_with_fuse, s, serial, success_stdout, BIN,
+};
 
 fn tierstack(rd: &Path, args: &[&str], job: Option<&str>) -> Output {
     let mut c = Command::new(BIN);
@@ -137,21 +139,7 @@ fn value(body: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 
 /// `promtool check metrics` on the body: it must pass (and promtool must be installed).
 fn promtool(body: &str) {
-    let mut c = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian's prometheus package: apt-get install prometheus)");
-    c.stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("write");
-    let o = c.wait_with_output().expect("promtool");
-    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "promtool check metrics: {text}\n{body}");
+    promtool_check(body, true);
 }
 
 /// Writes `n` files of `size` bytes under `dir`.

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{detach, free_port, get_metrics, root_with_fuse, success_stdout, BIN};
+use common::{detach, free_port, get_metrics, promtool_check, root_with_fuse, success_stdout, BIN};
 
 fn tierstack(rd: &Path, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -43,24 +43,7 @@ fn scrape(port: u16) -> (String, String) {
 
 /// `promtool check metrics` on the body where promtool is installed.
 fn promtool(body: &str) {
-    let Ok(mut c) = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
-        eprintln!("promtool not installed: format checked by the test's own parser only");
-        return;
-    };
-    c.stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("write");
-    let o = c.wait_with_output().expect("promtool");
-    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "promtool check metrics: {text}");
+    promtool_check(body, false);
 }
 
 /// The text format, line by line: comments are HELP/TYPE, samples are `name{labels} value`;

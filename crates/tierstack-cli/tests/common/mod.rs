@@ -212,3 +212,34 @@ pub fn get_metrics(port: u16) -> (String, String) {
         body.to_string(),
     )
 }
+
+/// `promtool check metrics` on a scrape's body: it must pass. Where promtool is missing, a
+/// test that `requires` it fails (CI installs it); others note it and rely on their own parser.
+pub fn promtool_check(body: &str, requires: bool) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let c = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut c = match c {
+        Ok(c) => c,
+        Err(e) if requires => {
+            panic!("promtool (Debian's prometheus package: apt-get install prometheus): {e}")
+        }
+        Err(_) => {
+            eprintln!("promtool not installed: format checked by the test's own parser only");
+            return;
+        }
+    };
+    c.stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
+    let o = c.wait_with_output().expect("promtool");
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "promtool check metrics: {text}\n{body}");
+}
