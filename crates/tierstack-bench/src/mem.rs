@@ -220,10 +220,12 @@ fn tierstack_backing(t: &TierstackSpec, map: u64) -> Result<Backing, BenchError>
         t.dram,
     )?;
     let drives = TempDrives(paths);
-    let compress = !t.no_compress;
-    let config = tierstack_mem::setup::engine_config(&array, t.dram, t.page, t.vram, compress);
-    let (store, p) =
-        tierstack_mem::setup::store_and_options(array, t.dram, t.page, t.vram, compress)?;
+    let tiers = tierstack_mem::setup::Tiers {
+        vram: t.vram,
+        compress: !t.no_compress,
+    };
+    let config = tierstack_mem::setup::engine_config(&array, t.dram, t.page, tiers);
+    let (store, p) = tierstack_mem::setup::store_and_options(array, t.dram, t.page, tiers)?;
     let opts = tierstack_mem::RegionOptions {
         page: p.page,
         budget: p.budget,

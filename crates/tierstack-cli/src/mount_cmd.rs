@@ -484,8 +484,13 @@ fn mount_spec(
             .map(|n| n.get())
             .unwrap_or(4)
             .clamp(4, 16),
-        vram: sizes.vram,
-        gpu: a.gpu,
+        tiers: tierstack_store::Tiers {
+            vram: (sizes.vram > 0).then_some(tierstack_store::Vram {
+                gpu: a.gpu,
+                bytes: sizes.vram,
+            }),
+            compress: false,
+        },
         direct_writes: !a.cached_writes,
         poll: !a.no_poll,
         transport: match a.transport {

@@ -361,13 +361,11 @@ fn program_command(
         .env(env::DRAM.name(), sizes.dram.to_string())
         .env(env::PAGE.name(), sizes.page.to_string())
         .env(env::THRESHOLD.name(), sizes.threshold.to_string());
-    if a.no_compress {
-        cmd.env(env::COMPRESS.name(), "0");
-    }
-    if let Some(bytes) = vram {
-        cmd.env(env::VRAM.name(), bytes.to_string())
-            .env(env::GPU.name(), a.gpu.to_string());
-    }
+    let tiers = tierstack_store::Tiers {
+        vram: vram.map(|bytes| tierstack_store::Vram { gpu: a.gpu, bytes }),
+        compress: !a.no_compress,
+    };
+    cmd.env(env::TIERS.name(), tiers.to_shim());
     if let Some(array) = &a.array {
         if !array.is_file() {
             return Err(crate::usage(format!(

@@ -355,9 +355,9 @@ fn the_callers_tierstack_variables_pass_through_and_shim_settings_do_not() {
         .args(["run", "--dir"])
         .arg(t.path())
         .args(["--dram", "64M", "--", "sh", "-c"])
-        .arg("echo \"dir=$TIERSTACK_DIR store=${_TIERSTACK_SHIM_STORE-unset} vram=${_TIERSTACK_SHIM_VRAM-unset}\"")
+        .arg("echo \"dir=$TIERSTACK_DIR store=${_TIERSTACK_SHIM_STORE-unset} tiers=${_TIERSTACK_SHIM_TIERS-unset}\"")
         .env("TIERSTACK_DIR", "/jobs/42/mnt")
-        .env("_TIERSTACK_SHIM_VRAM", "1G")
+        .env("_TIERSTACK_SHIM_TIERS", "compress=1,vram=1073741824@0")
         .output()
         .expect("run tierstack");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -368,8 +368,8 @@ fn the_callers_tierstack_variables_pass_through_and_shim_settings_do_not() {
     );
     assert!(stdout.contains("dir=/jobs/42/mnt "), "{stdout}");
     assert!(
-        stdout.contains("vram=unset"),
-        "a stale shim setting is cleared: {stdout}"
+        stdout.contains("tiers=compress=1\n"),
+        "a stale shim setting is replaced by run's own (no VRAM tier): {stdout}"
     );
     assert!(
         !stdout.contains("store=unset"),

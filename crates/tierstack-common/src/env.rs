@@ -38,20 +38,15 @@ pub const DIR: Var = Var(c"_TIERSTACK_SHIM_DIR");
 pub const STORE: Var = Var(c"_TIERSTACK_SHIM_STORE");
 /// The descriptor of an array made with `array create` (`--array`).
 pub const ARRAY: Var = Var(c"_TIERSTACK_SHIM_ARRAY");
-/// Bytes of GPU memory for a VRAM tier (`--vram`).
-pub const VRAM: Var = Var(c"_TIERSTACK_SHIM_VRAM");
-/// The GPU of the VRAM tier (`--gpu`).
-pub const GPU: Var = Var(c"_TIERSTACK_SHIM_GPU");
-/// `0`: no compressed tier (`--no-compress`).
-pub const COMPRESS: Var = Var(c"_TIERSTACK_SHIM_COMPRESS");
+/// The optional tiers (`--vram`, `--gpu`, `--no-compress`), as `tierstack_store::Tiers`
+/// writes them: one variable, so that a new tier changes neither this contract nor the shim.
+pub const TIERS: Var = Var(c"_TIERSTACK_SHIM_TIERS");
 /// Where each process writes its pager's counters (live, and at exit).
 pub const STATS_DIR: Var = Var(c"_TIERSTACK_SHIM_STATS_DIR");
 
 /// What `run` sets, or clears when its option is not given, for its program: nothing the
 /// caller's environment held passes through unchosen.
-pub const RUN_SETTINGS: [Var; 10] = [
-    DRAM, PAGE, THRESHOLD, DIR, STORE, ARRAY, VRAM, GPU, COMPRESS, STATS_DIR,
-];
+pub const RUN_SETTINGS: [Var; 8] = [DRAM, PAGE, THRESHOLD, DIR, STORE, ARRAY, TIERS, STATS_DIR];
 
 #[cfg(test)]
 mod tests {

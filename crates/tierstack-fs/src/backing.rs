@@ -11,7 +11,6 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
 
@@ -30,15 +29,6 @@ pub fn timespec(ns: i64) -> Timespec {
     Timespec {
         tv_sec: ns.div_euclid(1_000_000_000),
         tv_nsec: ns.rem_euclid(1_000_000_000) as _,
-    }
-}
-
-/// A SystemTime of a nanosecond count since the epoch.
-pub fn systime(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
     }
 }
 

@@ -10,23 +10,27 @@
 //! * [`uring`]: FUSE over io_uring, the same operations through the kernel's per-CPU queues.
 //! * [`mount`]: the mount daemon, its control socket and the client side of it.
 //! * [`notify`]: systemd's readiness protocol (`READY=1`, `STOPPING=1`) for the daemon.
+//!
+//! The other modules are the crate's own (attributes, BACKING helpers, operation timing,
+//! the polling FUSE thread); `core`, `db`, `intent`, `drain`, `fuse`, `ops` and `refresh` are
+//! public for the crate's tests in `tests/` (operations without FUSE, format fixtures).
 
 #![warn(missing_docs)]
 
-pub mod attr;
-pub mod backing;
+pub(crate) mod attr;
+pub(crate) mod backing;
 pub mod buffers;
 pub mod core;
 pub mod db;
 pub mod drain;
-pub mod error;
+mod error;
 pub mod fuse;
 pub mod intent;
 pub mod mount;
 pub mod notify;
 pub mod ops;
-pub mod opstats;
-pub mod poll;
+pub(crate) mod opstats;
+pub(crate) mod poll;
 pub mod refresh;
 pub mod uring;
 

@@ -49,12 +49,10 @@ pub struct MountSpec {
     pub drain_jobs: usize,
     /// Threads serving FUSE requests (at least one).
     pub fuse_threads: usize,
-    /// Bytes of GPU memory between the DRAM tier and the array (0: no VRAM tier).
-    #[serde(default)]
-    pub vram: u64,
-    /// The GPU of the VRAM tier (0 is the first).
-    #[serde(default)]
-    pub gpu: u32,
+    /// The optional tiers between the DRAM tier and the array (`--vram`); the mount has no
+    /// compressed tier (its pages are files' contents, drained as they are).
+    #[serde(default = "no_tiers")]
+    pub tiers: tierstack_store::Tiers,
     /// Write-only handles of new or truncated files bypass the kernel's page cache (see
     /// [`crate::refresh`]); false: every handle writes through the page cache.
     #[serde(default = "yes")]
@@ -107,6 +105,14 @@ enum Stop {
     Unmounted { keep: bool },
     /// A signal: keep what was written (see [`OnStop`]), detach, exit 0.
     Signal(i32),
+}
+
+/// A mount's optional tiers when its spec names none: no VRAM tier, no compressed tier.
+fn no_tiers() -> tierstack_store::Tiers {
+    tierstack_store::Tiers {
+        vram: None,
+        compress: false,
+    }
 }
 
 fn yes() -> bool {
@@ -715,10 +721,10 @@ impl Daemon {
         let capacity = array.status().capacity_bytes;
         let store = tierstack_store::StackSpec::new(spec.dram)
             .array(array.clone())
-            .vram(spec.gpu, spec.vram)
+            .tiers(&spec.tiers, 0)
             .build()?;
         // The array is a log: keep half of it free for the cleaner.
-        let limit = spec.dram + spec.vram + capacity / 2;
+        let limit = spec.dram + spec.tiers.device_bytes() + capacity / 2;
         // The intent log of sync mode's small fsyncs, beside the journal; its records are
         // replayed whatever the mode now (they were acknowledged as durable).
         let log_path = dbp.with_extension("intent");

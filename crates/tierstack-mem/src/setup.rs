@@ -90,25 +90,13 @@ pub struct EngineConfig {
 /// of memory).
 pub const COMPRESSED_SHARE: u64 = 4;
 
-/// A VRAM tier for the paging store: `bytes` of GPU `gpu`'s memory between the store's DRAM
-/// tier and the array (`run --vram`, seed 000's GPU buffer in front of the swap RAID).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Vram {
-    /// The GPU (0 is the first).
-    pub gpu: u32,
-    /// Bytes of its memory.
-    pub bytes: u64,
-}
+/// The optional tiers of the paging store (`run --vram`, `--no-compress`): seed 000's GPU
+/// buffer in front of the swap RAID, the compressed tier of [`COMPRESSED_SHARE`] of `--dram`.
+pub use tierstack_store::{Tiers, Vram};
 
-/// The configuration [`store_over`] gives an engine over `array` with `dram`, `page`, `vram`
-/// and a compressed tier unless `compress` is false.
-pub fn engine_config(
-    array: &Array,
-    dram: u64,
-    page: usize,
-    vram: Option<Vram>,
-    compress: bool,
-) -> EngineConfig {
+/// The configuration [`store_over`] gives an engine over `array` with `dram`, `page` and the
+/// optional `tiers`.
+pub fn engine_config(array: &Array, dram: u64, page: usize, tiers: Tiers) -> EngineConfig {
     let st = array.status();
     let (store_dram, budget) = split_budget(dram, array.buffer_bytes(), page);
     EngineConfig {
@@ -121,8 +109,12 @@ pub fn engine_config(
         store_dram_bytes: store_dram,
         budget_bytes: budget,
         commit_limit_bytes: Some(st.capacity_bytes / 2),
-        vram_bytes: vram.map_or(0, |v| v.bytes),
-        compressed_bytes: if compress { dram / COMPRESSED_SHARE } else { 0 },
+        vram_bytes: tiers.vram.map_or(0, |v| v.bytes),
+        compressed_bytes: if tiers.compress {
+            dram / COMPRESSED_SHARE
+        } else {
+            0
+        },
     }
 }
 
@@ -214,10 +206,9 @@ pub fn store_and_options(
     array: Array,
     dram: u64,
     page: usize,
-    vram: Option<Vram>,
-    compress: bool,
+    tiers: Tiers,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
-    store_over(Arc::new(array), &[], dram, page, vram, compress)
+    store_over(Arc::new(array), &[], dram, page, tiers)
 }
 
 /// [`store_and_options`] for a process that also reads pages from `snapshots` (read-only
@@ -228,18 +219,14 @@ pub fn store_over(
     snapshots: &[Arc<Array>],
     dram: u64,
     page: usize,
-    vram: Option<Vram>,
-    compress: bool,
+    tiers: Tiers,
 ) -> Result<(Arc<TieredStore>, PagerOptions)> {
-    let cfg = engine_config(&array, dram, page, vram, compress);
-    let mut spec = tierstack_store::StackSpec::new(cfg.store_dram_bytes)
+    let cfg = engine_config(&array, dram, page, tiers);
+    let store = tierstack_store::StackSpec::new(cfg.store_dram_bytes)
         .array(array)
-        .compressed(cfg.compressed_bytes)
-        .snapshots(snapshots);
-    if let Some(v) = vram {
-        spec = spec.vram(v.gpu, v.bytes);
-    }
-    let store = spec.build()?;
+        .tiers(&tiers, cfg.compressed_bytes)
+        .snapshots(snapshots)
+        .build()?;
     Ok((
         Arc::new(store),
         PagerOptions {
@@ -285,7 +272,8 @@ mod tests {
             create_array(t.path(), "x-", 256 << 20, LEVEL, 64 << 10, 1 << 30).expect("array");
         assert_eq!(paths.len(), DRIVES);
         assert_eq!(a.status().level, 5);
-        let (store, o) = store_and_options(a, 256 << 20, 64 << 10, None, true).expect("store");
+        let (store, o) =
+            store_and_options(a, 256 << 20, 64 << 10, Tiers::default()).expect("store");
         let names: Vec<String> = store.status().into_iter().map(|s| s.name).collect();
         assert_eq!(names[1], "compressed", "{names:?}");
         assert!(o.budget > 128 << 20 && o.budget < 256 << 20, "{}", o.budget);

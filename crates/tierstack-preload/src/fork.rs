@@ -170,7 +170,10 @@ pub(crate) fn take_over(old: &Arc<Engine>) -> Result<Engine, PreloadError> {
         old.dram,
         old.page,
         old.dir.clone(),
-        None,
+        Tiers {
+            vram: None,
+            ..shim_tiers()?
+        },
     )?;
     {
         let olds = old.regions.lock();

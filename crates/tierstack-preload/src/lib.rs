@@ -39,6 +39,7 @@ use libc::{c_int, c_void, off_t, size_t};
 use parking_lot::Mutex;
 use tierstack_common::env as contract;
 use tierstack_mem::gate::{Gate, Inside};
+use tierstack_mem::setup::Tiers;
 use tierstack_mem::{MemError, Pager, Region};
 
 use error::PreloadError;
@@ -281,11 +282,7 @@ fn start() -> Result<Engine, PreloadError> {
         ))?;
         (own_array(&dir, page, dram)?, dir)
     };
-    let vram = env_size(contract::VRAM).map(|bytes| tierstack_mem::setup::Vram {
-        gpu: env_size(contract::GPU).unwrap_or(0) as u32,
-        bytes,
-    });
-    let engine = build_engine(Arc::new(array), Vec::new(), dram, page, dir, vram)?;
+    let engine = build_engine(Arc::new(array), Vec::new(), dram, page, dir, shim_tiers()?)?;
     // SAFETY: registering plain extern "C" callbacks with no arguments.
     unsafe {
         libc::pthread_atfork(
@@ -300,23 +297,30 @@ fn start() -> Result<Engine, PreloadError> {
     Ok(engine)
 }
 
+/// The optional tiers `run` chose (`_TIERSTACK_SHIM_TIERS`); the default ones when the shim
+/// was preloaded without it.
+pub(crate) fn shim_tiers() -> Result<Tiers, PreloadError> {
+    match std::env::var(contract::TIERS.name()) {
+        Ok(text) if !text.is_empty() => Ok(Tiers::from_shim(&text)?),
+        _ => Ok(Tiers::default()),
+    }
+}
+
 /// An engine over `array` (and the snapshots a forked child reads), with the same store and
-/// budget rule as `bench mem`'s tierstack engine, and a VRAM tier when asked (never in a
-/// forked child: CUDA does not survive fork).
+/// budget rule as `bench mem`'s tierstack engine, and the optional `tiers` (never a VRAM tier
+/// in a forked child: CUDA does not survive fork).
 fn build_engine(
     array: Arc<tierstack_array::Array>,
     snapshots: Vec<Arc<tierstack_array::Array>>,
     dram: u64,
     page: usize,
     dir: std::path::PathBuf,
-    vram: Option<tierstack_mem::setup::Vram>,
+    tiers: Tiers,
 ) -> Result<Engine, PreloadError> {
-    // `run --no-compress` sets _TIERSTACK_SHIM_COMPRESS=0.
-    let compress = env_size(contract::COMPRESS) != Some(0);
     let (store, options) =
-        tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page, vram, compress)?;
+        tierstack_mem::setup::store_over(array.clone(), &snapshots, dram, page, tiers)?;
     let pager = Pager::new(store, &options)?;
-    let config = tierstack_mem::setup::engine_config(&array, dram, page, vram, compress);
+    let config = tierstack_mem::setup::engine_config(&array, dram, page, tiers);
     let stats_dir = std::env::var_os(contract::STATS_DIR.name())
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from);

@@ -20,7 +20,7 @@ pub mod vram;
 
 pub use compressed::CompressedTier;
 pub use dram::{DramTier, PageData};
-pub use stack::StackSpec;
+pub use stack::{StackSpec, Tiers, Vram};
 pub use tier::{ArrayTier, Tier, TierCounters, TierStatus};
 pub use vram::cuda::{Gpu, GpuError, GpuInfo};
 pub use vram::VramTier;
