@@ -198,6 +198,10 @@ pub struct MountStatus {
     /// Drives of the array that are not online.
     #[serde(default)]
     pub drives_not_online: usize,
+    /// The drive files of the array (the node exporter's device figures; no walk of the
+    /// daemon's open files).
+    #[serde(default)]
+    pub drive_paths: Vec<PathBuf>,
     /// Count and latency of each FUSE operation served since the mount.
     #[serde(default)]
     pub ops: Vec<crate::opstats::OpFigures>,
@@ -1224,6 +1228,11 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
             .iter()
             .filter(|d| d.state != tierstack_array::format::DriveState::Online)
             .count(),
+        drive_paths: array
+            .drives
+            .iter()
+            .map(|d| PathBuf::from(&d.path))
+            .collect(),
         ops: core.ops().figures(),
         conditioned_bytes: core.array().conditioned_bytes(),
         conditioned: fig.conditioned,
@@ -1298,8 +1307,10 @@ fn serve(
         }
         _ => serde_json::json!({"ok": false, "error": "unknown request"}),
     };
+    // One write of the whole line: `Value`'s Display writes token by token, a system call
+    // each (about a thousand for a status) straight onto the socket.
     let mut w = &conn;
-    let _ = writeln!(w, "{ans}");
+    let _ = w.write_all(format!("{ans}\n").as_bytes());
 }
 
 /// Runs a mount in this process until it is unmounted with `tierstack umount`.

@@ -525,12 +525,26 @@ impl MountMetrics {
             set_counter(&self.proc_read, l, io.read_bytes);
             set_counter(&self.proc_write, l, io.write_bytes);
         }
-        let files: Vec<(PathBuf, String)> = open_files(s.pid, None)
-            .into_iter()
-            .filter(|(p, _)| !p.starts_with(&s.mountpoint) && !p.starts_with(&s.backing))
-            .collect();
-        let rd = tierstack_fs::mount::run_dir();
-        for (p, _) in files.iter().filter(|(p, _)| is_drive(p, &rd)) {
+        // The daemon names its drives; one from before it did is looked at through /proc.
+        let files: Vec<(PathBuf, String)> = if s.drive_paths.is_empty() {
+            let rd = tierstack_fs::mount::run_dir();
+            open_files(s.pid, None)
+                .into_iter()
+                .filter(|(p, _)| !p.starts_with(&s.mountpoint) && !p.starts_with(&s.backing))
+                .filter(|(p, _)| is_drive(p, &rd))
+                .collect()
+        } else {
+            s.drive_paths
+                .iter()
+                .filter_map(|p| {
+                    use std::os::unix::fs::MetadataExt;
+                    let dev = std::fs::metadata(p).ok()?.dev();
+                    let majmin = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+                    Some((p.clone(), majmin))
+                })
+                .collect()
+        };
+        for (p, _) in &files {
             if let Ok(md) = std::fs::metadata(p) {
                 use std::os::unix::fs::MetadataExt;
                 let name = p.display().to_string();
