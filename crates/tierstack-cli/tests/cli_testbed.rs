@@ -1,0 +1,453 @@
+//! The multi-node test bed of contrib/testbed (issue 40) through the real thing: a MooseFS
+//! (master + 2 chunkservers on throttled loop devices), 4 nodes in namespaces of their own and a
+//! SLURM, brought up with `testbed.sh up`, used from several nodes (a file written on one node
+//! and read on another, private /tmp, `srun -N4`, a real `tierstack mount` over a folder of the
+//! shared file system drained by `tierstack umount`), then brought down with `testbed.sh down`,
+//! which must leave nothing behind.
+//!
+//! Needs root and /dev/fuse (prints SKIP and passes elsewhere). MooseFS and SLURM must be
+//! installed (CI's .ci/run installs them); where they are missing the test fails and says what
+//! to install.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{is_root, random, repo_root, BIN};
+
+/// Every command of the test bed runs under `timeout` with this bound (seconds).
+const CMD_TIMEOUT: &str = "300";
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd} >/dev/null 2>&1")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A test bed under `root`; on drop (a failed assertion included) it is brought down, so that
+/// no process, namespace, loop device or mount outlives the test. The root folder is removed
+/// after a success and kept (with its logs) after a failure.
+struct Bed {
+    script: PathBuf,
+    root: PathBuf,
+    up: bool,
+}
+
+impl Bed {
+    /// `testbed.sh SUB --root ROOT ARGS...`, bounded.
+    fn run(&self, sub: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut c = Command::new("timeout");
+        c.args(["-k", "10", CMD_TIMEOUT])
+            .arg(&self.script)
+            .arg(sub)
+            .arg("--root")
+            .arg(&self.root)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match stdin {
+            None => {
+                c.stdin(Stdio::null());
+                c.output().expect("run testbed.sh")
+            }
+            Some(data) => {
+                c.stdin(Stdio::piped());
+                let mut child = c.spawn().expect("run testbed.sh");
+                let mut i = child.stdin.take().expect("stdin");
+                let data = data.to_vec();
+                let w = std::thread::spawn(move || i.write_all(&data));
+                let o = child.wait_with_output().expect("wait testbed.sh");
+                w.join().expect("writer").expect("write stdin");
+                o
+            }
+        }
+    }
+
+    /// `testbed.sh exec --root ROOT TARGET -- CMD...`.
+    fn exec(&self, target: &str, cmd: &[&str]) -> Output {
+        let mut args = vec![target, "--"];
+        args.extend_from_slice(cmd);
+        self.run("exec", &args, None)
+    }
+
+    /// `exec` that must succeed; its standard output.
+    #[track_caller]
+    fn exec_ok(&self, target: &str, cmd: &[&str]) -> String {
+        let o = self.exec(target, cmd);
+        assert!(
+            o.status.success(),
+            "{target}: {cmd:?} failed ({}): {}{}{}",
+            o.status,
+            text(&o.stdout),
+            text(&o.stderr),
+            self.logs()
+        );
+        text(&o.stdout)
+    }
+
+    /// The `KEY=VALUE` lines `status` (or `io-stats`) prints.
+    fn env(&self, sub: &str) -> BTreeMap<String, String> {
+        let o = self.run(sub, &[], None);
+        assert!(
+            o.status.success(),
+            "testbed.sh {sub}: {}{}",
+            text(&o.stdout),
+            text(&o.stderr)
+        );
+        text(&o.stdout)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+            .collect()
+    }
+
+    /// The last lines of every log of the test bed, for failure messages.
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        let mut files: Vec<PathBuf> = fs::read_dir(self.root.join("log"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        for f in files {
+            let t = fs::read_to_string(&f).unwrap_or_default();
+            let lines: Vec<&str> = t.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(12)..];
+            if !tail.is_empty() {
+                out += &format!("\n--- {} (tail)\n{}", f.display(), tail.join("\n"));
+            }
+        }
+        out
+    }
+
+    /// `down`, which must succeed; how long it took.
+    fn down(&mut self) -> Duration {
+        let t = Instant::now();
+        let o = self.run("down", &[], None);
+        let took = t.elapsed();
+        self.up = false;
+        assert!(
+            o.status.success(),
+            "testbed.sh down: {}{}{}",
+            text(&o.stdout),
+            text(&o.stderr),
+            self.logs()
+        );
+        took
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if self.up {
+            let o = self.run("down", &[], None);
+            eprintln!(
+                "clean-up: testbed.sh down: {}{}",
+                text(&o.stdout),
+                text(&o.stderr)
+            );
+        }
+        if std::thread::panicking() {
+            eprintln!("test bed root kept for its logs: {}", self.root.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// What is left of a test bed after `down`: namespaces with its prefix, loop devices backed by
+/// its files, mounts under its root, its cgroup, processes naming its root.
+fn leftovers(root: &Path, prefix: &str) -> Vec<String> {
+    let r = root.display().to_string();
+    let mut left = Vec::new();
+    let o = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    for l in text(&o.stdout).lines() {
+        if l.starts_with(&format!("{prefix}-")) {
+            left.push(format!("netns {l}"));
+        }
+    }
+    let o = Command::new("losetup")
+        .args(["-n", "-l", "-O", "NAME,BACK-FILE"])
+        .output()
+        .expect("losetup -l");
+    for l in text(&o.stdout).lines() {
+        if l.contains(&format!("{r}/")) {
+            left.push(format!("loop device {l}"));
+        }
+    }
+    let mi = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    for l in mi.lines() {
+        if let Some(mp) = l.split(' ').nth(4) {
+            if mp == r || mp.starts_with(&format!("{r}/")) {
+                left.push(format!("mount {mp}"));
+            }
+        }
+    }
+    let cg = format!("/sys/fs/cgroup/blkio/testbed-{prefix}");
+    if Path::new(&cg).exists() {
+        left.push(format!("cgroup {cg}"));
+    }
+    let me = std::process::id();
+    for e in fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = text(&cmd).replace('\0', " ");
+        let comm = fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if cmd.contains(&r) || (comm.starts_with("mfs") && cmd.contains(prefix)) {
+            left.push(format!("process {pid} {cmd}"));
+        }
+    }
+    left
+}
+
+#[test]
+fn testbed_four_nodes_moosefs_slurm_and_a_tierstack_mount() {
+    if !is_root() {
+        println!("SKIP: not root: the test bed makes namespaces, loop devices and mounts");
+        return;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        println!("SKIP: no /dev/fuse");
+        return;
+    }
+    assert!(
+        have("mfsmaster") && have("mfschunkserver") && have("mfsmount"),
+        "MooseFS is not installed: apt-get install -y moosefs-master moosefs-chunkserver \
+         moosefs-client (CI's .ci/run installs it)"
+    );
+    assert!(
+        have("slurmctld") && have("slurmd") && have("srun"),
+        "SLURM is not installed: apt-get install -y --no-install-recommends slurmctld slurmd \
+         slurm-client slurm-wlm-basic-plugins (CI's .ci/run installs it)"
+    );
+    let script = repo_root().join("contrib/testbed/testbed.sh");
+    let root = PathBuf::from(format!("/var/tmp/tierstack-testbed-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&root);
+    fs::create_dir_all(root.join("data")).expect("mkdir root");
+    let mut bed = Bed {
+        script,
+        root: root.clone(),
+        up: true,
+    };
+
+    // Up, bounded.
+    let t = Instant::now();
+    let o = bed.run("up", &["--nodes", "4", "--slurm"], None);
+    let up_took = t.elapsed();
+    println!("testbed.sh up --nodes 4 --slurm took {up_took:.1?}");
+    print!("{}", text(&o.stdout));
+    assert!(
+        o.status.success(),
+        "testbed.sh up failed: {}{}{}",
+        text(&o.stdout),
+        text(&o.stderr),
+        bed.logs()
+    );
+    assert!(up_took < Duration::from_secs(180), "up took {up_took:?}");
+    let st = bed.env("status");
+    assert_eq!(
+        st.get("TESTBED_UP").map(String::as_str),
+        Some("1"),
+        "{st:?}"
+    );
+    assert_eq!(
+        st.get("TESTBED_NODES").map(String::as_str),
+        Some("4"),
+        "{st:?}"
+    );
+    let prefix = st.get("TESTBED_PREFIX").expect("prefix in status").clone();
+    for i in 1..=4 {
+        assert_eq!(
+            st.get(&format!("TESTBED_NODE{i}_ADDR")),
+            Some(&format!("10.77.0.{}", 10 + i)),
+            "{st:?}"
+        );
+        assert_eq!(
+            bed.exec_ok(&format!("node{i}"), &["hostname"]).trim(),
+            format!("node{i}")
+        );
+    }
+
+    // A file written with dd on node1 (its bytes through exec's stdin) is read back, byte for
+    // byte, on node4; after a drop of the caches the read comes from the chunkservers' disks.
+    let data = random(8 << 20, 40);
+    let o = bed.run(
+        "exec",
+        &[
+            "node1",
+            "--",
+            "dd",
+            "of=/mnt/pfs/from-node1.bin",
+            "bs=1M",
+            "iflag=fullblock",
+            "conv=fsync",
+            "status=none",
+        ],
+        Some(&data),
+    );
+    assert!(
+        o.status.success(),
+        "dd on node1: {}{}",
+        text(&o.stderr),
+        bed.logs()
+    );
+    let o = bed.run("drop-caches", &[], None);
+    assert!(o.status.success(), "drop-caches: {}", text(&o.stderr));
+    let before = bed.env("io-stats");
+    let o = bed.exec("node4", &["cat", "/mnt/pfs/from-node1.bin"]);
+    assert!(o.status.success(), "cat on node4: {}", text(&o.stderr));
+    assert!(
+        o.stdout == data,
+        "node4 read {} bytes, not node1's {}",
+        o.stdout.len(),
+        data.len()
+    );
+    let after = bed.env("io-stats");
+    let read = |m: &BTreeMap<String, String>| -> u64 {
+        m.get("TESTBED_IO_READ_BYTES")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("TESTBED_IO_READ_BYTES in {m:?}"))
+    };
+    println!(
+        "node4's read of 8 MiB read {} bytes from the chunkservers' loop devices",
+        read(&after) - read(&before)
+    );
+    assert!(
+        read(&after) - read(&before) >= data.len() as u64,
+        "after drop-caches the read must come from the chunkservers' disks: {before:?} {after:?}"
+    );
+
+    // /tmp is private to each node (and none is the host's).
+    let mark = format!("/tmp/tierstack-testbed-mark-{}", std::process::id());
+    bed.exec_ok("node1", &["sh", "-c", &format!("echo node1 > {mark}")]);
+    bed.exec_ok("node1", &["test", "-f", &mark]);
+    let o = bed.exec("node2", &["test", "-e", &mark]);
+    assert_eq!(o.status.code(), Some(1), "node1's {mark} seen in node2");
+    assert!(
+        !Path::new(&mark).exists(),
+        "node1's {mark} seen on the host"
+    );
+
+    // SLURM: 4 idle nodes, and a step on each.
+    let sinfo = bed.exec_ok("ctl", &["sinfo", "-h", "-N", "-o", "%N %T"]);
+    let mut idle: Vec<&str> = sinfo
+        .lines()
+        .filter(|l| l.ends_with(" idle"))
+        .map(|l| l.split(' ').next().unwrap_or(""))
+        .collect();
+    idle.sort();
+    assert_eq!(idle, ["node1", "node2", "node3", "node4"], "sinfo: {sinfo}");
+    let out = bed.exec_ok("ctl", &["timeout", "60", "srun", "-N4", "hostname"]);
+    let mut hosts: Vec<&str> = out.lines().map(str::trim).collect();
+    hosts.sort();
+    assert_eq!(
+        hosts,
+        ["node1", "node2", "node3", "node4"],
+        "srun -N4 hostname: {out}"
+    );
+    // `exec all`: every node at once, an exit line each.
+    let o = bed.exec("all", &["hostname"]);
+    assert!(o.status.success(), "exec all: {}", text(&o.stderr));
+    for i in 1..=4 {
+        assert!(
+            text(&o.stdout).contains(&format!("node{i}: node{i}\n")),
+            "{}",
+            text(&o.stdout)
+        );
+        assert!(
+            text(&o.stderr).contains(&format!("node{i}: exit 0")),
+            "{}",
+            text(&o.stderr)
+        );
+    }
+
+    // A real tierstack mount in node2 over a folder of the shared file system: a file written
+    // through it is, after `tierstack umount` (which drains), in the shared file system, as
+    // node3 sees it.
+    let ckpt = random(24 << 20, 41);
+    let src = root.join("data/ckpt.bin");
+    fs::write(&src, &ckpt).expect("write source");
+    let src = src.to_str().expect("utf8 path");
+    bed.exec_ok("node2", &["mkdir", "-p", "/mnt/pfs/ts-backing", "/mnt/ts"]);
+    let t = Instant::now();
+    bed.exec_ok(
+        "node2",
+        &[
+            BIN,
+            "mount",
+            "/mnt/pfs/ts-backing",
+            "/mnt/ts",
+            "--drive-size",
+            "64M",
+            "--dram",
+            "64M",
+        ],
+    );
+    let o = bed.exec("node3", &["findmnt", "/mnt/ts"]);
+    assert!(
+        !o.status.success(),
+        "node2's tierstack mount is seen in node3"
+    );
+    bed.exec_ok(
+        "node2",
+        &[
+            "dd",
+            &format!("if={src}"),
+            "of=/mnt/ts/ckpt.bin",
+            "bs=1M",
+            "conv=fsync",
+            "status=none",
+        ],
+    );
+    let o = bed.exec("node2", &["timeout", "120", BIN, "umount", "/mnt/ts"]);
+    assert!(
+        o.status.success(),
+        "tierstack umount in node2: {}{}{}",
+        text(&o.stdout),
+        text(&o.stderr),
+        bed.logs()
+    );
+    println!(
+        "tierstack mount + 24 MiB write + umount (drain) in node2: {:.1?}",
+        t.elapsed()
+    );
+    let o = bed.exec("node3", &["cat", "/mnt/pfs/ts-backing/ckpt.bin"]);
+    assert!(o.status.success(), "cat on node3: {}", text(&o.stderr));
+    assert!(
+        o.stdout == ckpt,
+        "node3 read {} bytes of the drained file, not the {} written in node2",
+        o.stdout.len(),
+        ckpt.len()
+    );
+
+    // Down, bounded, leaving nothing.
+    let took = bed.down();
+    println!("testbed.sh down took {took:.1?}");
+    let left = leftovers(&root, &prefix);
+    assert!(left.is_empty(), "left after down: {left:#?}");
+    assert!(took < Duration::from_secs(60), "down took {took:?}");
+    // down again: nothing to do, still a success.
+    bed.down();
+}
