@@ -104,6 +104,8 @@ const KEYS: &[Key] = &[
     flag(&["mount"], "mode", Kind::Choice),
     flag(&["mount"], "drain_rate", Kind::Rate),
     flag(&["mount"], "drain_jobs", Kind::Count),
+    flag(&["mount"], "drain_slots", Kind::Count),
+    flag(&["mount"], "drain_slots_dir", Kind::Path),
     flag(&["mount"], "transport", Kind::Choice),
     flag(&["mount"], "metrics", Kind::Addr),
     flag(&["mount"], "on_stop", Kind::Choice),

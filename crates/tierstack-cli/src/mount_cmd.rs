@@ -83,6 +83,15 @@ pub struct MountArgs {
     /// Files drained in parallel.
     #[arg(long, default_value_t = 4)]
     pub drain_jobs: usize,
+    /// At most this many drain streams at once across every mount, on any node, that names
+    /// the same --drain-slots-dir: a site-wide bound on what the shared file system is
+    /// asked to take (locks in the file system itself; a dead node's slots free themselves).
+    #[arg(long, value_name = "K", requires = "drain_slots_dir")]
+    pub drain_slots: Option<u32>,
+    /// The folder of the site-wide drain slots: one folder on the shared file system that
+    /// BACKING is on, the same for every node (e.g. /pfs/.tierstack-drain-slots).
+    #[arg(long, value_name = "DIR", requires = "drain_slots")]
+    pub drain_slots_dir: Option<PathBuf>,
     /// Write every handle through the kernel's page cache. By default a write-only open of a
     /// new or truncated file (a checkpoint writer) sends its writes straight to the daemon,
     /// once, instead of through the page cache; while such a handle is open, its file's mtime
@@ -328,6 +337,14 @@ impl MountSizes {
             Some(r) => Some((r * 1e6) as u64),
             None => None,
         };
+        if let Some(k) = a.drain_slots {
+            if k == 0 || k > tierstack_fs::drain::slots::MAX_SLOTS {
+                usage_bail!(
+                    "--drain-slots {k} is out of range: give 1 to {}",
+                    tierstack_fs::drain::slots::MAX_SLOTS
+                );
+            }
+        }
         if a.drain_jobs == 0 || a.drain_jobs > 256 {
             usage_bail!(
                 "--drain-jobs {} is out of range: give 1 to 256",
@@ -480,6 +497,8 @@ fn mount_spec(
         allow_other: a.allow_other,
         drain_rate: sizes.drain_rate,
         drain_jobs: a.drain_jobs,
+        drain_slots: a.drain_slots.unwrap_or(0),
+        drain_slots_dir: a.drain_slots_dir.clone(),
         fuse_threads: std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(4)

@@ -49,6 +49,14 @@ pub struct MountSpec {
     pub drain_jobs: usize,
     /// Threads serving FUSE requests (at least one).
     pub fuse_threads: usize,
+    /// Site-wide drain slots: at most this many drain streams at once across every mount
+    /// that names the same [`MountSpec::drain_slots_dir`] (0: no bound; see
+    /// [`crate::drain::slots`]).
+    #[serde(default)]
+    pub drain_slots: u32,
+    /// The folder of the site-wide drain slots, on the shared file system drained into.
+    #[serde(default)]
+    pub drain_slots_dir: Option<PathBuf>,
     /// The optional tiers between the DRAM tier and the array (`--vram`); the mount has no
     /// compressed tier (its pages are files' contents, drained as they are).
     #[serde(default = "no_tiers")]
@@ -746,7 +754,20 @@ impl Daemon {
             limit,
             Some(intent),
         )?);
-        let drainer = Drainer::new(core.clone(), spec.drain_jobs, spec.drain_rate);
+        let slots = match (&spec.drain_slots_dir, spec.drain_slots) {
+            (Some(dir), k) if k > 0 => {
+                let slots = crate::drain::slots::Slots::new(dir, k);
+                slots.check().map_err(|e| {
+                    FsError::Config(format!(
+                        "--drain-slots-dir {}: cannot hold drain slots there ({e}): give a folder on the shared file system that every node can write",
+                        dir.display()
+                    ))
+                })?;
+                Some(slots)
+            }
+            _ => None,
+        };
+        let drainer = Drainer::with_slots(core.clone(), spec.drain_jobs, spec.drain_rate, slots);
         drainer
             .start()
             .map_err(|e| FsError::Config(format!("cannot start the drainer: {e}")))?;

@@ -51,6 +51,7 @@ mod crash_tests;
 mod data;
 mod meta;
 pub mod policy;
+pub mod slots;
 
 /// A token bucket over bytes written to BACKING.
 pub struct RateLimit {
@@ -137,6 +138,8 @@ pub struct Drainer {
     /// Whether the temporary files the drainer recorded are to be looked at again (at the
     /// start, after a crash may have left some, and whenever a drain made one).
     sweep_due: AtomicBool,
+    /// Site-wide drain slots (`mount --drain-slots`): a worker drains only while it holds one.
+    slots: Option<slots::Slots>,
 }
 
 /// The name of the drainer's temporary file for inode `ino` (suffix: a further link).
@@ -151,6 +154,17 @@ impl Drainer {
     /// in bytes per second written to BACKING (`None` or 0: unlimited). Nothing runs until
     /// [`Drainer::start`].
     pub fn new(core: Arc<Core>, jobs: usize, rate: Option<u64>) -> Arc<Drainer> {
+        Drainer::with_slots(core, jobs, rate, None)
+    }
+
+    /// [`Drainer::new`] whose workers drain only while they hold one of the site-wide
+    /// `slots` (see [`slots`]).
+    pub fn with_slots(
+        core: Arc<Core>,
+        jobs: usize,
+        rate: Option<u64>,
+        slots: Option<slots::Slots>,
+    ) -> Arc<Drainer> {
         Arc::new(Drainer {
             core,
             jobs: jobs.max(1),
@@ -165,6 +179,7 @@ impl Drainer {
             pinned: AtomicU64::new(0),
             refused: Mutex::new(Vec::new()),
             sweep_due: AtomicBool::new(true),
+            slots,
         })
     }
 
@@ -180,7 +195,7 @@ impl Drainer {
             hs.push(
                 std::thread::Builder::new()
                     .name(format!("drain-{i}"))
-                    .spawn(move || me.worker(&rx))?,
+                    .spawn(move || me.worker(i as u32, &rx))?,
             );
         }
         let me = self.clone();
@@ -614,15 +629,43 @@ impl Drainer {
         }
     }
 
-    fn worker(self: Arc<Self>, rx: &Mutex<mpsc::Receiver<JOp>>) {
+    fn worker(self: Arc<Self>, w: u32, rx: &Mutex<mpsc::Receiver<JOp>>) {
+        // The site-wide slot this worker holds, kept while files come back to back.
+        let mut permit: Option<slots::Permit> = None;
         loop {
-            let op = {
-                let r = rx.lock();
-                match r.recv() {
-                    Ok(op) => op,
-                    Err(_) => return,
+            // Work ready now, taken without waiting, keeps the slot; before any wait (for
+            // work, or for the queue another worker holds) the slot goes to whoever waits:
+            // a slot held while waiting on the queue could be the one the worker that holds
+            // the queue's next row needs.
+            let ready = rx.try_lock().and_then(|r| match r.try_recv() {
+                Ok(op) => Some(Ok(op)),
+                Err(mpsc::TryRecvError::Disconnected) => Some(Err(())),
+                Err(mpsc::TryRecvError::Empty) => None,
+            });
+            let op = match ready {
+                Some(Ok(op)) => op,
+                Some(Err(())) => return,
+                None => {
+                    permit = None;
+                    match rx.lock().recv() {
+                        Ok(op) => op,
+                        Err(_) => return,
+                    }
                 }
             };
+            if let Some(slots) = &self.slots {
+                if let Some(p) = permit.as_mut().filter(|p| p.turn_over()) {
+                    if slots.others_wait() {
+                        permit = None;
+                        std::thread::sleep(slots.yield_pause());
+                    } else {
+                        p.renew();
+                    }
+                }
+                if permit.is_none() {
+                    permit = slots.acquire(w, &self.stop);
+                }
+            }
             self.apply_with_retry(&op, |op| self.drain_file(op));
             let mut fl = self.inflight.lock();
             fl.total -= 1;
