@@ -4,6 +4,7 @@
 
 pub mod array;
 pub mod checkpoint;
+pub mod cluster;
 pub mod error;
 pub mod io;
 pub mod mem;

@@ -12,6 +12,7 @@ macro_rules! usage_bail {
 mod array_cmd;
 mod buffers_cmd;
 mod checkpoint_cmd;
+mod cluster_cmd;
 mod config;
 mod cost_cmd;
 mod demo;
@@ -179,6 +180,11 @@ enum BenchCmd {
     /// mdtest's method: N processes create, stat, read and unlink their files, in the plain
     /// folder and through a tierstack mount over it; rates per phase and mount / plain.
     Meta(meta_cmd::BenchMetaArgs),
+    /// Seed 004's experiment at N nodes on a multi-node test bed with a real shared file
+    /// system (MooseFS): file per process straight into it and through node-local buffers,
+    /// the time until everything is there, and what the drains cost another job's metadata
+    /// latency (needs root, FUSE, the MooseFS packages and python3)
+    Cluster(cluster_cmd::BenchClusterArgs),
     /// The VRAM tier per page size (copies to and from the GPU) against the array alone.
     Vram(vram_cmd::BenchVramArgs),
     /// Internal: one worker process of `bench meta` (takes its spec as JSON).
@@ -291,6 +297,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::CheckpointWriter { spec }) => checkpoint_cmd::checkpoint_writer(&spec),
         Cmd::Bench(BenchCmd::Io(a)) => io_cmd::bench(a),
         Cmd::Bench(BenchCmd::Meta(a)) => meta_cmd::bench(a),
+        Cmd::Bench(BenchCmd::Cluster(a)) => cluster_cmd::bench(a),
         Cmd::Bench(BenchCmd::Vram(a)) => vram_cmd::bench(a),
         Cmd::Bench(BenchCmd::MetaWorker { spec }) => meta_cmd::worker(&spec),
         Cmd::Run(a) => run_cmd::run(a),

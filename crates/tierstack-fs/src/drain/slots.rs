@@ -93,7 +93,12 @@ impl Slots {
     /// Checks that the slot folder is usable: it exists (or can be made) and a slot file can
     /// be made and locked there. Called at mount, so that a wrong folder is a usage error.
     pub fn check(&self) -> io::Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
+        // Nodes make it at the same moment: a shared file system may answer one of them
+        // "exists" while its cache still says it is not there; the open below decides.
+        match std::fs::create_dir_all(&self.dir) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
         let f = self.open(0)?;
         // A lock that someone else holds is fine: locking works.
         match flock(&f, FlockOperation::NonBlockingLockShared) {

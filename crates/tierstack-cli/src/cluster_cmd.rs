@@ -1,0 +1,87 @@
+//! `tierstack bench cluster`: seed 004's experiment at N nodes on the multi-node test bed.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tierstack_bench::cluster;
+
+#[derive(Args)]
+pub struct BenchClusterArgs {
+    /// Compute nodes of the test bed (1 to 7; the probe runs on one more).
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// Ranks per node, each writing a file of its own.
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+    /// Bytes each rank writes into its file.
+    #[arg(long, default_value = "32M")]
+    pub size_per_rank: String,
+    /// Small files each rank writes after its file (the many-small-files variant).
+    #[arg(long, default_value_t = 0)]
+    pub small_files: usize,
+    /// Bytes of each small file.
+    #[arg(long, default_value = "4K")]
+    pub small_size: String,
+    /// MB/s of each chunkserver of the shared file system (0: unlimited).
+    #[arg(long, default_value_t = 50)]
+    pub throttle: u32,
+    /// Chunkservers of the shared file system.
+    #[arg(long, default_value_t = 2)]
+    pub chunkservers: usize,
+    /// Also run the buffered mode with K site-wide drain slots (`mount --drain-slots`).
+    #[arg(long, value_name = "K")]
+    pub slots: Option<u32>,
+    /// The test bed's folder (made, and removed at the end).
+    #[arg(long, default_value = "/var/tmp/tierstack-bench-cluster")]
+    pub root: PathBuf,
+    /// Leave the test bed up at the end (`contrib/testbed/testbed.sh down --root ROOT/bed`).
+    #[arg(long)]
+    pub keep: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn bench(a: BenchClusterArgs) -> Result<()> {
+    if !(1..=7).contains(&a.nodes) {
+        return Err(crate::usage(format!(
+            "--nodes {} is out of range: give 1 to 7 (the test bed holds 8 nodes, one is the probe's)",
+            a.nodes
+        )));
+    }
+    if a.ranks == 0 {
+        return Err(crate::usage("--ranks 0: give at least one rank per node"));
+    }
+    if !rustix::process::geteuid().is_root() {
+        return Err(crate::usage(
+            "bench cluster builds a test bed of namespaces, loop devices and a MooseFS: run it as root",
+        ));
+    }
+    let spec = cluster::ClusterSpec {
+        exe: std::env::current_exe().context("cannot find the tierstack binary")?,
+        root: a.root,
+        nodes: a.nodes,
+        ranks: a.ranks,
+        size_per_rank: crate::size_flag("size-per-rank", &a.size_per_rank)?,
+        small_files: a.small_files,
+        small_size: crate::size_flag("small-size", &a.small_size)? as usize,
+        throttle: a.throttle,
+        chunkservers: a.chunkservers.clamp(1, 7),
+        slots: a.slots.filter(|k| *k > 0),
+        keep: a.keep,
+    };
+    let r = cluster::run(&spec)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", cluster::table(&r));
+    }
+    let bad: u64 = r.modes.iter().map(|m| m.missing + m.wrong).sum();
+    if bad > 0 {
+        anyhow::bail!(
+            "{bad} files in the shared system are missing or differ from what the ranks wrote"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,81 @@
+//! `tierstack bench cluster` end to end at N = 4 on the real test bed (MooseFS, namespaces):
+//! file per process straight into the shared system, through node-local buffers, and through
+//! buffers with site-wide drain slots; every byte read back from the shared system.
+
+mod common;
+
+use std::process::Command;
+
+use common::BIN;
+
+#[test]
+fn bench_cluster_at_four_nodes_loses_nothing_and_reports_each_mode() {
+    if !common::root_with_fuse() {
+        eprintln!("SKIP: needs root and /dev/fuse");
+        return;
+    }
+    assert!(
+        std::path::Path::new("/usr/sbin/mfsmaster").exists(),
+        "the MooseFS packages are missing: apt-get install moosefs-master moosefs-chunkserver moosefs-client"
+    );
+    let root = tempfile::Builder::new()
+        .prefix("ts-bench-cluster-")
+        .tempdir_in("/var/lib")
+        .expect("root");
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "cluster",
+            "--nodes",
+            "4",
+            "--ranks",
+            "2",
+            "--size-per-rank",
+            "8M",
+            "--small-files",
+            "20",
+            "--throttle",
+            "50",
+            "--slots",
+            "2",
+            "--json",
+            "--root",
+        ])
+        .arg(root.path())
+        .output()
+        .expect("run bench cluster");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let modes = r["modes"].as_array().expect("modes");
+    let names: Vec<&str> = modes.iter().filter_map(|m| m["mode"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["direct", "buffered", "buffered, 2 drain slots"],
+        "{out}"
+    );
+    for m in modes {
+        // 4 nodes x 2 ranks, each a file and 20 small files.
+        assert_eq!(m["files"], 4 * 2 * 21, "{m}");
+        assert_eq!(m["missing"], 0, "{m}");
+        assert_eq!(m["wrong"], 0, "{m}");
+        let (w, s) = (
+            m["write_s"].as_f64().expect("write_s"),
+            m["in_shared_s"].as_f64().expect("in_shared_s"),
+        );
+        assert!(w > 0.0 && s >= w, "{m}");
+        assert!(m["probe"]["count"].as_u64().unwrap_or(0) > 0, "{m}");
+    }
+    assert!(r["probe_idle"]["count"].as_u64().unwrap_or(0) > 0, "{out}");
+    // The test bed is gone: no namespace of it is left.
+    let ns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip");
+    let left = String::from_utf8_lossy(&ns.stdout).into_owned();
+    assert!(!left.contains("-node1"), "namespaces left: {left}");
+}
