@@ -451,3 +451,86 @@ fn testbed_four_nodes_moosefs_slurm_and_a_tierstack_mount() {
     // down again: nothing to do, still a success.
     bed.down();
 }
+
+/// Site-wide drain slots across nodes on MooseFS: while a process on node1 holds the only slot
+/// (`flock` on `slot.0` in the shared system), node2's mount drains nothing; once that holder
+/// dies (`kill -9`), node2's drain goes on, and `umount` leaves the file in the shared system.
+#[test]
+fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies() {
+    if !is_root() || !Path::new("/dev/fuse").exists() {
+        println!("SKIP: needs root and /dev/fuse");
+        return;
+    }
+    assert!(
+        have("mfsmaster") && have("mfsmount"),
+        "MooseFS is not installed: apt-get install -y moosefs-master moosefs-chunkserver \
+         moosefs-client (CI's .ci/run installs it)"
+    );
+    let root = PathBuf::from(format!(
+        "/var/tmp/tierstack-testbed-slots-{}",
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&root);
+    fs::create_dir_all(&root).expect("mkdir root");
+    let mut bed = Bed {
+        script: repo_root().join("contrib/testbed/testbed.sh"),
+        root,
+        up: true,
+    };
+    let o = bed.run("up", &["--nodes", "2", "--throttle", "0"], None);
+    assert!(
+        o.status.success(),
+        "up: {}{}{}",
+        text(&o.stdout),
+        text(&o.stderr),
+        bed.logs()
+    );
+    let slots = "/mnt/pfs/.slots";
+    bed.exec_ok(
+        "node1",
+        &["sh", "-c", &format!("mkdir -p {slots} /mnt/pfs/out")],
+    );
+    // The holder: a process of node1 with the only slot locked, its pid in the shared system.
+    bed.exec_ok(
+        "node1",
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "flock {slots}/slot.0 sh -c 'echo $$ > /mnt/pfs/holder.pid; exec sleep 300' \
+                 >/dev/null 2>&1 & sleep 1; test -s /mnt/pfs/holder.pid"
+            ),
+        ],
+    );
+    let mount = format!(
+        "mkdir -p /mnt/bb && {BIN} mount /mnt/pfs/out /mnt/bb --dir /var/tmp/bb \
+         --drain-slots 1 --drain-slots-dir {slots} && \
+         head -c 1048576 /dev/urandom > /mnt/bb/f && sha256sum < /mnt/bb/f"
+    );
+    let out = bed.exec_ok("node2", &["sh", "-c", &mount]);
+    let sum = out.lines().last().unwrap_or_default().to_string() + "\n";
+    // Well past the drain's quiet time and its longest delay: nothing may reach the shared
+    // system while node1 holds the slot.
+    std::thread::sleep(Duration::from_secs(7));
+    // The file's name may be there (namespace rows are not drain streams), its bytes not.
+    let seen = bed.exec_ok(
+        "node1",
+        &[
+            "sh",
+            "-c",
+            "sha256sum < /mnt/pfs/out/f 2>/dev/null || echo none",
+        ],
+    );
+    assert_ne!(seen, sum, "drained without a slot");
+    // The holder dies: its lock goes with it, and node2 drains.
+    bed.exec_ok("node1", &["sh", "-c", "kill -9 $(cat /mnt/pfs/holder.pid)"]);
+    let t = Instant::now();
+    bed.exec_ok(
+        "node2",
+        &["sh", "-c", &format!("{BIN} umount /mnt/bb --timeout 120")],
+    );
+    println!("umount after the holder died: {:.1?}", t.elapsed());
+    let there = bed.exec_ok("node1", &["sh", "-c", "sha256sum < /mnt/pfs/out/f"]);
+    assert_eq!(there, sum, "the shared system holds what node2 wrote");
+    bed.down();
+}
