@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::attr::Kind;
 use crate::backing::Backing;
 use crate::core::{Core, TMP_PREFIX};
 use crate::db::{JOp, OpKind};
@@ -574,7 +575,11 @@ impl Drainer {
                 }
                 continue;
             }
-            if op.kind.is_barrier() {
+            if op.kind == OpKind::SetAttr
+                && matches!(self.core.backing_attrs(op.ino), Some((Kind::File, ..)))
+            {
+                drop(self.wait_slot(RowKind::OwnFile, op.ino));
+            } else if op.kind.is_barrier() {
                 drop(self.wait_slot(RowKind::Barrier, op.ino));
             }
             self.apply_with_retry(&op, |op| self.apply_meta(op));

@@ -206,6 +206,10 @@ pub enum RowKind {
     /// A row that moves, removes or changes existing paths (or the release of the
     /// quarantine): it runs only when no data row is in flight.
     Barrier,
+    /// A row that changes one regular file in place (its mode, owner or times): it waits
+    /// only for that file's data rows, not for everyone's (`tar` sets every file's times
+    /// after writing it: as a barrier, that made the drain one file at a time).
+    OwnFile,
 }
 
 /// What is in flight when a row is to start.
@@ -224,6 +228,7 @@ pub fn may_start(kind: RowKind, s: &Slots) -> bool {
     match kind {
         RowKind::Data => s.in_flight < s.jobs && s.same_file == 0,
         RowKind::Barrier => s.in_flight == 0,
+        RowKind::OwnFile => s.same_file == 0,
     }
 }
 
@@ -606,6 +611,9 @@ mod tests {
         // A barrier waits for every data row to end.
         assert!(may_start(RowKind::Barrier, &s(0, 0)));
         assert!(!may_start(RowKind::Barrier, &s(1, 0)));
+        // A file's own change waits for that file's data rows only.
+        assert!(may_start(RowKind::OwnFile, &s(4, 0)));
+        assert!(!may_start(RowKind::OwnFile, &s(2, 1)));
     }
 
     #[test]
