@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+/// The longest one step (a mode's writes, its drains, the check) may take, in seconds.
+const STEP_LIMIT: &str = "3600";
+
 /// The test bed script, as the source tree has it.
 const TESTBED: &str = include_str!("../../../contrib/testbed/testbed.sh");
 
@@ -232,11 +235,18 @@ fn tail(o: &Output) -> String {
 
 impl Bed {
     fn run(&self, step: &str, args: &[&str]) -> Result<Output, ClusterError> {
-        let o = Command::new("bash")
+        // Every step is bounded: a node that never answers ends the run with the step's name
+        // (and `Drop` takes the test bed down) instead of holding it for ever.
+        let o = Command::new("timeout")
+            .args(["-k", "10", STEP_LIMIT])
+            .arg("bash")
             .arg(&self.script)
             .args(args)
             .output()
             .map_err(|e| step_err(step, e.to_string()))?;
+        if o.status.code() == Some(124) || o.status.code() == Some(137) {
+            return Err(step_err(step, format!("no end after {STEP_LIMIT} s")));
+        }
         if !o.status.success() {
             return Err(step_err(step, tail(&o)));
         }
@@ -303,7 +313,9 @@ impl<'a> Probe<'a> {
         let root = bed.root_arg();
         let node = node.to_string();
         let thread = std::thread::spawn(move || {
-            let _ = Command::new("bash")
+            let _ = Command::new("timeout")
+                .args(["-k", "10", STEP_LIMIT])
+                .arg("bash")
                 .arg(&script)
                 .args(["exec", "--root", &root, &node, "--", "sh", "-c", &cmd])
                 .output();
