@@ -1,6 +1,10 @@
 //! What a node is, as the namespace keeps it and the operations hand it out: its [`Kind`] and
 //! its [`Attr`]ibutes. Plain data below both the core and the operation table.
 
+/// The page size of file contents in the store (the store's largest value); also every
+/// node's `st_blksize` (large I/O sizes for tools that follow it: `cp`, `dd` without `bs`).
+pub const PAGE: u64 = 1 << 20;
+
 /// The type of a node; the discriminant is the `kind` column of the `inodes` table.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {

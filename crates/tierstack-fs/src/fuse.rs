@@ -1,32 +1,22 @@
-//! The FUSE side: the file system's operations over [`Core`] ([`TierFs::serve`], one
-//! decoded request [`Op`] in, one [`Out`] answer back), and the `fuser::Filesystem` that
-//! carries them over `/dev/fuse`. [`crate::uring`] carries the same operations over the
-//! kernel's io_uring queues; the operations themselves are the table of [`crate::ops`].
+//! The FUSE side: the file system's operations over [`Core`] ([`TierFs::answer`], one
+//! decoded request [`Op`] in, one [`Out`] answer back: the handlers of the table of
+//! [`crate::ops`]), and the FUSE INIT handshake (`fuser::Filesystem::init`; `fuser` mounts
+//! and agrees INIT, nothing else). The requests themselves reach [`TierFs::serve_decoded`]
+//! through [`crate::dev`] (`/dev/fuse`) and [`crate::uring`] (the kernel's io_uring
+//! queues), both decoding with [`crate::ops::wire`].
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
-};
+use fuser::{FileHandle, FopenFlags, KernelConfig, Request};
 
-use crate::core::{now_ns, Attr, Core, Kind, PAGE};
+use crate::core::{now_ns, Core, Kind, PAGE};
+use crate::ops::wire;
 pub use crate::ops::{Answer, Caller, Op, OpKind, Out, Statfs};
 use crate::refresh::{is_direct, may_write, open_flags, Refresher, STALE_NS};
 
-/// Attributes and entries may be cached by the kernel this long: only this daemon changes
-/// the namespace it shows.
-const TTL: Duration = Duration::from_secs(3600);
-
 /// The mounted file system: every operation is served by the core, whichever transport
-/// carries it (`fuser`'s `/dev/fuse` threads, and the io_uring queues of [`crate::uring`]
-/// when the kernel offers them; each transport holds a clone).
+/// carries it (the `/dev/fuse` readers of [`crate::dev`], and the io_uring queues of
+/// [`crate::uring`] when the kernel offers them; each transport holds a clone).
 #[derive(Clone)]
 pub struct TierFs {
     /// The file system's state: namespace, file contents, journal.
@@ -39,8 +29,13 @@ pub struct TierFs {
     /// A second transport that INIT may offer the kernel (FUSE over io_uring, see
     /// [`crate::uring`]), when the mount asks for it.
     pub ring: Option<Arc<dyn InitOffer>>,
-    /// Whether INIT asks for listings with attributes (READDIRPLUS, see `readdirplus`).
+    /// Whether INIT asks for listings with attributes (READDIRPLUS, see [`Op::Readdirplus`]).
     pub readdirplus: bool,
+    /// The only user whose requests are served, where the mount is not shared
+    /// (`--allow-other` not given): the mounting user. Others get EACCES, except for what
+    /// the kernel sends on a file's behalf without a caller (reads and writes of open
+    /// files, fsync, release, listings).
+    pub only_uid: Option<u32>,
 }
 
 /// A transport that is agreed in the FUSE INIT handshake (FUSE over io_uring): INIT asks
@@ -51,79 +46,6 @@ pub trait InitOffer: Send + Sync {
     fn wanted(&self) -> bool;
     /// INIT's outcome: whether the kernel agreed.
     fn negotiated(&self, agreed: bool);
-}
-
-fn st(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
-    }
-}
-
-fn ft(k: Kind) -> FileType {
-    match k {
-        Kind::File => FileType::RegularFile,
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDev => FileType::CharDevice,
-        Kind::BlockDev => FileType::BlockDevice,
-    }
-}
-
-fn fattr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino),
-        size: a.size,
-        blocks: a.blocks,
-        atime: st(a.atime),
-        mtime: st(a.mtime),
-        ctime: st(a.ctime),
-        crtime: st(a.ctime),
-        kind: ft(a.kind),
-        perm: (a.mode & 0o7777) as u16,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev as u32,
-        // Large I/O sizes for tools that follow st_blksize (cp, dd without bs).
-        blksize: PAGE as u32,
-        flags: 0,
-    }
-}
-
-/// The entry of a name that does not exist: node 0 (the kernel caches it as negative).
-fn negative_entry() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: fuser::FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: PAGE as u32,
-        flags: 0,
-    }
-}
-
-fn err(e: i32) -> Errno {
-    Errno::from_i32(e)
-}
-
-fn tot(t: Option<TimeOrNow>) -> Option<Option<SystemTime>> {
-    t.map(|t| match t {
-        TimeOrNow::SpecificTime(s) => Some(s),
-        TimeOrNow::Now => None,
-    })
 }
 
 impl TierFs {
@@ -156,12 +78,56 @@ impl TierFs {
 }
 
 impl TierFs {
-    /// Serves `op` for `caller` and sends the answer with `send`, then does what must follow
-    /// the reply (see [`TierFs::answer`]).
-    pub fn serve(&self, op: Op<'_>, caller: Caller, send: impl FnOnce(Answer)) {
-        let (r, then) = self.answer(op, caller);
-        send(r);
-        self.after_reply(then);
+    /// Serves a request as [`wire::decode`] decoded it, for either transport: its answer,
+    /// the inode whose kernel entries are to be dropped once the answer is sent
+    /// ([`TierFs::after_reply`]) and the most bytes the answer may hold; None for a request
+    /// that takes no answer (FORGET, INTERRUPT).
+    pub fn serve_decoded(
+        &self,
+        h: &wire::Header,
+        decoded: Result<wire::Decoded<'_>, i32>,
+    ) -> Option<(Answer, Option<u64>, usize)> {
+        let d = match decoded {
+            Ok(d) => d,
+            Err(e) => return Some((Err(e), None, usize::MAX)),
+        };
+        let (r, then) = match d.request {
+            wire::Request::Serve(op) if !self.serves(h.uid, &op) => (Err(libc::EACCES), None),
+            wire::Request::Serve(op) => self.answer(
+                op,
+                Caller {
+                    uid: h.uid,
+                    gid: h.gid,
+                },
+            ),
+            wire::Request::Answer(0) => (Ok(Out::Empty), None),
+            wire::Request::Answer(e) => (Err(e), None),
+            wire::Request::Forget(inos) => {
+                for ino in inos {
+                    self.core.forget_kernel_copy(ino);
+                }
+                return None;
+            }
+            wire::Request::Silent => return None,
+        };
+        Some((r, then, d.limit))
+    }
+
+    /// Whether a request of `uid` for `op` is served (see [`TierFs::only_uid`]).
+    fn serves(&self, uid: u32, op: &Op<'_>) -> bool {
+        match self.only_uid {
+            Some(only) if uid != only => matches!(
+                op,
+                Op::Read { .. }
+                    | Op::Write { .. }
+                    | Op::Fsync { .. }
+                    | Op::Fsyncdir { .. }
+                    | Op::Release { .. }
+                    | Op::Readdir { .. }
+                    | Op::Readdirplus { .. }
+            ),
+            _ => true,
+        }
     }
 
     /// What must happen once the reply is with the kernel: the inode whose kernel entries are
@@ -395,6 +361,30 @@ impl TierFs {
                         .collect(),
                 )
             }),
+            Op::Readdirplus { ino, offset, size } => core.readdir(ino, offset).map(|ents| {
+                // Each entry as its lookup answers it, as many as fit in `size` bytes: the
+                // kernel counts a lookup for each entry it is given, so none is looked up
+                // that the answer cannot hold.
+                let mut room = size as usize;
+                let mut out = Vec::new();
+                for ((i, _, name), pos) in ents.into_iter().zip(offset + 1..) {
+                    let need = wire::direntplus_len(name.len());
+                    if need > room {
+                        break;
+                    }
+                    let a = if name == b"." || name == b".." {
+                        core.getattr(i)
+                    } else {
+                        core.lookup(ino, &name)
+                    };
+                    // Gone since the listing (a concurrent unlink): the next listing shows it.
+                    if let Ok(a) = a {
+                        room -= need;
+                        out.push((a, pos, name));
+                    }
+                }
+                Out::DirPlus(out)
+            }),
             Op::Statfs => {
                 let bsize = 4096u64;
                 let (blocks, bfree) = match rustix::fs::statvfs(core.backing_path()) {
@@ -460,76 +450,6 @@ fn xattr_out(size: u32, r: std::result::Result<Vec<u8>, i32>) -> Answer {
     }
 }
 
-/// The caller of a `fuser` request.
-fn caller(req: &Request) -> Caller {
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-    }
-}
-
-/// An answer that is not of the kind the request expects: a bug, answered EIO.
-fn mismatch(op: &str, out: &Out) -> i32 {
-    tracing::error!("{op}: unexpected answer {out:?}");
-    libc::EIO
-}
-
-/// Sends an entry answer through `fuser`.
-fn send_entry(reply: ReplyEntry, r: Answer) {
-    match r {
-        Ok(Out::Entry(a)) => reply.entry(&TTL, &fattr(&a), Generation(0)),
-        Ok(Out::Negative) => reply.entry(&TTL, &negative_entry(), Generation(0)),
-        Ok(o) => reply.error(err(mismatch("entry", &o))),
-        Err(e) => reply.error(err(e)),
-    }
-}
-
-/// Sends an attributes answer through `fuser`.
-fn send_attr(reply: ReplyAttr, r: Answer) {
-    match r {
-        Ok(Out::Attr(a)) => reply.attr(&TTL, &fattr(&a)),
-        Ok(o) => reply.error(err(mismatch("attr", &o))),
-        Err(e) => reply.error(err(e)),
-    }
-}
-
-/// Sends an answer with nothing in it through `fuser`.
-fn send_empty(reply: ReplyEmpty, r: Answer) {
-    match r {
-        Ok(Out::Empty) => reply.ok(),
-        Ok(o) => reply.error(err(mismatch("empty", &o))),
-        Err(e) => reply.error(err(e)),
-    }
-}
-
-/// Sends a data answer through `fuser`.
-fn send_data(reply: ReplyData, r: Answer) {
-    match r {
-        Ok(Out::Data(v)) => reply.data(&v),
-        Ok(o) => reply.error(err(mismatch("data", &o))),
-        Err(e) => reply.error(err(e)),
-    }
-}
-
-/// Sends an extended-attribute answer through `fuser`.
-fn send_xattr(reply: ReplyXattr, r: Answer) {
-    match r {
-        Ok(Out::Size(n)) => reply.size(n),
-        Ok(Out::Data(v)) => reply.data(&v),
-        Ok(o) => reply.error(err(mismatch("xattr", &o))),
-        Err(e) => reply.error(err(e)),
-    }
-}
-
-/// Sends an open answer through `fuser`.
-fn send_open(reply: ReplyOpen, r: Answer) {
-    match r {
-        Ok(Out::Open(fh, f)) => reply.opened(FileHandle(fh), f),
-        Ok(o) => reply.error(err(mismatch("open", &o))),
-        Err(e) => reply.error(err(e)),
-    }
-}
-
 impl fuser::Filesystem for TierFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(PAGE as u32);
@@ -551,505 +471,20 @@ impl fuser::Filesystem for TierFs {
         // open(O_TRUNC) truncates in the open request instead of a separate setattr.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
         // FUSE over io_uring (`crate::uring`), when asked for and the kernel offers it.
-        let mut uring = false;
         if let Some(ring) = &self.ring {
-            uring = ring.wanted()
+            let uring = ring.wanted()
                 && config
                     .add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING)
                     .is_ok();
             ring.negotiated(uring);
         }
-        // Listings with attributes (`readdirplus`), where the kernel finds them worth it
-        // (AUTO: after a listing was followed by lookups of its names). Not over io_uring,
-        // whose decoder serves READDIR alone.
-        if !uring && self.readdirplus {
+        // Listings with attributes (`Op::Readdirplus`), where the kernel finds them worth it
+        // (AUTO: after a listing was followed by lookups of its names).
+        if self.readdirplus {
             let _ = config.add_capabilities(
                 fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
             );
         }
         Ok(())
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let op = Op::Lookup {
-            parent: parent.0,
-            name: name.as_bytes(),
-        };
-        self.serve(op, caller(_req), |r| send_entry(reply, r))
-    }
-
-    /// The kernel evicted the inode: no copy of its times is left in the kernel.
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        self.core.forget_kernel_copy(ino.0);
-    }
-
-    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.serve(Op::Getattr { ino: ino.0 }, caller(req), |r| {
-            send_attr(reply, r)
-        })
-    }
-
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let op = Op::Setattr {
-            ino: ino.0,
-            mode,
-            uid,
-            gid,
-            size,
-            atime: tot(atime),
-            mtime: tot(mtime),
-            fh: fh.map(|f| f.0),
-        };
-        self.serve(op, caller(req), |r| send_attr(reply, r))
-    }
-
-    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.serve(Op::Readlink { ino: ino.0 }, caller(req), |r| {
-            send_data(reply, r)
-        })
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        let op = Op::Mknod {
-            parent: parent.0,
-            name: name.as_bytes(),
-            mode,
-            umask,
-            rdev,
-        };
-        self.serve(op, caller(req), |r| send_entry(reply, r))
-    }
-
-    fn setxattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        let op = Op::Setxattr {
-            ino: ino.0,
-            name: name.as_bytes(),
-            value,
-            flags,
-        };
-        self.serve(op, caller(req), |r| send_empty(reply, r))
-    }
-
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let op = Op::Getxattr {
-            ino: ino.0,
-            name: name.as_bytes(),
-            size,
-        };
-        self.serve(op, caller(req), |r| send_xattr(reply, r))
-    }
-
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let op = Op::Listxattr { ino: ino.0, size };
-        self.serve(op, caller(req), |r| send_xattr(reply, r))
-    }
-
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let op = Op::Removexattr {
-            ino: ino.0,
-            name: name.as_bytes(),
-        };
-        self.serve(op, caller(req), |r| send_empty(reply, r))
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let op = Op::Mkdir {
-            parent: parent.0,
-            name: name.as_bytes(),
-            mode,
-            umask,
-        };
-        self.serve(op, caller(req), |r| send_entry(reply, r))
-    }
-
-    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let op = Op::Unlink {
-            parent: parent.0,
-            name: name.as_bytes(),
-        };
-        self.serve(op, caller(req), |r| send_empty(reply, r))
-    }
-
-    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let op = Op::Rmdir {
-            parent: parent.0,
-            name: name.as_bytes(),
-        };
-        self.serve(op, caller(req), |r| send_empty(reply, r))
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let op = Op::Symlink {
-            parent: parent.0,
-            name: link_name.as_bytes(),
-            target: target.as_os_str().as_bytes(),
-        };
-        self.serve(op, caller(req), |r| send_entry(reply, r))
-    }
-
-    fn rename(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let op = Op::Rename {
-            parent: parent.0,
-            name: name.as_bytes(),
-            newparent: newparent.0,
-            newname: newname.as_bytes(),
-            flags: flags.bits(),
-        };
-        self.serve(op, caller(req), |r| send_empty(reply, r))
-    }
-
-    fn link(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        let op = Op::Link {
-            ino: ino.0,
-            newparent: newparent.0,
-            newname: newname.as_bytes(),
-        };
-        self.serve(op, caller(req), |r| send_entry(reply, r))
-    }
-
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let op = Op::Open {
-            ino: ino.0,
-            flags: flags.0,
-        };
-        self.serve(op, caller(req), |r| send_open(reply, r))
-    }
-
-    fn read(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let op = Op::Read {
-            ino: ino.0,
-            offset,
-            size,
-        };
-        self.serve(op, caller(req), |r| send_data(reply, r))
-    }
-
-    fn write(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let op = Op::Write {
-            ino: ino.0,
-            fh: fh.0,
-            offset,
-            data,
-            kill_suidgid: write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
-        };
-        self.serve(op, caller(req), |r| match r {
-            Ok(Out::Written(n)) => reply.written(n),
-            Ok(o) => reply.error(err(mismatch("write", &o))),
-            Err(e) => reply.error(err(e)),
-        })
-    }
-
-    fn flush(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        let op = Op::Flush {
-            ino: ino.0,
-            fh: fh.0,
-        };
-        self.serve(op, caller(req), |r| send_empty(reply, r))
-    }
-
-    fn release(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        let op = Op::Release {
-            ino: ino.0,
-            fh: fh.0,
-        };
-        self.serve(op, caller(req), |r| send_empty(reply, r))
-    }
-
-    fn fsync(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.serve(Op::Fsync { ino: ino.0 }, caller(req), |r| {
-            send_empty(reply, r)
-        })
-    }
-
-    fn fallocate(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        let op = Op::Fallocate {
-            ino: ino.0,
-            offset,
-            length,
-            mode,
-        };
-        self.serve(op, caller(req), |r| send_empty(reply, r))
-    }
-
-    fn lseek(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
-        let Ok(offset) = u64::try_from(offset) else {
-            return reply.error(err(libc::ENXIO));
-        };
-        let op = Op::Lseek {
-            ino: ino.0,
-            offset,
-            whence,
-        };
-        self.serve(op, caller(req), |r| match r {
-            Ok(Out::Offset(o)) => reply.offset(o as i64),
-            Ok(o) => reply.error(err(mismatch("lseek", &o))),
-            Err(e) => reply.error(err(e)),
-        })
-    }
-
-    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.serve(Op::Opendir { ino: ino.0 }, caller(req), |r| {
-            send_open(reply, r)
-        })
-    }
-
-    fn readdir(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let op = Op::Readdir {
-            ino: ino.0,
-            offset,
-            size: u32::MAX,
-        };
-        self.serve(op, caller(req), |r| match r {
-            Ok(Out::Dir(ents)) => {
-                for (i, pos, k, name) in ents {
-                    if reply.add(INodeNo(i), pos, ft(k), OsStr::from_bytes(&name)) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
-            Ok(o) => reply.error(err(mismatch("readdir", &o))),
-            Err(e) => reply.error(err(e)),
-        })
-    }
-
-    /// A listing with each entry's attributes (READDIRPLUS, asked for in `init`): the
-    /// kernel then needs no LOOKUP round trip per entry for what walks a tree and stats every
-    /// name (`ls -l`, `git add`, `tar c`, `find`, Python's import). Each entry is answered as
-    /// a lookup of its name would be (the same attributes and timeouts; "." and ".." with
-    /// their attributes, which the kernel does not enter).
-    fn readdirplus(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let who = caller(req);
-        let op = Op::Readdir {
-            ino: ino.0,
-            offset,
-            size: u32::MAX,
-        };
-        let (r, then) = self.answer(op, who);
-        self.after_reply(then);
-        let ents = match r {
-            Ok(Out::Dir(ents)) => ents,
-            Ok(o) => return reply.error(err(mismatch("readdirplus", &o))),
-            Err(e) => return reply.error(err(e)),
-        };
-        for (i, pos, _k, name) in ents {
-            let op = if name == b"." || name == b".." {
-                Op::Getattr { ino: i }
-            } else {
-                Op::Lookup {
-                    parent: ino.0,
-                    name: &name,
-                }
-            };
-            let (r, then) = self.answer(op, who);
-            self.after_reply(then);
-            let a = match r {
-                Ok(Out::Entry(a)) | Ok(Out::Attr(a)) => a,
-                // Gone since the listing (a concurrent unlink): the next listing shows it.
-                _ => continue,
-            };
-            let full = reply.add(
-                INodeNo(a.ino),
-                pos,
-                OsStr::from_bytes(&name),
-                &TTL,
-                &fattr(&a),
-                Generation(0),
-            );
-            if full {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn fsyncdir(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.serve(Op::Fsyncdir { ino: ino.0 }, caller(req), |r| {
-            send_empty(reply, r)
-        })
-    }
-
-    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.serve(Op::Statfs, caller(req), |r| match r {
-            Ok(Out::Statfs(s)) => reply.statfs(
-                s.blocks, s.bfree, s.bavail, 0, 0, s.bsize, s.namelen, s.bsize,
-            ),
-            Ok(o) => reply.error(err(mismatch("statfs", &o))),
-            Err(e) => reply.error(err(e)),
-        })
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let op = Op::Create {
-            parent: parent.0,
-            name: name.as_bytes(),
-            mode,
-            umask,
-            flags,
-        };
-        self.serve(op, caller(req), |r| match r {
-            Ok(Out::Created(a, fh, f)) => {
-                reply.created(&TTL, &fattr(&a), Generation(0), FileHandle(fh), f)
-            }
-            Ok(o) => reply.error(err(mismatch("create", &o))),
-            Err(e) => reply.error(err(e)),
-        })
     }
 }

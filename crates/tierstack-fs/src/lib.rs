@@ -5,8 +5,10 @@
 //!   contents (pages in the tiered store over a base file in BACKING); backpressure.
 //! * [`db`]: the SQLite namespace journal and inode table.
 //! * [`drain`]: the drainer that replays the journal to BACKING.
-//! * [`fuse`]: the file system's operations over the core, and the `fuser::Filesystem`
-//!   that carries them over `/dev/fuse`.
+//! * [`ops`]: the table of operations ([`ops::Op`], [`ops::Out`]) and their FUSE wire form
+//!   ([`ops::wire`]), decoded once for both transports.
+//! * [`fuse`]: the operations' handlers over the core, and the INIT handshake.
+//! * [`dev`]: the readers that carry them over `/dev/fuse`.
 //! * [`uring`]: FUSE over io_uring, the same operations through the kernel's per-CPU queues.
 //! * [`mount`]: the mount daemon, its control socket and the client side of it.
 //! * [`notify`]: systemd's readiness protocol (`READY=1`, `STOPPING=1`) for the daemon.
@@ -22,6 +24,7 @@ pub(crate) mod backing;
 pub mod buffers;
 pub mod core;
 pub mod db;
+pub(crate) mod dev;
 pub mod drain;
 mod error;
 pub mod fuse;

@@ -684,13 +684,28 @@ fn open_fast_tier(spec: &MountSpec, created: &mut Created) -> Result<(Array, Pat
     Ok((arr, dbp))
 }
 
+/// A mounted session and its `/dev/fuse` readers: `fuser` mounted and agreed INIT; the
+/// readers of [`crate::dev`] serve the requests. Dropping it unmounts, if the mount is
+/// still there.
+struct Served {
+    _session: fuser::Session<crate::fuse::TierFs>,
+    readers: crate::dev::Readers,
+}
+
+impl Served {
+    /// Waits until the readers end (the mount is gone), then lets the session go.
+    fn join(self) -> std::io::Result<()> {
+        self.readers.join()
+    }
+}
+
 /// A running mount.
 pub struct Daemon {
     /// The file system's state, shared with the FUSE session and the drainer.
     pub core: Arc<Core>,
     /// The drainer replaying the journal to BACKING.
     pub drainer: Arc<Drainer>,
-    session: Option<fuser::BackgroundSession>,
+    session: Option<Served>,
     spec: MountSpec,
     sock: PathBuf,
     shutdown_rx: mpsc::Receiver<Stop>,
@@ -802,8 +817,6 @@ impl Daemon {
         } else {
             fuser::SessionACL::Owner
         };
-        cfg.n_threads = Some(spec.fuse_threads.max(1));
-        cfg.clone_fd = true;
         let refresh = Arc::new(crate::refresh::Refresher::default());
         let ring = crate::uring::Ring::new(spec.transport != crate::uring::Transport::Dev);
         let fs = crate::fuse::TierFs {
@@ -813,6 +826,7 @@ impl Daemon {
             ring: Some(ring.clone() as Arc<dyn crate::fuse::InitOffer>),
             // A diagnostic switch for comparisons (docs/BENCHMARKS.md), not a setting.
             readdirplus: std::env::var_os("TIERSTACK_FUSE_NO_READDIRPLUS").is_none(),
+            only_uid: (!spec.allow_other).then(|| rustix::process::geteuid().as_raw()),
         };
         let ring_fs = fs.clone();
         let mut dev = None;
@@ -825,7 +839,11 @@ impl Daemon {
                     crate::poll::start(s.as_fd(), core.clone())?;
                 }
                 dev = Some(s.as_fd().try_clone_to_owned()?);
-                s.spawn()
+                let readers = crate::dev::Readers::start(s.as_fd(), spec.fuse_threads, &ring_fs)?;
+                Ok(Served {
+                    _session: s,
+                    readers,
+                })
             })
             .map_err(|e| {
                 let _ = std::fs::remove_file(&sock);

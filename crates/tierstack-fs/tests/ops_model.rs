@@ -69,6 +69,7 @@ impl Bed {
             refresh: Arc::new(tierstack_fs::refresh::Refresher::default()),
             ring: None,
             readdirplus: true,
+            only_uid: None,
         };
         Bed {
             _tmp: tmp,

@@ -65,8 +65,7 @@ pub use namespace::STALE_NS;
 pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, NAME_MAX};
 pub use status::Figures;
 
-/// The page size of file contents in the store (the store's largest value).
-pub const PAGE: u64 = 1 << 20;
+pub use crate::attr::PAGE;
 
 /// Prefix of the drainer's temporary files in BACKING (hidden from the mount).
 pub const TMP_PREFIX: &[u8] = b".tierstack-tmp.";

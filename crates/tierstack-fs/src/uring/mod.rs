@@ -12,14 +12,12 @@
 //! the kernel holds every new request until each CPU's queue has a command waiting, so
 //! [`Ring::start`] registers [`THREADS_PER_QUEUE`] threads per possible CPU at once; if
 //! one cannot register, it aborts the FUSE connection (`/sys/fs/fuse/connections/N/abort`)
-//! so that nothing waits forever, and the mount reports the error. `fuser`'s threads keep
-//! serving what still comes through `/dev/fuse` (INIT, FORGET, INTERRUPT).
+//! so that nothing waits forever, and the mount reports the error. The `/dev/fuse` readers of
+//! [`crate::dev`] keep serving what still comes that way (FORGET, INTERRUPT).
 //!
 //! Each queue thread has an io_uring of its own with one entry: a 288-byte header buffer
 //! and a payload buffer of the mount's largest request. [`THREADS_PER_QUEUE`] threads per
 //! CPU let a request that blocks (an `fsync`) leave the CPU's other callers served.
-
-pub mod abi;
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -33,7 +31,8 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use crate::core::PAGE;
 use crate::fuse::{InitOffer, TierFs};
-use crate::ops::{Caller, Out};
+use crate::ops::wire as abi;
+use crate::ops::Out;
 
 /// Threads (each with one ring entry) per CPU queue.
 pub const THREADS_PER_QUEUE: usize = 2;
@@ -543,23 +542,10 @@ fn answer_entry(e: &mut Entry, fs: &TierFs, out: &mut Vec<u8>) -> Option<u64> {
     let (error, len, then, unique) = match h {
         Err(err) => (-err, 0, None, 0),
         Ok(h) => {
-            let (r, then, limit) = match abi::decode(&h, &arg, payload) {
-                Err(err) => (Err(err), None, usize::MAX),
-                Ok(d) => {
-                    let (r, then) = match d.request {
-                        abi::Request::Serve(op) => fs.answer(
-                            op,
-                            Caller {
-                                uid: h.uid,
-                                gid: h.gid,
-                            },
-                        ),
-                        abi::Request::Answer(0) => (Ok(Out::Empty), None),
-                        abi::Request::Answer(err) => (Err(err), None),
-                    };
-                    (r, then, d.limit)
-                }
-            };
+            // A request that takes no answer (none comes this way) is answered as done.
+            let (r, then, limit) = fs
+                .serve_decoded(&h, abi::decode(&h, &arg, payload))
+                .unwrap_or((Ok(Out::Empty), None, usize::MAX));
             let (error, len) = abi::encode_into(&r, limit, &mut e.payload, out);
             (error, len, then, h.unique)
         }

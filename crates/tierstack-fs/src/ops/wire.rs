@@ -1,15 +1,16 @@
 //! The FUSE wire format (the kernel's `include/uapi/linux/fuse.h`) of the requests and
-//! answers that FUSE over io_uring carries: a request's header (`fuse_in_header`, 40 bytes),
-//! the operation's fixed argument (the "op header", up to 128 bytes), then its payload
-//! (names, a write's data); an answer is an error number and the bytes of the operation's
-//! reply structure. Decoding never trusts a length: a short or unterminated request is
-//! answered EINVAL.
+//! answers both transports carry: a request's header (`fuse_in_header`, 40 bytes), the
+//! operation's fixed argument (the "op header"), then its payload (names, a write's data);
+//! an answer is an error number and the bytes of the operation's reply structure. FUSE over
+//! io_uring hands the three parts apart; a `read` of `/dev/fuse` gives them back to back,
+//! split by [`split`] (the fixed argument's size is [`arg_len`]). Decoding never trusts a
+//! length: a short or unterminated request is answered EINVAL.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::FopenFlags;
 
-use crate::core::{Attr, PAGE};
+use crate::attr::{Attr, PAGE};
 use crate::ops::{Answer, Op, Out};
 
 /// Opcodes (`enum fuse_opcode`).
@@ -48,6 +49,7 @@ pub mod opcode {
     pub const DESTROY: u32 = 38;
     pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
+    pub const READDIRPLUS: u32 = 44;
     pub const RENAME2: u32 = 45;
     pub const LSEEK: u32 = 46;
 }
@@ -126,6 +128,42 @@ pub enum Request<'a> {
     Serve(Op<'a>),
     /// Answer at once: 0 (done) or an errno, with nothing in the answer.
     Answer(i32),
+    /// The kernel dropped its copies of these inodes (FORGET, BATCH_FORGET): no answer.
+    Forget(Vec<u64>),
+    /// Nothing to do and no answer (INTERRUPT: every operation here runs to its end).
+    Silent,
+}
+
+/// The size of the fixed argument (`struct fuse_*_in`) that precedes the payload of the
+/// operations that have one, as a `read` of `/dev/fuse` delivers them (protocol 7.23 and
+/// later; `setxattr` without `FUSE_SETXATTR_EXT`, which INIT does not ask for); 0 for those
+/// whose payload follows the header at once, None for those without a payload.
+pub fn arg_len(opcode: u32) -> Option<usize> {
+    use opcode::*;
+    match opcode {
+        LOOKUP | SYMLINK | UNLINK | RMDIR | REMOVEXATTR => Some(0),
+        MKDIR | RENAME | LINK | SETXATTR | GETXATTR => Some(8),
+        MKNOD | RENAME2 | CREATE => Some(16),
+        WRITE => Some(40),
+        _ => None,
+    }
+}
+
+/// A request's fixed argument and payload from the bytes after its header, as a `read` of
+/// `/dev/fuse` delivers them (back to back; see [`arg_len`]). A body shorter than its fixed
+/// argument gives an empty payload, which decoding answers EINVAL.
+pub fn split(opcode: u32, body: &[u8]) -> (&[u8], &[u8]) {
+    match arg_len(opcode) {
+        Some(n) if n <= body.len() => (&body[..n], &body[n..]),
+        Some(_) => (body, &[]),
+        None => (body, &[]),
+    }
+}
+
+/// The bytes a `struct fuse_direntplus` with a name of `name_len` bytes takes in a
+/// READDIRPLUS answer (the entry, the dirent, the name padded to 8 bytes).
+pub fn direntplus_len(name_len: usize) -> usize {
+    128 + (24 + name_len).next_multiple_of(8)
 }
 
 /// A decoded request, and the most bytes its answer may hold (what a read, readdir or
@@ -235,13 +273,14 @@ pub fn decode<'a>(h: &Header, arg: &'a [u8], payload: &'a [u8]) -> Result<Decode
             ino,
             flags: u32_at(arg, 0)? as i32,
         },
-        READ => {
-            let size = u32_at(arg, 16)?;
+        // struct fuse_read_in: fh, offset, size, ...; the answer holds at most `size` bytes.
+        READ | READDIR | READDIRPLUS => {
+            let (offset, size) = (u64_at(arg, 8)?, u32_at(arg, 16)?);
             limit = size as usize;
-            Op::Read {
-                ino,
-                offset: u64_at(arg, 8)?,
-                size,
+            match h.opcode {
+                READ => Op::Read { ino, offset, size },
+                READDIR => Op::Readdir { ino, offset, size },
+                _ => Op::Readdirplus { ino, offset, size },
             }
         }
         WRITE => {
@@ -295,15 +334,6 @@ pub fn decode<'a>(h: &Header, arg: &'a [u8], payload: &'a [u8]) -> Result<Decode
             fh: u64_at(arg, 0)?,
         },
         OPENDIR => Op::Opendir { ino },
-        READDIR => {
-            let size = u32_at(arg, 16)?;
-            limit = size as usize;
-            Op::Readdir {
-                ino,
-                offset: u64_at(arg, 8)?,
-                size,
-            }
-        }
         FSYNCDIR => Op::Fsyncdir { ino },
         // struct fuse_fallocate_in: fh, offset, length, mode.
         FALLOCATE => Op::Fallocate {
@@ -328,6 +358,35 @@ pub fn decode<'a>(h: &Header, arg: &'a [u8], payload: &'a [u8]) -> Result<Decode
         RELEASEDIR | DESTROY => {
             return Ok(Decoded {
                 request: Request::Answer(0),
+                limit,
+            })
+        }
+        FORGET => {
+            return Ok(Decoded {
+                request: Request::Forget(vec![ino]),
+                limit,
+            })
+        }
+        // struct fuse_batch_forget_in: count, dummy; then count × fuse_forget_one (nodeid,
+        // nlookup), which may follow as payload (io_uring) or in the argument (`/dev/fuse`).
+        BATCH_FORGET => {
+            let count = u32_at(arg, 0)? as usize;
+            let ones = if payload.is_empty() {
+                arg.get(8..).unwrap_or_default()
+            } else {
+                payload
+            };
+            let inos = (0..count)
+                .map_while(|i| u64_at(ones, i * 16).ok())
+                .collect();
+            return Ok(Decoded {
+                request: Request::Forget(inos),
+                limit,
+            });
+        }
+        INTERRUPT => {
+            return Ok(Decoded {
+                request: Request::Silent,
                 limit,
             })
         }
@@ -493,6 +552,21 @@ pub fn encode(r: &Answer, limit: usize, out: &mut Vec<u8>) -> i32 {
                 out.resize(out.len().next_multiple_of(8), 0);
             }
         }
+        Out::DirPlus(ents) => {
+            for (a, pos, name) in ents {
+                // `struct fuse_direntplus`: the entry as a lookup answers it, then the dirent.
+                if out.len() + direntplus_len(name.len()) > limit {
+                    break;
+                }
+                put_entry(out, Some(a));
+                out.put(a.ino);
+                out.put(*pos);
+                out.put(name.len() as u32);
+                out.put(a.kind.mode_bits() >> 12);
+                out.extend_from_slice(name);
+                out.resize(out.len().next_multiple_of(8), 0);
+            }
+        }
     }
     0
 }
@@ -525,7 +599,7 @@ pub fn encode_into(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::Kind;
+    use crate::attr::Kind;
     use proptest::prelude::*;
 
     fn hdr(opcode: u32) -> Header {
@@ -690,6 +764,108 @@ mod tests {
             .collect();
         encode(&Ok(Out::Dir(ents)), 4096, &mut out);
         assert!(out.len() <= 4096 && out.len() > 4096 - 40 && out.len() % 8 == 0);
+    }
+
+    #[test]
+    fn a_dev_fuse_body_splits_into_argument_and_payload() {
+        // mkdir as `read` of /dev/fuse delivers it: fuse_mkdir_in (mode, umask), then the name.
+        let mut body = Vec::new();
+        body.extend_from_slice(&0o755u32.to_le_bytes());
+        body.extend_from_slice(&0o022u32.to_le_bytes());
+        body.extend_from_slice(b"dir\0");
+        let (arg, payload) = split(opcode::MKDIR, &body);
+        let d = decode(&hdr(opcode::MKDIR), arg, payload).expect("mkdir");
+        assert!(matches!(
+            d.request,
+            Request::Serve(Op::Mkdir {
+                name: b"dir",
+                mode: 0o755,
+                umask: 0o022,
+                ..
+            })
+        ));
+        // A write's data follows its 40-byte fuse_write_in.
+        let mut body = vec![0u8; 40];
+        body[16..20].copy_from_slice(&3u32.to_le_bytes());
+        body.extend_from_slice(b"xyz");
+        let (arg, payload) = split(opcode::WRITE, &body);
+        assert_eq!((arg.len(), payload), (40, &b"xyz"[..]));
+        // Without a payload, the whole body is the argument; a short body decodes as EINVAL.
+        assert_eq!(split(opcode::READ, &[0u8; 40]).0.len(), 40);
+        let (arg, payload) = split(opcode::CREATE, &[0u8; 10]);
+        assert_eq!(
+            decode(&hdr(opcode::CREATE), arg, payload).err(),
+            Some(libc::EINVAL)
+        );
+    }
+
+    #[test]
+    fn forgets_and_interrupts_take_no_answer() {
+        let d = decode(&hdr(opcode::FORGET), &[1, 0, 0, 0, 0, 0, 0, 0], b"").expect("forget");
+        assert!(matches!(d.request, Request::Forget(ref v) if v == &[1]));
+        // fuse_batch_forget_in (count 2), then two fuse_forget_one, as /dev/fuse delivers them.
+        let mut body = vec![0u8; 8];
+        body[0..4].copy_from_slice(&2u32.to_le_bytes());
+        for ino in [7u64, 9] {
+            body.extend_from_slice(&ino.to_le_bytes());
+            body.extend_from_slice(&1u64.to_le_bytes());
+        }
+        let (arg, payload) = split(opcode::BATCH_FORGET, &body);
+        let d = decode(&hdr(opcode::BATCH_FORGET), arg, payload).expect("batch forget");
+        assert!(matches!(d.request, Request::Forget(ref v) if v == &[7, 9]));
+        // A count larger than what follows forgets what is there.
+        body[0..4].copy_from_slice(&5u32.to_le_bytes());
+        let d = decode(&hdr(opcode::BATCH_FORGET), &body, b"").expect("short batch");
+        assert!(matches!(d.request, Request::Forget(ref v) if v.len() == 2));
+        let d = decode(&hdr(opcode::INTERRUPT), &[0u8; 8], b"").expect("interrupt");
+        assert!(matches!(d.request, Request::Silent));
+    }
+
+    #[test]
+    fn readdirplus_answers_entries_with_attributes_within_the_limit() {
+        let mut arg = [0u8; 40];
+        arg[8..16].copy_from_slice(&2u64.to_le_bytes());
+        arg[16..20].copy_from_slice(&4096u32.to_le_bytes());
+        let d = decode(&hdr(opcode::READDIRPLUS), &arg, b"").expect("readdirplus");
+        assert_eq!(d.limit, 4096);
+        assert!(matches!(
+            d.request,
+            Request::Serve(Op::Readdirplus {
+                offset: 2,
+                size: 4096,
+                ..
+            })
+        ));
+        let attr = |ino| Attr {
+            ino,
+            kind: Kind::Dir,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            atime: 0,
+            mtime: 0,
+            ctime: 0,
+            nlink: 2,
+            rdev: 0,
+            blocks: 0,
+        };
+        let ents: Vec<_> = (0..100)
+            .map(|i| (attr(i + 2), i + 1, format!("d{i}").into_bytes()))
+            .collect();
+        let mut out = Vec::new();
+        assert_eq!(encode(&Ok(Out::DirPlus(ents)), 4096, &mut out), 0);
+        let each = direntplus_len(2);
+        assert_eq!(each, 128 + 32);
+        assert_eq!(out.len(), 4096 / each * each);
+        // The first entry: nodeid, then its dirent after the 128-byte entry: ino, off,
+        // namelen, type (DT_DIR), name.
+        assert_eq!(u64_at(&out, 0), Ok(2));
+        assert_eq!(u64_at(&out, 128), Ok(2));
+        assert_eq!(u64_at(&out, 136), Ok(1));
+        assert_eq!(u32_at(&out, 144), Ok(2));
+        assert_eq!(u32_at(&out, 148), Ok(4));
+        assert_eq!(&out[152..154], b"d0");
     }
 
     proptest! {

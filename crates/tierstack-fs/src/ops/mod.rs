@@ -4,16 +4,23 @@
 //! --json`, `top`, the Prometheus labels) and its place in the per-operation timing
 //! ([`crate::opstats`]), so a new operation cannot be left unnamed or untimed.
 //!
-//! Adding an operation: a variant here (its doc says what it asks), its handler in
-//! [`crate::fuse::TierFs`]'s `answer`, and its decoding in each transport (the `fuser`
-//! adaptor in `fuse.rs`, `uring/abi.rs`). The compiler then names every `match` left to
-//! extend.
+//! Both transports (the `/dev/fuse` readers of [`crate::dev`] and the io_uring queues of
+//! [`crate::uring`]) carry the same bytes, the FUSE wire format: [`wire`] decodes a request
+//! into an [`Op`] and encodes an [`Out`] into its answer, once for both.
+//!
+//! Adding an operation touches this table and its handler only: a variant of [`Op`] (its doc
+//! says what it asks), its opcode's arm in [`wire::decode`] (and, for an operation with a
+//! payload, its fixed argument's size in [`wire::arg_len`]), and its handler in
+//! [`crate::fuse::TierFs`]'s `answer`. The compiler then names every `match` left to extend;
+//! its name and timing row follow from the variant (`OpKind`).
 
 use std::time::SystemTime;
 
 use fuser::FopenFlags;
 
 use crate::attr::{Attr, Kind};
+
+pub mod wire;
 
 /// Who asked: the caller's user and group ids, from the request's header.
 #[derive(Debug, Clone, Copy, Default)]
@@ -117,6 +124,10 @@ pub enum Op<'a> {
     Opendir { ino: u64 },
     /// Entries of a directory after position `offset`, at most `size` bytes of them.
     Readdir { ino: u64, offset: u64, size: u32 },
+    /// As `Readdir`, each entry with its attributes as its lookup would answer (READDIRPLUS):
+    /// what walks a tree and stats every name (`ls -l`, `git add`, `tar c`, `find`) then
+    /// needs no LOOKUP round trip per name.
+    Readdirplus { ino: u64, offset: u64, size: u32 },
     /// Make a directory durable.
     Fsyncdir { ino: u64 },
     /// The file system's sizes.
@@ -227,6 +238,9 @@ pub enum Out {
     Statfs(Statfs),
     /// Directory entries: (inode, position after the entry, type, name).
     Dir(Vec<(u64, u64, Kind, Vec<u8>)>),
+    /// Directory entries with their attributes: (attributes, position after the entry,
+    /// name).
+    DirPlus(Vec<(Attr, u64, Vec<u8>)>),
 }
 
 /// An operation's answer: [`Out`] or an errno.
