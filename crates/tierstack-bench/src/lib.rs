@@ -6,6 +6,7 @@ pub mod array;
 pub mod checkpoint;
 pub mod cluster;
 pub mod error;
+pub mod exporter;
 pub mod io;
 pub mod mem;
 pub mod meta;

@@ -33,3 +33,52 @@ pub fn run(a: ExporterArgs) -> Result<()> {
     eprintln!("tierstack exporter: stopped");
     Ok(())
 }
+
+/// `tierstack bench exporter`.
+#[derive(Args)]
+pub struct BenchExporterArgs {
+    /// Mounts to make and scrape.
+    #[arg(long, default_value_t = 20)]
+    pub mounts: usize,
+    /// Files of 4 KiB written into each mount (their drains run during the scrapes).
+    #[arg(long, default_value_t = 10_000)]
+    pub files: usize,
+    /// Scrapes, 200 ms apart.
+    #[arg(long, default_value_t = 30)]
+    pub scrapes: usize,
+    /// The work folder (made, and removed at the end; it must not exist).
+    #[arg(long, default_value = "/var/tmp/tierstack-bench-exporter")]
+    pub dir: std::path::PathBuf,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn bench(a: BenchExporterArgs) -> Result<()> {
+    use anyhow::Context;
+    if a.mounts == 0 || a.files == 0 {
+        return Err(crate::usage(
+            "--mounts and --files must be at least 1 (the target is per mount, with files draining)",
+        ));
+    }
+    if a.dir.exists() {
+        return Err(crate::usage(format!(
+            "{} exists: give a --dir that does not (the benchmark removes it at the end)",
+            a.dir.display()
+        )));
+    }
+    let spec = tierstack_bench::exporter::ExporterSpec {
+        exe: std::env::current_exe().context("cannot find the tierstack binary")?,
+        root: a.dir,
+        mounts: a.mounts,
+        files: a.files,
+        scrapes: a.scrapes,
+    };
+    let r = tierstack_bench::exporter::run(&spec)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", tierstack_bench::exporter::table(&r));
+    }
+    Ok(())
+}

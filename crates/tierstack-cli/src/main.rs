@@ -187,6 +187,9 @@ enum BenchCmd {
     Cluster(cluster_cmd::BenchClusterArgs),
     /// The VRAM tier per page size (copies to and from the GPU) against the array alone.
     Vram(vram_cmd::BenchVramArgs),
+    /// What a scrape of the node's exporter costs per mount: M real mounts of F files each,
+    /// their drains running, scraped S times (target <= 5 ms per mount; needs root or FUSE)
+    Exporter(exporter_cmd::BenchExporterArgs),
     /// Internal: one worker process of `bench meta` (takes its spec as JSON).
     #[command(hide = true)]
     MetaWorker { spec: String },
@@ -298,6 +301,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Io(a)) => io_cmd::bench(a),
         Cmd::Bench(BenchCmd::Meta(a)) => meta_cmd::bench(a),
         Cmd::Bench(BenchCmd::Cluster(a)) => cluster_cmd::bench(a),
+        Cmd::Bench(BenchCmd::Exporter(a)) => exporter_cmd::bench(a),
         Cmd::Bench(BenchCmd::Vram(a)) => vram_cmd::bench(a),
         Cmd::Bench(BenchCmd::MetaWorker { spec }) => meta_cmd::worker(&spec),
         Cmd::Run(a) => run_cmd::run(a),

@@ -106,22 +106,58 @@ fn figures_of(op: &str, h: &Histogram<u64>) -> Option<OpFigures> {
     })
 }
 
-/// The histogram's counts in the shared latency buckets.
+/// The histogram's counts in the shared latency buckets: one pass over its recorded values
+/// (each bucket holds the values up to its bound, as `count_between(0, bound)` counts them,
+/// less the buckets below). `status` computes this for every operation at each scrape.
 fn buckets(h: &Histogram<u64>) -> Vec<u64> {
-    let mut out = Vec::with_capacity(tierstack_common::latency::BUCKETS);
-    let mut below = 0;
-    for &b in &tierstack_common::LATENCY_BOUNDS_US {
-        let upto = h.count_between(0, b).max(below);
-        out.push(upto - below);
-        below = upto;
+    let bounds = &tierstack_common::LATENCY_BOUNDS_US;
+    let tops: Vec<u64> = bounds.iter().map(|&b| h.highest_equivalent(b)).collect();
+    let mut out = vec![0u64; bounds.len() + 1];
+    for v in h.iter_recorded() {
+        let i = tops.partition_point(|&t| t < v.value_iterated_to());
+        out[i] += v.count_at_value();
     }
-    out.push(h.len().saturating_sub(below));
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The buckets as `count_between` gives them (the former computation).
+    fn buckets_by_ranges(h: &Histogram<u64>) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut below = 0;
+        for &b in &tierstack_common::LATENCY_BOUNDS_US {
+            let upto = h.count_between(0, b).max(below);
+            out.push(upto - below);
+            below = upto;
+        }
+        out.push(h.len().saturating_sub(below));
+        out
+    }
+
+    #[test]
+    fn one_pass_buckets_equal_the_range_counts() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 100_000_000, 3).expect("histogram");
+        let mut x: u64 = 12345;
+        for i in 0..20_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Spread over 1 us .. 60 s, with many at the buckets' bounds.
+            let v = match i % 3 {
+                0 => 1 + (x >> 40) % 60_000_000,
+                1 => 1 + (x >> 50) % 5000,
+                _ => tierstack_common::LATENCY_BOUNDS_US
+                    [(x >> 33) as usize % tierstack_common::LATENCY_BOUNDS_US.len()]
+                .min(60_000_000),
+            };
+            h.record(v).expect("record");
+        }
+        assert_eq!(buckets(&h), buckets_by_ranges(&h));
+        assert_eq!(buckets(&h).iter().sum::<u64>(), h.len());
+    }
 
     #[test]
     fn records_per_operation() {
