@@ -455,6 +455,8 @@ fn testbed_four_nodes_moosefs_slurm_and_a_tierstack_mount() {
 /// Site-wide drain slots across nodes on MooseFS: while a process on node1 holds the only slot
 /// (`flock` on `slot.0` in the shared system), node2's mount drains nothing; once that holder
 /// dies (`kill -9`), node2's drain goes on, and `umount` leaves the file in the shared system.
+/// node3, whose drain began to wait later than node2's, gets the slot after node2 (first come,
+/// first served: the files' bytes arrive in that order).
 #[test]
 fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies() {
     if !is_root() || !Path::new("/dev/fuse").exists() {
@@ -477,7 +479,7 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
         root,
         up: true,
     };
-    let o = bed.run("up", &["--nodes", "2", "--throttle", "0"], None);
+    let o = bed.run("up", &["--nodes", "3", "--throttle", "0"], None);
     assert!(
         o.status.success(),
         "up: {}{}{}",
@@ -502,12 +504,15 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
             ),
         ],
     );
-    let mount = format!(
-        "mkdir -p /mnt/bb && {BIN} mount /mnt/pfs/out /mnt/bb --dir /var/tmp/bb \
-         --drain-slots 1 --drain-slots-dir {slots} && \
-         head -c 1048576 /dev/urandom > /mnt/bb/f && sha256sum < /mnt/bb/f"
-    );
-    let out = bed.exec_ok("node2", &["sh", "-c", &mount]);
+    // node2's buffer writes a file: its drain waits for the slot.
+    let mount = |name: &str| {
+        format!(
+            "mkdir -p /mnt/bb && {BIN} mount /mnt/pfs/out /mnt/bb --dir /var/tmp/bb \
+             --drain-slots 1 --drain-slots-dir {slots} && \
+             head -c 1048576 /dev/urandom > /mnt/bb/{name} && sha256sum < /mnt/bb/{name}"
+        )
+    };
+    let out = bed.exec_ok("node2", &["sh", "-c", &mount("f")]);
     let sum = out.lines().last().unwrap_or_default().to_string() + "\n";
     // Well past the drain's quiet time and its longest delay: nothing may reach the shared
     // system while node1 holds the slot.
@@ -522,7 +527,23 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
         ],
     );
     assert_ne!(seen, sum, "drained without a slot");
-    // The holder dies: its lock goes with it, and node2 drains.
+    // node3's buffer begins to wait later than node2's: first come, first served.
+    let out3 = bed.exec_ok("node3", &["sh", "-c", &mount("g")]);
+    let sum3 = out3.lines().last().unwrap_or_default().to_string() + "\n";
+    std::thread::sleep(Duration::from_secs(5));
+    // A watcher on node1 notes the order in which the two files' bytes arrive.
+    bed.exec_ok(
+        "node1",
+        &[
+            "sh",
+            "-c",
+            "cd /mnt/pfs/out && (for i in $(seq 1 3000); do \
+               for n in f g; do [ -e .$n.done ] || { [ \"$(stat -c %s $n 2>/dev/null)\" = 1048576 ] \
+               && touch .$n.done && echo $n >> /mnt/pfs/order; }; done; \
+               [ -e .f.done ] && [ -e .g.done ] && break; sleep 0.02; done) >/dev/null 2>&1 &",
+        ],
+    );
+    // The holder dies: its lock goes with it, and node2 drains, then node3.
     bed.exec_ok("node1", &["sh", "-c", "kill -9 $(cat /mnt/pfs/holder.pid)"]);
     let t = Instant::now();
     bed.exec_ok(
@@ -530,7 +551,29 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
         &["sh", "-c", &format!("{BIN} umount /mnt/bb --timeout 120")],
     );
     println!("umount after the holder died: {:.1?}", t.elapsed());
+    bed.exec_ok(
+        "node3",
+        &["sh", "-c", &format!("{BIN} umount /mnt/bb --timeout 120")],
+    );
     let there = bed.exec_ok("node1", &["sh", "-c", "sha256sum < /mnt/pfs/out/f"]);
     assert_eq!(there, sum, "the shared system holds what node2 wrote");
+    let there3 = bed.exec_ok("node1", &["sh", "-c", "sha256sum < /mnt/pfs/out/g"]);
+    assert_eq!(there3, sum3, "the shared system holds what node3 wrote");
+    let t = Instant::now();
+    let order = loop {
+        let o = bed.exec_ok(
+            "node1",
+            &["sh", "-c", "cat /mnt/pfs/order 2>/dev/null; true"],
+        );
+        if o.lines().count() >= 2 || t.elapsed() > Duration::from_secs(20) {
+            break o;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        order.split_whitespace().collect::<Vec<_>>(),
+        ["f", "g"],
+        "the drain that waited first goes first"
+    );
     bed.down();
 }

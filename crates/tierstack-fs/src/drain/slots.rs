@@ -9,9 +9,18 @@
 //! no node waits for ever behind a dead one.
 //!
 //! A worker keeps its slot while it has files to drain back to back. A worker that waits for
-//! a slot says so with a file `DIR/wait.HOST.PID.WORKER` (touched at each try, removed when
-//! it gets one); a holder whose turn ([`TURN`]) is over and sees a fresh one of those lets go
-//! and pauses before it asks again, so the waiting workers of other nodes get their turn.
+//! a slot says so with a file `DIR/wait.TICKET.HOST.PID.WORKER` (touched at each try, removed
+//! when it gets one); a holder whose turn ([`TURN`]) is over and sees a fresh one of those
+//! lets go and pauses before it asks again, so the waiting workers of other nodes get their
+//! turn.
+//!
+//! Waiters go in the order they began to wait (first come, first served): TICKET is the
+//! wall-clock time (µs) at which the worker began to wait, and a waiter tries the slots only
+//! while fewer than K live waiters hold an earlier ticket ([`may_try`]), so the drains of a
+//! job that ended first (and began to wait first) get the slots first, and a newcomer never
+//! takes a freed slot ahead of those that waited. A worker that finds nobody waiting takes a
+//! free slot at once. Tickets compare wall clocks of different nodes: a site's nodes keep
+//! theirs in step (NTP); a node whose clock is off is served early or late, never not.
 //! Waiting is bounded: after [`MAX_WAIT`] without a slot a worker drains anyway (and says so
 //! in the log), so a wrong slot folder slows a drain but never stops it.
 //!
@@ -75,10 +84,51 @@ impl Permit {
     }
 }
 
-/// The start of the names of this process's waiter files: `wait.HOST.PID.`.
-fn waiter_prefix() -> String {
+/// This process's part of its waiter files' names: `HOST.PID.` (after the ticket).
+fn owner_prefix() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("wait.{}.{}.", host.trim(), std::process::id())
+    format!("{}.{}.", host.trim(), std::process::id())
+}
+
+/// A waiter file's ticket and owner (`HOST.PID.WORKER`), from its name
+/// `wait.TICKET.HOST.PID.WORKER`; None for any other name.
+fn parse_waiter(name: &str) -> Option<(u64, &str)> {
+    let rest = name.strip_prefix("wait.")?;
+    let (ticket, owner) = rest.split_once('.')?;
+    Some((ticket.parse().ok()?, owner))
+}
+
+/// A waiter file's name.
+fn waiter_name(ticket: u64, owner: &str) -> String {
+    format!("wait.{ticket:020}.{owner}")
+}
+
+/// Whether the waiter with `ticket` (its file named `me`) may try the slots, given the live
+/// waiters `others` (ticket, file name): while fewer than `count` of them came before it (an
+/// earlier ticket, or the same ticket and a smaller name). Pure: the order of
+/// [`Slots::acquire`].
+pub fn may_try(ticket: u64, me: &str, others: &[(u64, String)], count: u32) -> bool {
+    let ahead = others
+        .iter()
+        .filter(|(t, n)| n != me && (*t, n.as_str()) < (ticket, me))
+        .count();
+    ahead < count as usize
+}
+
+/// Microseconds since the epoch, now.
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Whether a directory entry was touched within [`WAITER_FRESH`] (a waiter that lives).
+fn fresh(e: &std::fs::DirEntry) -> bool {
+    e.metadata()
+        .ok()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age < WAITER_FRESH)
 }
 
 impl Slots {
@@ -137,30 +187,56 @@ impl Slots {
         Ok(None)
     }
 
-    /// Waits for a slot: tries them all, then pauses (20 ms doubling to 500 ms) and tries
-    /// again, until one is free, `stop` is set or [`MAX_WAIT`] has passed (then `None`: the
-    /// caller drains without a slot). An error of the slot folder (gone, full) is logged
-    /// once and ends the wait the same way: the drain never stops for the slots' sake.
+    /// The live waiters (fresh files; stale ones are from waiters that died): ticket and name.
+    fn waiters(&self) -> Vec<(u64, String)> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let (ticket, _) = parse_waiter(&name)?;
+                fresh(&e).then_some((ticket, name))
+            })
+            .collect()
+    }
+
+    /// Waits for a slot, in the order waiters began to wait ([`may_try`]): tries them all
+    /// when its turn allows, then pauses (20 ms doubling to 500 ms) and looks again, until
+    /// one is free, `stop` is set or [`MAX_WAIT`] has passed (then `None`: the caller drains
+    /// without a slot). An error of the slot folder (gone, full) is logged once and ends the
+    /// wait the same way: the drain never stops for the slots' sake.
     pub fn acquire(&self, worker: u32, stop: &AtomicBool) -> Option<Permit> {
         let t0 = Instant::now();
         let mut pause = FIRST_PAUSE;
         // Workers start at different slots so that they do not all try slot 0 first.
         let first = worker % self.count;
-        let waiter = self.dir.join(format!("{}{worker}", waiter_prefix()));
+        let ticket = now_us();
+        let me = waiter_name(ticket, &format!("{}{worker}", owner_prefix()));
+        let waiter = self.dir.join(&me);
         let mut announced = false;
         let got = loop {
-            match self.try_once(first) {
-                Ok(Some(p)) => break Some(p),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(
-                        "drain slots in {}: {e}; draining without a slot",
-                        self.dir.display()
-                    );
-                    break None;
+            // Nobody waiting: a free slot is taken at once, without a waiter file.
+            let waiting = self.waiters();
+            let turn = if announced || !waiting.is_empty() {
+                may_try(ticket, &me, &waiting, self.count)
+            } else {
+                true
+            };
+            if turn {
+                match self.try_once(first) {
+                    Ok(Some(p)) => break Some(p),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(
+                            "drain slots in {}: {e}; draining without a slot",
+                            self.dir.display()
+                        );
+                        break None;
+                    }
                 }
             }
-            // Made, or its time renewed: holders see a live waiter.
+            // Made, or its time renewed: holders and later waiters see a live waiter.
             announced |= std::fs::File::create(&waiter).is_ok();
             if stop.load(Relaxed) || t0.elapsed() >= MAX_WAIT {
                 if !stop.load(Relaxed) {
@@ -184,21 +260,10 @@ impl Slots {
     /// Whether a worker of another process waits for a slot (a waiter's file younger than
     /// 30 s that is not this process's).
     pub fn others_wait(&self) -> bool {
-        let mine = waiter_prefix();
-        let Ok(rd) = std::fs::read_dir(&self.dir) else {
-            return false;
-        };
-        rd.flatten().any(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with("wait.")
-                && !name.starts_with(&mine)
-                && e.metadata()
-                    .ok()
-                    .and_then(|m| m.modified().ok())
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age < WAITER_FRESH)
-        })
+        let mine = owner_prefix();
+        self.waiters()
+            .iter()
+            .any(|(_, name)| parse_waiter(name).is_some_and(|(_, owner)| !owner.starts_with(&mine)))
     }
 
     /// The pause a holder that let go for a waiter takes before it asks again: the waiters'
@@ -269,20 +334,86 @@ mod tests {
         let d = tempfile::tempdir().expect("tmp");
         let slots = Slots::new(d.path(), 1);
         assert!(!slots.others_wait());
-        std::fs::write(d.path().join(format!("{}7", waiter_prefix())), b"").expect("mine");
+        std::fs::write(
+            d.path()
+                .join(waiter_name(5, &format!("{}7", owner_prefix()))),
+            b"",
+        )
+        .expect("mine");
         assert!(!slots.others_wait(), "this process's own waiter");
-        std::fs::write(d.path().join("wait.node9.1.0"), b"").expect("theirs");
+        std::fs::write(d.path().join(waiter_name(6, "node9.1.0")), b"").expect("theirs");
         assert!(slots.others_wait());
         let old = std::time::SystemTime::now() - Duration::from_secs(120);
         std::fs::File::options()
             .write(true)
-            .open(d.path().join("wait.node9.1.0"))
+            .open(d.path().join(waiter_name(6, "node9.1.0")))
             .and_then(|f| f.set_modified(old))
             .expect("age it");
         assert!(
             !slots.others_wait(),
             "a stale waiter (dead) is not waited for"
         );
+    }
+
+    #[test]
+    fn waiters_go_in_the_order_they_came() {
+        let w = |t: u64, n: &str| (t, waiter_name(t, n));
+        let others = vec![w(10, "a.1.0"), w(20, "b.1.0"), w(30, "c.1.0")];
+        // One slot: only the first waiter tries; two slots: the first two.
+        assert!(may_try(10, &others[0].1, &others, 1));
+        assert!(!may_try(20, &others[1].1, &others, 1));
+        assert!(may_try(20, &others[1].1, &others, 2));
+        assert!(!may_try(30, &others[2].1, &others, 2));
+        // A newcomer (not yet announced) waits behind all of them.
+        assert!(!may_try(40, &waiter_name(40, "d.1.0"), &others, 3));
+        assert!(may_try(40, &waiter_name(40, "d.1.0"), &others, 4));
+        // The same ticket: the smaller name first.
+        let tie = vec![w(10, "a.1.0"), w(10, "b.1.0")];
+        assert!(may_try(10, &tie[0].1, &tie, 1));
+        assert!(!may_try(10, &tie[1].1, &tie, 1));
+        assert_eq!(parse_waiter(&others[1].1), Some((20, "b.1.0")));
+        assert_eq!(parse_waiter("wait.x.b.1.0"), None);
+        assert_eq!(parse_waiter("slot.0"), None);
+    }
+
+    #[test]
+    fn a_newcomer_does_not_take_a_freed_slot_ahead_of_an_older_waiter() {
+        let d = tempfile::tempdir().expect("tmp");
+        let slots = Arc::new(Slots::new(d.path(), 1));
+        let stop = Arc::new(AtomicBool::new(false));
+        // Another node's worker has waited since long ago (its file fresh: it lives).
+        let older = d.path().join(waiter_name(1, "node9.1.0"));
+        std::fs::write(&older, b"").expect("older waiter");
+        let got = Arc::new(AtomicBool::new(false));
+        let h = {
+            let (slots, stop, got) = (slots.clone(), stop.clone(), got.clone());
+            std::thread::spawn(move || {
+                let p = slots.acquire(3, &stop);
+                got.store(p.is_some(), Relaxed);
+                p
+            })
+        };
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(
+            !got.load(Relaxed),
+            "the slot is free but an older waiter comes first"
+        );
+        // The older waiter got its slot (or died): its file goes, the newcomer's turn comes.
+        std::fs::remove_file(&older).expect("older served");
+        let t = Instant::now();
+        let p = h.join().expect("newcomer");
+        assert!(p.is_some() && t.elapsed() < Duration::from_secs(2));
+        // A stale older waiter (dead for 2 minutes) is not waited for.
+        drop(p);
+        std::fs::write(&older, b"").expect("older waiter");
+        std::fs::File::options()
+            .write(true)
+            .open(&older)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now() - Duration::from_secs(120)))
+            .expect("age it");
+        let t = Instant::now();
+        assert!(slots.acquire(4, &stop).is_some());
+        assert!(t.elapsed() < Duration::from_millis(500));
     }
 
     #[test]
