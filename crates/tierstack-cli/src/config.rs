@@ -106,6 +106,7 @@ const KEYS: &[Key] = &[
     flag(&["mount"], "drain_jobs", Kind::Count),
     flag(&["mount"], "drain_slots", Kind::Count),
     flag(&["mount"], "drain_slots_dir", Kind::Path),
+    flag(&["mount"], "coherence", Kind::Duration),
     flag(&["mount"], "transport", Kind::Choice),
     flag(&["mount"], "metrics", Kind::Addr),
     flag(&["mount"], "on_stop", Kind::Choice),

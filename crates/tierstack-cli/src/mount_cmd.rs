@@ -92,6 +92,13 @@ pub struct MountArgs {
     /// BACKING is on, the same for every node (e.g. /pfs/.tierstack-drain-slots).
     #[arg(long, value_name = "DIR", requires = "drain_slots")]
     pub drain_slots_dir: Option<PathBuf>,
+    /// How soon names that other writers add to BACKING's folders (other nodes' buffers
+    /// draining into the same shared file system) show in the mount: a directory's folder
+    /// is looked at again at most this often, when a name is missing or the directory is
+    /// listed, and names seen absent are forgotten by the kernel after it; `0`: never (this
+    /// mount is the only writer). Picked up only while this mount has nothing left to drain.
+    #[arg(long, value_name = "DURATION", default_value = "1s")]
+    pub coherence: String,
     /// Write every handle through the kernel's page cache. By default a write-only open of a
     /// new or truncated file (a checkpoint writer) sends its writes straight to the daemon,
     /// once, instead of through the page cache; while such a handle is open, its file's mtime
@@ -499,6 +506,7 @@ fn mount_spec(
         drain_jobs: a.drain_jobs,
         drain_slots: a.drain_slots.unwrap_or(0),
         drain_slots_dir: a.drain_slots_dir.clone(),
+        coherence_ms: parse_duration("coherence", &a.coherence)?.as_millis() as u64,
         fuse_threads: std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(4)

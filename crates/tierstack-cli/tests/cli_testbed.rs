@@ -410,6 +410,19 @@ fn testbed_four_nodes_moosefs_slurm_and_a_tierstack_mount() {
         !o.status.success(),
         "node2's tierstack mount is seen in node3"
     );
+    // node4 has a buffer of its own over the same folder, listed (and the name looked up,
+    // absent) before node2 writes: what node2 drains shows there within `--coherence` (1 s).
+    bed.exec_ok(
+        "node4",
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "mkdir -p /mnt/ts && {BIN} mount /mnt/pfs/ts-backing /mnt/ts --drive-size 64M \
+                 --dram 64M && ls /mnt/ts && ! stat /mnt/ts/ckpt.bin 2>/dev/null"
+            ),
+        ],
+    );
     bed.exec_ok(
         "node2",
         &[
@@ -433,6 +446,28 @@ fn testbed_four_nodes_moosefs_slurm_and_a_tierstack_mount() {
         "tierstack mount + 24 MiB write + umount (drain) in node2: {:.1?}",
         t.elapsed()
     );
+    // node4's buffer: the drained file, whole, within the coherence interval and a margin.
+    let t = Instant::now();
+    let o = bed.exec_ok(
+        "node4",
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "for i in $(seq 1 200); do cmp -s {src} /mnt/ts/ckpt.bin && echo seen && break; \
+                 sleep 0.05; done"
+            ),
+        ],
+    );
+    let seen = t.elapsed();
+    println!("node2's drained file seen through node4's buffer after {seen:.1?}");
+    assert!(
+        o.contains("seen"),
+        "node4's buffer never showed node2's file"
+    );
+    assert!(seen < Duration::from_secs(5), "seen only after {seen:?}");
+    let o = bed.exec("node4", &["timeout", "120", BIN, "umount", "/mnt/ts"]);
+    assert!(o.status.success(), "umount in node4: {}", text(&o.stderr));
     let o = bed.exec("node3", &["cat", "/mnt/pfs/ts-backing/ckpt.bin"]);
     assert!(o.status.success(), "cat on node3: {}", text(&o.stderr));
     assert!(

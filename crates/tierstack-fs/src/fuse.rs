@@ -154,7 +154,7 @@ impl TierFs {
                 // header search) is answered from the dentry cache. Safe because every
                 // change to the namespace after a directory is loaded goes through this
                 // kernel mount (creates, renames and links replace the negative entry there).
-                Err(libc::ENOENT) if core.is_dir(parent) => Ok(Out::Negative),
+                Err(libc::ENOENT) if core.is_dir(parent) => Ok(Out::Negative(core.negative_ttl())),
                 Err(e) => Err(e),
             },
             Op::Getattr { ino } => core.getattr(ino).map(Out::Attr),

@@ -57,6 +57,10 @@ pub struct MountSpec {
     /// The folder of the site-wide drain slots, on the shared file system drained into.
     #[serde(default)]
     pub drain_slots_dir: Option<PathBuf>,
+    /// How often (ms) a loaded directory's folder in BACKING is looked at again for names
+    /// other writers added (0: never; see `Core::set_coherence`).
+    #[serde(default = "coherence_default")]
+    pub coherence_ms: u64,
     /// The optional tiers between the DRAM tier and the array (`--vram`); the mount has no
     /// compressed tier (its pages are files' contents, drained as they are).
     #[serde(default = "no_tiers")]
@@ -125,6 +129,11 @@ fn no_tiers() -> tierstack_store::Tiers {
 
 fn yes() -> bool {
     true
+}
+
+/// `mount --coherence`'s default: 1 s.
+fn coherence_default() -> u64 {
+    1000
 }
 
 /// Where a mount's drain stands: what the fast tier holds that BACKING does not yet, and how
@@ -769,6 +778,7 @@ impl Daemon {
             limit,
             Some(intent),
         )?);
+        core.set_coherence(Duration::from_millis(spec.coherence_ms));
         let slots = match (&spec.drain_slots_dir, spec.drain_slots) {
             (Some(dir), k) if k > 0 => {
                 let slots = crate::drain::slots::Slots::new(dir, k);

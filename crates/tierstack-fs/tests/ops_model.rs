@@ -100,7 +100,7 @@ impl Bed {
                 name: part.as_bytes(),
             })? {
                 Out::Entry(a) => a.ino,
-                Out::Negative => return Err(libc::ENOENT),
+                Out::Negative(_) => return Err(libc::ENOENT),
                 o => panic!("lookup answered {o:?}"),
             };
         }

@@ -62,7 +62,7 @@ mod status;
 pub use data::{FileData, Page};
 pub use drain_pass::{DrainPass, Drained};
 pub use namespace::STALE_NS;
-pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, NAME_MAX};
+pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, Seen, NAME_MAX};
 pub use status::Figures;
 
 pub use crate::attr::PAGE;
@@ -211,6 +211,9 @@ pub struct Core {
     replaying: AtomicBool,
     /// Counts and latencies of the FUSE operations served.
     ops: crate::opstats::OpStats,
+    /// How often (ns) a loaded directory's folder in BACKING is looked at again for other
+    /// writers' names (0: never; see `refresh_dir`).
+    coherence_ns: std::sync::atomic::AtomicI64,
 }
 
 /// The longest a namespace operation waits in an open group transaction before the group is
@@ -285,6 +288,7 @@ impl Core {
             force_stop: AtomicBool::new(false),
             replaying: AtomicBool::new(false),
             ops: Default::default(),
+            coherence_ns: std::sync::atomic::AtomicI64::new(0),
         };
         // A new mount tries the rows an earlier one quarantined again.
         core.db.lock().release_stuck()?;

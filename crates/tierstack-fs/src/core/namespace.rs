@@ -3,6 +3,8 @@
 //! the journal; directories listed from BACKING on first use; the set-ID rules.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -16,7 +18,7 @@ use crate::backing::Backing;
 use crate::db::{self, OpKind};
 
 use super::{
-    check_name, eio, join_rel, now_ns, ns_of, row_of, Attr, Core, FileData, Kind, Node, Ns,
+    check_name, eio, join_rel, now_ns, ns_of, row_of, Attr, Core, FileData, Kind, Node, Ns, Seen,
     NAME_MAX, R, ROOT, TMP_PREFIX,
 };
 
@@ -25,6 +27,24 @@ use super::{
 pub const KERNEL_COPY_NS: i64 = 50_000_000;
 
 impl Core {
+    /// How long after a look at a loaded directory's folder in BACKING the next may pick up
+    /// other writers' names (`mount --coherence`; zero: never, the mount is then the only
+    /// writer it knows of).
+    pub fn set_coherence(&self, every: std::time::Duration) {
+        self.coherence_ns
+            .store(i64::try_from(every.as_nanos()).unwrap_or(i64::MAX), Relaxed);
+    }
+
+    /// How long the kernel may keep a name's absence (a negative entry): the coherence
+    /// interval, so that a name another writer adds is seen within it; an hour when the
+    /// mount looks for no other writer.
+    pub fn negative_ttl(&self) -> std::time::Duration {
+        match self.coherence_ns.load(Relaxed) {
+            n if n > 0 => std::time::Duration::from_nanos(n as u64),
+            _ => std::time::Duration::from_secs(3600),
+        }
+    }
+
     /// Lists a directory from BACKING the first time it is used.
     pub(super) fn ensure_loaded(&self, ns: &mut Ns, dir: u64) -> R<()> {
         let (loaded, bpath, kind) = match ns.nodes.get(&dir) {
@@ -39,97 +59,139 @@ impl Core {
         }
         let mut new: Vec<(u64, Vec<u8>, Node)> = Vec::new();
         if let Some(bp) = &bpath {
-            let dpath = self.bjoin(bp);
-            let d = match self.bk.dir(bp) {
-                Ok(d) => Some(d),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(eio(format!("{}: {e}", dpath.display()))),
-            };
-            let names = match &d {
-                Some(d) => {
-                    Backing::list(d).map_err(|e| eio(format!("{}: {e}", dpath.display())))?
-                }
-                None => Vec::new(),
-            };
-            for name in names {
-                let Some(d) = &d else { break };
-                if name.starts_with(TMP_PREFIX) || name.len() > NAME_MAX {
-                    continue;
-                }
-                let Ok(md) = Backing::stat(d, &name) else {
-                    continue;
-                };
-                let Some(kind) = Kind::of_mode(md.st_mode) else {
-                    continue;
-                };
-                let target = if kind == Kind::Symlink {
-                    Backing::readlink(d, &name).unwrap_or_default()
-                } else if kind.is_special() {
-                    md.st_rdev.to_le_bytes().to_vec()
-                } else {
-                    Vec::new()
-                };
-                let md_len = md.st_size as u64;
-                let xattrs: BTreeMap<Vec<u8>, Vec<u8>> = if kind == Kind::Symlink {
-                    BTreeMap::new()
-                } else {
-                    Backing::xattrs(d, &name)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .collect()
-                };
-                let ino = ns.next_ino;
-                ns.next_ino += 1;
-                let obj = if kind == Kind::File {
-                    ns.next_obj += 1;
-                    ns.next_obj - 1
-                } else {
-                    0
-                };
-                let rel = join_rel(bp, &name);
-                let data = (kind == Kind::File).then(|| {
-                    Arc::new(Mutex::new(FileData {
-                        size: md_len,
-                        has_base: true,
-                        base_len: md_len,
-                        bpath: Some(rel.clone()),
-                        min_size: md_len,
-                        base_blocks: md.st_blocks as u64,
-                        ..Default::default()
-                    }))
-                });
-                let node = Node {
-                    kind,
-                    mode: md.st_mode & 0o7777,
-                    uid: md.st_uid,
-                    gid: md.st_gid,
-                    atime: md.st_atime * 1_000_000_000 + md.st_atime_nsec as i64,
-                    mtime: md.st_mtime * 1_000_000_000 + md.st_mtime_nsec as i64,
-                    ctime: md.st_ctime * 1_000_000_000 + md.st_ctime_nsec as i64,
-                    size: match kind {
-                        Kind::Symlink => target.len() as u64,
-                        k if k.is_special() => 0,
-                        _ => md_len,
-                    },
-                    target,
-                    links: vec![(dir, name.clone())],
-                    obj,
-                    bpath: Some(rel),
-                    loaded: false,
-                    children: BTreeMap::new(),
-                    subdirs: 0,
-                    xattrs,
-                    open: 0,
-                    open_w: 0,
-                    direct_mtime: 0,
-                    direct_opened: 0,
-                    direct_first: 0,
-                    kernel_stale: false,
-                    data,
-                };
-                new.push((ino, name, node));
+            let stamp = self.backing_stamp(bp);
+            if let Some(d) = self.backing_dir(bp)? {
+                new = self.listed(ns, dir, bp, &d, |_| false)?;
             }
+            ns.seen.insert(
+                dir,
+                Seen {
+                    checked_ns: now_ns(),
+                    stamp,
+                },
+            );
         }
+        self.enter_listed(ns, dir, new)
+    }
+
+    /// The folder `bp` in BACKING, opened; None where it is not there (a directory made
+    /// here and not drained yet).
+    fn backing_dir(&self, bp: &[u8]) -> R<Option<OwnedFd>> {
+        match self.bk.dir(bp) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(eio(format!("{}: {e}", self.bjoin(bp).display()))),
+        }
+    }
+
+    /// The modification and change times (ns) of folder `bp` in BACKING: what changes when
+    /// a name is added there or removed (None: not there, or not readable).
+    fn backing_stamp(&self, bp: &[u8]) -> Option<(i64, i64)> {
+        let d = self.bk.dir(bp).ok()?;
+        let md = rustix::fs::fstat(&d).ok()?;
+        Some((
+            md.st_mtime * 1_000_000_000 + md.st_mtime_nsec as i64,
+            md.st_ctime * 1_000_000_000 + md.st_ctime_nsec as i64,
+        ))
+    }
+
+    /// New nodes for the names of BACKING's folder `d` (directory `dir`, at `bp`), except
+    /// staging files, names too long and those `skip` says are known; each gets an inode
+    /// number (and a store object, for files) from `ns`.
+    fn listed(
+        &self,
+        ns: &mut Ns,
+        dir: u64,
+        bp: &[u8],
+        d: &OwnedFd,
+        skip: impl Fn(&[u8]) -> bool,
+    ) -> R<Vec<(u64, Vec<u8>, Node)>> {
+        let names =
+            Backing::list(d).map_err(|e| eio(format!("{}: {e}", self.bjoin(bp).display())))?;
+        let mut new = Vec::new();
+        for name in names {
+            if name.starts_with(TMP_PREFIX) || name.len() > NAME_MAX || skip(&name) {
+                continue;
+            }
+            let Ok(md) = Backing::stat(d, &name) else {
+                continue;
+            };
+            let Some(kind) = Kind::of_mode(md.st_mode) else {
+                continue;
+            };
+            let target = if kind == Kind::Symlink {
+                Backing::readlink(d, &name).unwrap_or_default()
+            } else if kind.is_special() {
+                md.st_rdev.to_le_bytes().to_vec()
+            } else {
+                Vec::new()
+            };
+            let md_len = md.st_size as u64;
+            let xattrs: BTreeMap<Vec<u8>, Vec<u8>> = if kind == Kind::Symlink {
+                BTreeMap::new()
+            } else {
+                Backing::xattrs(d, &name)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect()
+            };
+            let ino = ns.next_ino;
+            ns.next_ino += 1;
+            let obj = if kind == Kind::File {
+                ns.next_obj += 1;
+                ns.next_obj - 1
+            } else {
+                0
+            };
+            let rel = join_rel(bp, &name);
+            let data = (kind == Kind::File).then(|| {
+                Arc::new(Mutex::new(FileData {
+                    size: md_len,
+                    has_base: true,
+                    base_len: md_len,
+                    bpath: Some(rel.clone()),
+                    min_size: md_len,
+                    base_blocks: md.st_blocks as u64,
+                    ..Default::default()
+                }))
+            });
+            let node = Node {
+                kind,
+                mode: md.st_mode & 0o7777,
+                uid: md.st_uid,
+                gid: md.st_gid,
+                atime: md.st_atime * 1_000_000_000 + md.st_atime_nsec as i64,
+                mtime: md.st_mtime * 1_000_000_000 + md.st_mtime_nsec as i64,
+                ctime: md.st_ctime * 1_000_000_000 + md.st_ctime_nsec as i64,
+                size: match kind {
+                    Kind::Symlink => target.len() as u64,
+                    k if k.is_special() => 0,
+                    _ => md_len,
+                },
+                target,
+                links: vec![(dir, name.clone())],
+                obj,
+                bpath: Some(rel),
+                loaded: false,
+                children: BTreeMap::new(),
+                subdirs: 0,
+                xattrs,
+                open: 0,
+                open_w: 0,
+                direct_mtime: 0,
+                direct_opened: 0,
+                direct_first: 0,
+                kernel_stale: false,
+                data,
+            };
+            new.push((ino, name, node));
+        }
+        Ok(new)
+    }
+
+    /// Enters listed nodes `new` into directory `dir` (journal first, then the namespace)
+    /// and marks the directory loaded.
+    fn enter_listed(&self, ns: &mut Ns, dir: u64, new: Vec<(u64, Vec<u8>, Node)>) -> R<()> {
         let dir_row = {
             let n = ns.nodes.get(&dir).ok_or(libc::ENOENT)?;
             let mut r = row_of(dir, n, None);
@@ -158,6 +220,71 @@ impl Core {
         Ok(())
     }
 
+    /// Picks up the names that others (other nodes' buffers draining into the same shared
+    /// file system, or anyone writing there directly) added to loaded directory `dir`'s
+    /// folder in BACKING since this mount last looked: at most once per coherence interval
+    /// ([`Core::set_coherence`]) per directory, only when the folder's modification or
+    /// change time moved, and only while this mount has nothing waiting to drain and nothing
+    /// quarantined (else a name it removed but has not removed from BACKING yet would come
+    /// back). Names that others removed, and other writers' changes to files this mount
+    /// already knows, are not picked up (docs/ARCHITECTURE.md, "Coherence between nodes").
+    pub(super) fn refresh_dir(&self, ns: &mut Ns, dir: u64) -> R<()> {
+        let every = self.coherence_ns.load(Relaxed);
+        let Some(n) = ns.nodes.get(&dir) else {
+            return Ok(());
+        };
+        if every <= 0 || n.kind != Kind::Dir || !n.loaded {
+            return Ok(());
+        }
+        let Some(bp) = n.bpath.clone() else {
+            return Ok(());
+        };
+        let now = now_ns();
+        let last = ns.seen.get(&dir).copied();
+        if last.is_some_and(|s| now - s.checked_ns < every) {
+            return Ok(());
+        }
+        let known = last.and_then(|s| s.stamp);
+        ns.seen.insert(
+            dir,
+            Seen {
+                checked_ns: now,
+                stamp: known,
+            },
+        );
+        let stamp = self.backing_stamp(&bp);
+        if stamp.is_none() || stamp == known {
+            return Ok(());
+        }
+        let pending = self.db.lock().has_ops_after(0).unwrap_or(true);
+        if pending || !self.stuck_inos.lock().is_empty() {
+            // Looked at again next interval: the stamp stays the one last listed.
+            return Ok(());
+        }
+        let Some(d) = self.backing_dir(&bp)? else {
+            return Ok(());
+        };
+        let new = {
+            let have = ns.nodes.get(&dir).map(|n| &n.children);
+            let have: std::collections::HashSet<Vec<u8>> = have
+                .map(|c| c.keys().cloned().collect())
+                .unwrap_or_default();
+            self.listed(ns, dir, &bp, &d, |name| have.contains(name))?
+        };
+        if !new.is_empty() {
+            tracing::debug!(
+                "{}: {} names from other writers",
+                self.bjoin(&bp).display(),
+                new.len()
+            );
+            self.enter_listed(ns, dir, new)?;
+        }
+        if let Some(s) = ns.seen.get_mut(&dir) {
+            s.stamp = stamp;
+        }
+        Ok(())
+    }
+
     // ------------------------------------------------------------------ FUSE operations
 
     /// The attributes of `ino` (ENOENT if the mount does not know it).
@@ -182,7 +309,14 @@ impl Core {
         check_name(name)?;
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
-        let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
+        let ino = match ns.child(parent, name) {
+            Some(ino) => ino,
+            None => {
+                // Perhaps another writer's, drained into the shared folder since.
+                self.refresh_dir(&mut ns, parent)?;
+                ns.child(parent, name).ok_or(libc::ENOENT)?
+            }
+        };
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         Ok(Self::attr_of(ino, n))
     }
@@ -201,6 +335,9 @@ impl Core {
     pub fn readdir(&self, ino: u64, off: u64) -> R<Vec<(u64, Kind, Vec<u8>)>> {
         let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, ino)?;
+        if off == 0 {
+            self.refresh_dir(&mut ns, ino)?;
+        }
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         let parent = n.links.first().map_or(ROOT, |l| l.0);
         let mut out = Vec::new();

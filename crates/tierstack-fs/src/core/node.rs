@@ -97,6 +97,19 @@ pub struct Ns {
     pub(super) next_ino: u64,
     /// The store object id the next new regular file gets.
     pub(super) next_obj: u64,
+    /// What the mount last saw of each loaded directory's folder in BACKING (in memory
+    /// only: after a restart the first look lists the folder again).
+    pub(super) seen: HashMap<u64, Seen>,
+}
+
+/// When a loaded directory's folder in BACKING was last looked at, and its modification
+/// and change times (ns) when it was last listed (see `Core::refresh_dir`).
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    /// When it was looked at (the mount's clock, ns since the epoch).
+    pub(super) checked_ns: i64,
+    /// Its times when last listed (None: not there then).
+    pub(super) stamp: Option<(i64, i64)>,
 }
 
 impl Ns {

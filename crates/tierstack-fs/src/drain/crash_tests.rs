@@ -418,3 +418,65 @@ fn a_staging_file_a_crash_left_unrecorded_is_removed() {
     assert!(foreign.exists());
     bed.crash();
 }
+
+/// Names another writer adds to BACKING (another node's buffer draining into the same shared
+/// folder) show within the coherence interval; not while a change of this mount's waits to
+/// drain (a name it removed would come back); once drained, they do; an
+/// interval of zero never looks again, and the kernel then keeps absences for an hour.
+#[test]
+fn names_other_writers_add_show_within_the_coherence_interval() {
+    let (_tmp, fast, backing) = folders();
+    let every = Duration::from_millis(100);
+    let mut bed = Bed::open_with(&fast, &backing, true, false);
+    bed.fs.core.set_coherence(every);
+    let lookup = |bed: &Bed, name: &[u8]| {
+        bed.fs
+            .answer(Op::Lookup { parent: ROOT, name }, Caller { uid: 0, gid: 0 })
+            .0
+    };
+    assert!(matches!(lookup(&bed, b"x"), Ok(Out::Negative(t)) if t == every));
+    std::fs::write(backing.join("x"), b"other").expect("another writer");
+    // Within the interval the folder is not looked at again.
+    assert!(matches!(lookup(&bed, b"x"), Ok(Out::Negative(_))));
+    std::thread::sleep(every + Duration::from_millis(50));
+    assert!(matches!(lookup(&bed, b"x"), Ok(Out::Entry(a)) if a.size == 5));
+    // This mount removes x (no drainer runs: the row waits); another writer adds y.
+    assert!(matches!(
+        bed.ask(Op::Unlink {
+            parent: ROOT,
+            name: b"x"
+        }),
+        Out::Empty
+    ));
+    std::fs::write(backing.join("y"), b"other").expect("another writer");
+    std::thread::sleep(every + Duration::from_millis(50));
+    assert!(
+        matches!(lookup(&bed, b"x"), Ok(Out::Negative(_))),
+        "a name removed here came back from BACKING before its removal drained"
+    );
+    assert!(matches!(lookup(&bed, b"y"), Ok(Out::Negative(_))));
+    // The drainer runs: once the removal drained, y shows and x stays gone.
+    bed.threads = bed.drainer.start().expect("drainer");
+    bed.drain();
+    assert!(!backing.join("x").exists());
+    std::thread::sleep(every + Duration::from_millis(50));
+    assert!(matches!(lookup(&bed, b"y"), Ok(Out::Entry(_))));
+    assert!(matches!(lookup(&bed, b"x"), Ok(Out::Negative(_))));
+    // Readdir looks too.
+    std::fs::write(backing.join("w"), b"other").expect("another writer");
+    std::thread::sleep(every + Duration::from_millis(50));
+    let names = match bed.ask(Op::Readdir {
+        ino: ROOT,
+        offset: 0,
+        size: 4096,
+    }) {
+        Out::Dir(ents) => ents.into_iter().map(|e| e.3).collect::<Vec<_>>(),
+        o => panic!("readdir answered {o:?}"),
+    };
+    assert!(names.contains(&b"w".to_vec()), "{names:?}");
+    // Zero: never again; absences kept an hour.
+    bed.fs.core.set_coherence(Duration::ZERO);
+    std::fs::write(backing.join("z"), b"other").expect("another writer");
+    std::thread::sleep(every + Duration::from_millis(50));
+    assert!(matches!(lookup(&bed, b"z"), Ok(Out::Negative(t)) if t == Duration::from_secs(3600)));
+}

@@ -216,8 +216,8 @@ pub struct Statfs {
 pub enum Out {
     /// A directory entry (kept by the kernel for the transport's entry timeout).
     Entry(Attr),
-    /// A name that is not there, kept by the kernel as a negative entry.
-    Negative,
+    /// A name that is not there, kept by the kernel as a negative entry for this long.
+    Negative(std::time::Duration),
     /// Attributes (kept for the transport's attribute timeout).
     Attr(Attr),
     /// Bytes: a read's data, a symlink's target, an extended attribute or their list.

@@ -472,16 +472,20 @@ fn put_attr(out: &mut Vec<u8>, a: Option<&Attr>) {
     }
 }
 
-/// `struct fuse_entry_out` (128 bytes).
-fn put_entry(out: &mut Vec<u8>, a: Option<&Attr>) {
+/// `struct fuse_entry_out` (128 bytes); `ttl`: how long the kernel keeps the entry (and a
+/// node's attributes), as seconds and nanoseconds.
+fn put_entry(out: &mut Vec<u8>, a: Option<&Attr>, ttl: (u64, u32)) {
     out.put(a.map_or(0, |a| a.ino));
     out.put(0u64); // generation
-    out.put(TTL_S);
-    out.put(TTL_S);
-    out.put(0u32);
-    out.put(0u32);
+    out.put(ttl.0);
+    out.put(ttl.0);
+    out.put(ttl.1);
+    out.put(ttl.1);
     put_attr(out, a);
 }
+
+/// The kernel's entry and attribute timeout of a node the mount answers for.
+const TTL: (u64, u32) = (TTL_S, 0);
 
 /// `struct fuse_open_out` (16 bytes).
 fn put_open(out: &mut Vec<u8>, fh: u64, flags: FopenFlags) {
@@ -500,8 +504,8 @@ pub fn encode(r: &Answer, limit: usize, out: &mut Vec<u8>) -> i32 {
         Ok(o) => o,
     };
     match r {
-        Out::Entry(a) => put_entry(out, Some(a)),
-        Out::Negative => put_entry(out, None),
+        Out::Entry(a) => put_entry(out, Some(a), TTL),
+        Out::Negative(ttl) => put_entry(out, None, (ttl.as_secs(), ttl.subsec_nanos())),
         Out::Attr(a) => {
             out.put(TTL_S);
             out.put(0u32);
@@ -521,7 +525,7 @@ pub fn encode(r: &Answer, limit: usize, out: &mut Vec<u8>) -> i32 {
         Out::Empty => {}
         Out::Open(fh, f) => put_open(out, *fh, *f),
         Out::Created(a, fh, f) => {
-            put_entry(out, Some(a));
+            put_entry(out, Some(a), TTL);
             put_open(out, *fh, *f);
         }
         Out::Written(n) => {
@@ -558,7 +562,7 @@ pub fn encode(r: &Answer, limit: usize, out: &mut Vec<u8>) -> i32 {
                 if out.len() + direntplus_len(name.len()) > limit {
                     break;
                 }
-                put_entry(out, Some(a));
+                put_entry(out, Some(a), TTL);
                 out.put(a.ino);
                 out.put(*pos);
                 out.put(name.len() as u32);
