@@ -228,6 +228,12 @@ impl Core {
         .map_err(|e| io::Error::other(e.to_string()))
     }
 
+    /// Notes that the drainer is about to rename `from` to `to` in BACKING (None: done, the
+    /// backing paths follow it): bases opened in between are found at their new paths.
+    pub fn moving_backing(&self, m: Option<(&[u8], &[u8])>) {
+        *self.moving.lock() = m.map(|(f, t)| (f.to_vec(), t.to_vec()));
+    }
+
     /// After node `ino` was renamed from `from` to `to` in BACKING: what was at `to` is gone
     /// ([`Core::clear_backing_paths`]), and every backing path and staging file under `from`
     /// is under `to` now. Takes `ns` (with each file's lock inside it), lets it go, then

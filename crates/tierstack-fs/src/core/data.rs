@@ -13,7 +13,7 @@ use tierstack_store::{PageData, StoreError};
 
 use crate::error::{FsError, Result};
 
-use super::{eio, now_ns, Core, Kind, Ns, PAGE, R};
+use super::{eio, moved, now_ns, Core, Kind, Ns, PAGE, R};
 
 /// A page of a file held in the store.
 #[derive(Clone, Copy, Debug)]
@@ -97,10 +97,23 @@ impl Core {
             return Ok(None);
         };
         let path = self.bjoin(bp);
-        let file = self
-            .bk
-            .open_file(bp, rustix::fs::OFlags::RDONLY, 0)
-            .map_err(crate::error::io_err(&path))?;
+        let file = match self.bk.open_file(bp, rustix::fs::OFlags::RDONLY, 0) {
+            // The drainer is renaming a folder above it in BACKING and has not yet moved
+            // the backing paths along: the base is at its new path already.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let now = self
+                    .moving
+                    .lock()
+                    .as_ref()
+                    .and_then(|(from, to)| moved(bp, from, to));
+                match now {
+                    Some(p) => self.bk.open_file(&p, rustix::fs::OFlags::RDONLY, 0),
+                    None => Err(e),
+                }
+            }
+            r => r,
+        }
+        .map_err(crate::error::io_err(&path))?;
         let a = Arc::new(file);
         f.base_fd = Some(a.clone());
         Ok(Some(a))

@@ -111,6 +111,15 @@ pub fn under(p: &[u8], root: &[u8]) -> bool {
     p == root || (p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/')
 }
 
+/// Where path `p` is after `from` was renamed to `to` (None: `p` is not under `from`).
+pub fn moved(p: &[u8], from: &[u8], to: &[u8]) -> Option<Vec<u8>> {
+    under(p, from).then(|| {
+        let mut n = to.to_vec();
+        n.extend_from_slice(&p[from.len()..]);
+        n
+    })
+}
+
 fn eio(e: impl std::fmt::Display) -> Errno {
     tracing::error!("{e}");
     libc::EIO
@@ -201,6 +210,10 @@ pub struct Core {
     conditioned: AtomicBool,
     /// Inodes with a quarantined journal row (their dirty data stays in the fast tier).
     stuck_inos: Mutex<std::collections::HashSet<u64>>,
+    /// The rename the drainer is making in BACKING (from, to), from before BACKING changes
+    /// until the backing paths follow it: a base opened meanwhile at its old path is looked
+    /// for at its new one (`base_file`). A leaf lock.
+    moving: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
     /// `tierstack drain --retry` asked for the quarantined rows to be tried again.
     retry: AtomicBool,
     /// `tierstack umount --force`: stop without waiting for the drain (the journal keeps
@@ -284,6 +297,7 @@ impl Core {
             polled_ms: AtomicU64::new(0),
             conditioned: AtomicBool::new(false),
             stuck_inos: Mutex::new(Default::default()),
+            moving: Mutex::new(None),
             retry: AtomicBool::new(false),
             force_stop: AtomicBool::new(false),
             replaying: AtomicBool::new(false),
@@ -816,6 +830,16 @@ mod tests {
         assert!(under(b"a", b"a"));
         assert!(!under(b"ab", b"a"));
         assert!(!under(b"a", b"a/b"));
+    }
+
+    #[test]
+    fn moved_paths_follow_a_renamed_directory() {
+        assert_eq!(
+            moved(b"p1/n3/n4/n8/n6", b"p1/n3/n4", b"p1/n3/n6").as_deref(),
+            Some(&b"p1/n3/n6/n8/n6"[..])
+        );
+        assert_eq!(moved(b"a", b"a", b"b").as_deref(), Some(&b"b"[..]));
+        assert_eq!(moved(b"ab/c", b"a", b"b"), None);
     }
 
     #[test]

@@ -122,14 +122,22 @@ impl Drainer {
                 self.core
                     .mark_in_flight(op.seq)
                     .map_err(|e| io::Error::other(e.to_string()))?;
-                if let Err(e) = Backing::rename(&od, oname, &nd, nname) {
+                // Reads of bases below find them at either path until the paths follow.
+                self.core.moving_backing(Some((&op.p1, &op.p2)));
+                let r = Backing::rename(&od, oname, &nd, nname).or_else(|e| {
                     // Replayed after a crash: the rename is done already.
-                    if !(e.kind() == io::ErrorKind::NotFound && Backing::stat(&nd, nname).is_ok()) {
-                        return Err(e);
+                    if e.kind() == io::ErrorKind::NotFound && Backing::stat(&nd, nname).is_ok() {
+                        Ok(())
+                    } else {
+                        Err(e)
                     }
+                });
+                if let Err(e) = r.and_then(|()| Backing::fsync_dir(&nd)) {
+                    self.core.moving_backing(None);
+                    return Err(e);
                 }
-                Backing::fsync_dir(&nd)?;
                 self.core.rename_backing_paths(op.ino, &op.p1, &op.p2);
+                self.core.moving_backing(None);
                 self.core
                     .move_staged(op.ino, &op.p2, &tmp_name(op.ino, ""))?;
                 // A file this rename replaced may leave a staging file behind.
