@@ -209,7 +209,7 @@ make_network() {
   ip -n "$P-hub" link add br0 type bridge
   ip -n "$P-hub" link set br0 up
   add_member master "$MASTER_ADDR"
-  if [ "$1" = 1 ]; then add_member ctl "$CTL_ADDR"; fi
+  add_member ctl "$CTL_ADDR"
   for k in $(seq 1 "$2"); do add_member "cs$k" "$(cs_addr "$k")"; done
   for i in $(seq 1 "$3"); do add_member "node$i" "$(node_addr "$i")"; done
 }
@@ -467,7 +467,7 @@ cmd_up() {
     cat /etc/hosts
     echo "# testbed $P"
     echo "$MASTER_ADDR master mfsmaster"
-    if [ "$slurm" = 1 ]; then echo "$CTL_ADDR ctl"; fi
+    echo "$CTL_ADDR ctl"
     for k in $(seq 1 "$cs"); do echo "$(cs_addr "$k") cs$k"; done
     for i in $(seq 1 "$nodes"); do echo "$(node_addr "$i") node$i"; done
   } >"$ROOT/etc/hosts"
@@ -577,7 +577,7 @@ EOF
   step nodes "$LOG/nodes.log"
   local names=""
   for i in $(seq 1 "$nodes"); do names="$names node$i"; done
-  if [ "$slurm" = 1 ]; then names="$names ctl"; fi
+  names="$names ctl"
   local n
   for n in $names; do
     STEP_LOG=$LOG/$n.log
@@ -821,7 +821,7 @@ cmd_status() {
   local names=""
   for i in $(seq 1 "$NODES"); do names="$names node$i"; done
   echo "TESTBED_NODE_NAMES=\"${names# }\""
-  if [ "$SLURM" = 1 ]; then names="$names ctl"; fi
+  names="$names ctl"
   for n in $names; do
     local up=N
     if pid=$(holder_pid "$n" 2>/dev/null); then

@@ -3,8 +3,8 @@
 //! process (and optionally many small files each) straight into a real shared file system
 //! (MooseFS, rate-limited), and through a node-local tierstack mount on every node over that
 //! same file system, drained at the end (`tierstack umount`, all nodes at once), once without
-//! and, with `--slots K`, once with site-wide drain slots. A probe on a node of its own (another
-//! job) creates, stats and removes a file in the shared system every 50 ms throughout: its
+//! and, with `--slots K`, once with site-wide drain slots. A probe in the test bed's control
+//! namespace (another job's client, on no compute node) creates, stats and removes a file in the shared system every 50 ms throughout: its
 //! latency is what the drains cost everybody else. Everything written is read back from the
 //! shared system after the caches are dropped and compared with what the ranks wrote.
 //!
@@ -123,7 +123,7 @@ pub struct ClusterSpec {
     pub exe: PathBuf,
     /// The test bed's root folder (made and removed).
     pub root: PathBuf,
-    /// Compute nodes (the probe runs on one more).
+    /// Compute nodes (the probe runs in the test bed's control namespace).
     pub nodes: usize,
     /// Ranks per node.
     pub ranks: usize,
@@ -295,7 +295,7 @@ impl Drop for Bed {
     }
 }
 
-/// A probe running on its own node until [`Probe::stop`].
+/// A probe running in a namespace of the test bed until [`Probe::stop`].
 struct Probe<'a> {
     bed: &'a Bed,
     tag: String,
@@ -377,7 +377,7 @@ pub fn run(spec: &ClusterSpec) -> Result<ClusterReport, ClusterError> {
     };
     let t0 = Instant::now();
     let (nodes, cs, thr) = (
-        (spec.nodes + 1).to_string(),
+        spec.nodes.to_string(),
         spec.chunkservers.to_string(),
         spec.throttle.to_string(),
     );
@@ -416,7 +416,9 @@ pub fn run(spec: &ClusterSpec) -> Result<ClusterReport, ClusterError> {
     write_pattern(&root.join("pattern"), spec.size_per_rank)
         .map_err(|e| step_err("writing the ranks' pattern", e.to_string()))?;
     let up_s = t0.elapsed().as_secs_f64();
-    let probe_node = format!("node{}", spec.nodes + 1);
+    // The probe runs in the test bed's control namespace (it mounts the shared system too):
+    // another job's client, on no compute node, so all 8 of the bed's nodes can compute.
+    let probe_node = "ctl".to_string();
     let compute: Vec<String> = (1..=spec.nodes).map(|i| format!("node{i}")).collect();
     let compute = compute.join(",");
 

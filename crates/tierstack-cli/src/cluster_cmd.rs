@@ -8,7 +8,7 @@ use tierstack_bench::cluster;
 
 #[derive(Args)]
 pub struct BenchClusterArgs {
-    /// Compute nodes of the test bed (1 to 7; the probe runs on one more).
+    /// Compute nodes of the test bed (1 to 8; the probe runs in its control namespace).
     #[arg(long, default_value_t = 4)]
     pub nodes: usize,
     /// Ranks per node, each writing a file of its own.
@@ -44,9 +44,9 @@ pub struct BenchClusterArgs {
 }
 
 pub fn bench(a: BenchClusterArgs) -> Result<()> {
-    if !(1..=7).contains(&a.nodes) {
+    if !(1..=8).contains(&a.nodes) {
         return Err(crate::usage(format!(
-            "--nodes {} is out of range: give 1 to 7 (the test bed holds 8 nodes, one is the probe's)",
+            "--nodes {} is out of range: give 1 to 8 (the test bed holds 8 nodes)",
             a.nodes
         )));
     }
