@@ -333,7 +333,10 @@ fn bench_exporter_measures_and_cleans_up() {
     let out = success_stdout(&["bench", "exporter"], o);
     let r: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(r["mounts_seen"], 3, "{r}");
-    assert!(r["backlog_files"].as_f64().unwrap_or(0.0) > 0.0, "drains ended: {r}");
+    assert!(
+        r["backlog_files"].as_f64().unwrap_or(0.0) > 0.0,
+        "drains ended: {r}"
+    );
     let per = r["ms_per_mount"].as_f64().expect("ms_per_mount");
     assert!(per > 0.0 && per.is_finite(), "{r}");
     assert_eq!(r["met"].as_bool(), Some(per <= 5.0), "{r}");

@@ -136,7 +136,11 @@ impl Core {
             r.loaded = true;
             r
         };
+        let reserve = ns.reserve_ino(ns.next_ino);
         self.tx(|tx| {
+            if let Some(r) = reserve {
+                db::set_ino_next(tx, r)?;
+            }
             for (ino, name, node) in &new {
                 let f = node.data.as_ref().map(|d| d.lock());
                 db::put_inode(tx, &row_of(*ino, node, f.as_deref()))?;
@@ -148,6 +152,9 @@ impl Core {
             db::put_inode(tx, &dir_row)
         })
         .map_err(eio)?;
+        if let Some(r) = reserve {
+            ns.ino_reserved = r;
+        }
         for (ino, name, node) in new {
             ns.nodes.insert(ino, node);
             ns.insert_child(dir, name, ino);
@@ -164,7 +171,7 @@ impl Core {
     pub fn getattr(&self, ino: u64) -> R<Attr> {
         let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(Self::attr_of(ino, n))
+        Ok(self.attr_of(ino, n))
     }
 
     /// Whether `ino` is a directory of the namespace.
@@ -181,10 +188,25 @@ impl Core {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
         check_name(name)?;
         let mut ns = self.ns.lock();
+        // "." and "..": the kernel asks for them only to find a node from a file handle (an
+        // NFS export): "." is the node itself, of any kind, ".." the directory holding its
+        // first name (the root's is the root). A node the mount does not know (any more) is
+        // ESTALE, which the kernel hands on as a stale handle.
+        if name == b"." || name == b".." {
+            let n = ns.nodes.get(&parent).ok_or(libc::ESTALE)?;
+            let ino = match (name, n.links.first()) {
+                (b".", _) => parent,
+                (_, Some(l)) => l.0,
+                (_, None) if parent == ROOT => ROOT,
+                (_, None) => return Err(libc::ESTALE),
+            };
+            let n = ns.nodes.get(&ino).ok_or(libc::ESTALE)?;
+            return Ok(self.attr_of(ino, n));
+        }
         self.ensure_loaded(&mut ns, parent)?;
         let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(Self::attr_of(ino, n))
+        Ok(self.attr_of(ino, n))
     }
 
     /// A symlink's target (EINVAL for any other kind).
@@ -317,7 +339,11 @@ impl Core {
             let f = node.data.as_ref().map(|d| d.lock());
             row_of(ino, &node, f.as_deref())
         };
+        let reserve = ns.reserve_ino(ino + 1);
         self.tx(|tx| {
+            if let Some(r) = reserve {
+                db::set_ino_next(tx, r)?;
+            }
             db::put_inode(tx, &row)?;
             db::add_dentry(tx, parent, name, ino)?;
             if op == OpKind::Mknod {
@@ -338,11 +364,14 @@ impl Core {
             Ok(())
         })
         .map_err(eio)?;
+        if let Some(r) = reserve {
+            ns.ino_reserved = r;
+        }
         ns.next_ino += 1;
         if kind == Kind::File {
             ns.next_obj += 1;
         }
-        let attr = Self::attr_of(ino, &node);
+        let attr = self.attr_of(ino, &node);
         ns.nodes.insert(ino, node);
         ns.insert_child(parent, name.to_vec(), ino);
         if let Some(p) = ns.nodes.get_mut(&parent) {
@@ -579,7 +608,7 @@ impl Core {
         }
         self.wake_drainer();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(Self::attr_of(ino, n))
+        Ok(self.attr_of(ino, n))
     }
 
     /// Removes the link (parent, name) of `ino`; the node goes when nothing refers to it.
@@ -861,7 +890,7 @@ impl Core {
         let linked = ns.nodes.get(&ino).is_some_and(|n| !n.links.is_empty()) || ino == ROOT;
         if !linked {
             let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-            return Ok(Self::attr_of(ino, n));
+            return Ok(self.attr_of(ino, n));
         }
         if meta_change || time_change {
             let path = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
@@ -886,7 +915,7 @@ impl Core {
             }
         }
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(Self::attr_of(ino, n))
+        Ok(self.attr_of(ino, n))
     }
 
     /// The kernel evicted inode `ino` (FORGET): it holds no copy of its times any more.
