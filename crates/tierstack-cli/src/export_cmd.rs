@@ -154,8 +154,9 @@ pub fn run(a: ExportArgs) -> Result<()> {
         addr.ip().to_string()
     };
     println!(
-        "exported {} over NFSv4 at {host}:{} (NFS-Ganesha pid {}, port {}, log {}); stop with `tierstack export --stop {}`",
+        "exported {} over {} at {host}:{} (NFS-Ganesha pid {}, port {}, log {}); stop with `tierstack export --stop {}`",
         mp.display(),
+        if a.nfs3 { "NFSv3 and NFSv4" } else { "NFSv4" },
         mp.display(),
         child.id(),
         a.port,
