@@ -17,6 +17,7 @@ mod config;
 mod cost_cmd;
 mod demo;
 mod doctor_cmd;
+mod export_cmd;
 mod exporter_cmd;
 mod install_cmd;
 mod io_cmd;
@@ -143,6 +144,8 @@ enum Cmd {
     /// One Prometheus endpoint for every mount and `run` of this node, labelled with mount
     /// point, SLURM job and user (in the foreground until SIGTERM or Ctrl-C).
     Exporter(exporter_cmd::ExporterArgs),
+    /// Serve a mount to other nodes over NFSv4 through NFS-Ganesha (`--stop` ends it).
+    Export(export_cmd::ExportArgs),
     /// Check this host for what tierstack needs and seed 002's tuning advice.
     Doctor(doctor_cmd::DoctorArgs),
     /// Seed 002's server cost model: relative cost, saving, cost per unit of work.
@@ -316,6 +319,7 @@ fn main() -> ExitCode {
         Cmd::Config(c) => config::run(c, &cfg, &root),
         Cmd::Doctor(a) => doctor_cmd::run(a),
         Cmd::Exporter(a) => exporter_cmd::run(a),
+        Cmd::Export(a) => export_cmd::run(a),
         Cmd::Buffers(a) => buffers_cmd::run(a),
         Cmd::Cost(a) => cost_cmd::run(a),
         Cmd::Demo { only, dir, size } => demo::run(dir, &size, only),

@@ -103,4 +103,8 @@ pub struct Attr {
     /// 512-byte blocks held: pages in the fast tier and the base's blocks in BACKING (a
     /// sparse file shows what it holds, not its size).
     pub blocks: u64,
+    /// The node's generation, handed to the kernel with each entry: with the inode number it
+    /// makes the file handle an NFS export gives out (see `Core::generation`). 0 for the root
+    /// (the kernel's own root inode has generation 0).
+    pub generation: u32,
 }

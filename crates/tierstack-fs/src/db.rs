@@ -401,6 +401,41 @@ impl Db {
         Ok(())
     }
 
+    /// The generation of every node of this fast tier but the root (see
+    /// [`crate::attr::Attr::generation`]): drawn once, not 0, when the database is new (or
+    /// first opened by a version that hands out generations) and kept in the `meta` table.
+    /// Inode numbers are never reused within one database ([`INO_NEXT`]), so the pair
+    /// (inode, generation) names one node for as long as the database lives, across daemon
+    /// restarts; a new fast tier draws another, and a handle of the old one is stale there.
+    pub fn generation(&self) -> Result<u32> {
+        let kept = self
+            .meta_get(GENERATION)?
+            .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+            .map(u32::from_le_bytes)
+            .filter(|g| *g != 0);
+        if let Some(g) = kept {
+            return Ok(g);
+        }
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(t.as_nanos());
+        }
+        let g = (h.finish() as u32).max(1);
+        self.meta_set(GENERATION, &g.to_le_bytes())?;
+        Ok(g)
+    }
+
+    /// The inode numbers below which some may have been handed out ([`INO_NEXT`]; 0 if
+    /// none recorded).
+    pub fn ino_next(&self) -> Result<u64> {
+        Ok(self
+            .meta_get(INO_NEXT)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map_or(0, u64::from_le_bytes))
+    }
+
     /// Every inode row.
     pub fn load_inodes(&self) -> Result<Vec<InodeRow>> {
         let mut st = self.conn.prepare(
@@ -690,6 +725,22 @@ pub fn put_inode(tx: &Connection, r: &InodeRow) -> Result<()> {
         r.staged,
         r.extents,
     ])?;
+    Ok(())
+}
+
+/// The `meta` key of the fast tier's node generation ([`Db::generation`]).
+const GENERATION: &str = "generation";
+
+/// The `meta` key of the inode numbers reserved so far: numbers below it may have been
+/// handed out (and the node removed since), so a restart never hands them out again, and a
+/// file handle of a removed node never names a new one. Raised in blocks ([`set_ino_next`]
+/// in the transaction that takes the first number past it), not at every create.
+pub const INO_NEXT: &str = "ino_next";
+
+/// Records in `tx` that inode numbers below `next` may be in use ([`INO_NEXT`]).
+pub fn set_ino_next(tx: &Connection, next: u64) -> Result<()> {
+    tx.prepare_cached("INSERT OR REPLACE INTO meta(k, v) VALUES (?1, ?2)")?
+        .execute(params![INO_NEXT, &next.to_le_bytes()[..]])?;
     Ok(())
 }
 

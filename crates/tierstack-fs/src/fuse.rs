@@ -470,6 +470,10 @@ impl fuser::Filesystem for TierFs {
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         // open(O_TRUNC) truncates in the open request instead of a separate setattr.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // File handles that outlive the kernel's inode cache (`tierstack export`, NFS): the
+        // kernel finds a node it has forgotten by LOOKUP of "." in it (and its directory by
+        // ".."), checked against the generation the entry carried (`Db::generation`).
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_EXPORT_SUPPORT);
         // FUSE over io_uring (`crate::uring`), when asked for and the kernel offers it.
         if let Some(ring) = &self.ring {
             let uring = ring.wanted()

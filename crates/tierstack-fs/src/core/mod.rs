@@ -227,6 +227,9 @@ pub struct Core {
     /// How often (ns) a loaded directory's folder in BACKING is looked at again for other
     /// writers' names (0: never; see `refresh_dir`).
     coherence_ns: std::sync::atomic::AtomicI64,
+    /// The generation of every node but the root ([`Db::generation`]): kept by the fast
+    /// tier's database, so a file handle (inode, generation) outlives a daemon restart.
+    generation: u32,
 }
 
 /// The longest a namespace operation waits in an open group transaction before the group is
@@ -256,6 +259,7 @@ impl Core {
         intent: Option<(crate::intent::IntentLog, Vec<crate::intent::Record>)>,
     ) -> Result<Core> {
         let bk = Backing::open(&backing).map_err(crate::error::io_err(&backing))?;
+        let generation = db.generation()?;
         let mut core = Core {
             backing,
             bk,
@@ -303,6 +307,7 @@ impl Core {
             replaying: AtomicBool::new(false),
             ops: Default::default(),
             coherence_ns: std::sync::atomic::AtomicI64::new(0),
+            generation,
         };
         // A new mount tries the rows an earlier one quarantined again.
         core.db.lock().release_stuck()?;
@@ -445,7 +450,11 @@ impl Core {
                 ns.nodes.remove(i);
             }
         }
-        ns.next_ino = max_ino + 1;
+        // A number handed out before is never handed out again (file handles name nodes by
+        // number and generation; see `Db::generation`).
+        let reserved = self.db.lock().ino_next()?;
+        ns.next_ino = (max_ino + 1).max(reserved);
+        ns.ino_reserved = reserved;
         ns.next_obj = max_obj + 1;
         // Pages the array holds: those of live files (within their size) are their contents;
         // everything else is garbage of files deleted before a crash.
@@ -658,7 +667,7 @@ impl Core {
 
     /// The attributes of node `n` (inode `ino`) as the FUSE layer reports them; a file's
     /// size and blocks come from its [`FileData`].
-    fn attr_of(ino: u64, n: &Node) -> Attr {
+    fn attr_of(&self, ino: u64, n: &Node) -> Attr {
         let (size, blocks) = match &n.data {
             Some(d) => {
                 let f = d.lock();
@@ -702,6 +711,7 @@ impl Core {
             } else {
                 0
             },
+            generation: if ino == ROOT { 0 } else { self.generation },
         }
     }
 

@@ -198,7 +198,11 @@ impl Core {
             r.loaded = true;
             r
         };
+        let reserve = ns.reserve_ino(ns.next_ino);
         self.tx(|tx| {
+            if let Some(r) = reserve {
+                db::set_ino_next(tx, r)?;
+            }
             for (ino, name, node) in &new {
                 let f = node.data.as_ref().map(|d| d.lock());
                 db::put_inode(tx, &row_of(*ino, node, f.as_deref()))?;
@@ -210,6 +214,9 @@ impl Core {
             db::put_inode(tx, &dir_row)
         })
         .map_err(eio)?;
+        if let Some(r) = reserve {
+            ns.ino_reserved = r;
+        }
         for (ino, name, node) in new {
             ns.nodes.insert(ino, node);
             ns.insert_child(dir, name, ino);
@@ -291,7 +298,7 @@ impl Core {
     pub fn getattr(&self, ino: u64) -> R<Attr> {
         let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(Self::attr_of(ino, n))
+        Ok(self.attr_of(ino, n))
     }
 
     /// Whether `ino` is a directory of the namespace.
@@ -308,6 +315,21 @@ impl Core {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
         check_name(name)?;
         let mut ns = self.ns.lock();
+        // "." and "..": the kernel asks for them only to find a node from a file handle (an
+        // NFS export): "." is the node itself, of any kind, ".." the directory holding its
+        // first name (the root's is the root). A node the mount does not know (any more) is
+        // ESTALE, which the kernel hands on as a stale handle.
+        if name == b"." || name == b".." {
+            let n = ns.nodes.get(&parent).ok_or(libc::ESTALE)?;
+            let ino = match (name, n.links.first()) {
+                (b".", _) => parent,
+                (_, Some(l)) => l.0,
+                (_, None) if parent == ROOT => ROOT,
+                (_, None) => return Err(libc::ESTALE),
+            };
+            let n = ns.nodes.get(&ino).ok_or(libc::ESTALE)?;
+            return Ok(self.attr_of(ino, n));
+        }
         self.ensure_loaded(&mut ns, parent)?;
         let ino = match ns.child(parent, name) {
             Some(ino) => ino,
@@ -318,7 +340,7 @@ impl Core {
             }
         };
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(Self::attr_of(ino, n))
+        Ok(self.attr_of(ino, n))
     }
 
     /// A symlink's target (EINVAL for any other kind).
@@ -454,7 +476,11 @@ impl Core {
             let f = node.data.as_ref().map(|d| d.lock());
             row_of(ino, &node, f.as_deref())
         };
+        let reserve = ns.reserve_ino(ino + 1);
         self.tx(|tx| {
+            if let Some(r) = reserve {
+                db::set_ino_next(tx, r)?;
+            }
             db::put_inode(tx, &row)?;
             db::add_dentry(tx, parent, name, ino)?;
             if op == OpKind::Mknod {
@@ -475,11 +501,14 @@ impl Core {
             Ok(())
         })
         .map_err(eio)?;
+        if let Some(r) = reserve {
+            ns.ino_reserved = r;
+        }
         ns.next_ino += 1;
         if kind == Kind::File {
             ns.next_obj += 1;
         }
-        let attr = Self::attr_of(ino, &node);
+        let attr = self.attr_of(ino, &node);
         ns.nodes.insert(ino, node);
         ns.insert_child(parent, name.to_vec(), ino);
         if let Some(p) = ns.nodes.get_mut(&parent) {
@@ -716,7 +745,7 @@ impl Core {
         }
         self.wake_drainer();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(Self::attr_of(ino, n))
+        Ok(self.attr_of(ino, n))
     }
 
     /// Removes the link (parent, name) of `ino`; the node goes when nothing refers to it.
@@ -998,7 +1027,7 @@ impl Core {
         let linked = ns.nodes.get(&ino).is_some_and(|n| !n.links.is_empty()) || ino == ROOT;
         if !linked {
             let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-            return Ok(Self::attr_of(ino, n));
+            return Ok(self.attr_of(ino, n));
         }
         if meta_change || time_change {
             let path = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
@@ -1023,7 +1052,7 @@ impl Core {
             }
         }
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(Self::attr_of(ino, n))
+        Ok(self.attr_of(ino, n))
     }
 
     /// The kernel evicted inode `ino` (FORGET): it holds no copy of its times any more.

@@ -95,6 +95,9 @@ pub struct Ns {
     pub(super) nodes: HashMap<u64, Node>,
     /// The inode number the next new node gets.
     pub(super) next_ino: u64,
+    /// Inode numbers below this are reserved in the database (`db::INO_NEXT`): taking one at
+    /// or above it raises the reservation in the same transaction ([`Ns::reserve_ino`]).
+    pub(super) ino_reserved: u64,
     /// The store object id the next new regular file gets.
     pub(super) next_obj: u64,
     /// What the mount last saw of each loaded directory's folder in BACKING (in memory
@@ -112,7 +115,15 @@ pub struct Seen {
     pub(super) stamp: Option<(i64, i64)>,
 }
 
+/// How many inode numbers one raise of the database's reservation covers.
+const INO_BLOCK: u64 = 4096;
+
 impl Ns {
+    /// The reservation to record (`db::set_ino_next`) with nodes numbered below
+    /// `next_ino` (the next number after the last one taken), if those pass the current one.
+    pub(super) fn reserve_ino(&self, next_ino: u64) -> Option<u64> {
+        (next_ino > self.ino_reserved).then(|| next_ino + INO_BLOCK)
+    }
     /// Enters `ino` (already in `nodes`) as `name` in directory `parent`.
     pub(super) fn insert_child(&mut self, parent: u64, name: Vec<u8>, ino: u64) {
         let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);

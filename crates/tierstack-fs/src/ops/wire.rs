@@ -476,7 +476,7 @@ fn put_attr(out: &mut Vec<u8>, a: Option<&Attr>) {
 /// node's attributes), as seconds and nanoseconds.
 fn put_entry(out: &mut Vec<u8>, a: Option<&Attr>, ttl: (u64, u32)) {
     out.put(a.map_or(0, |a| a.ino));
-    out.put(0u64); // generation
+    out.put(a.map_or(0, |a| a.generation as u64));
     out.put(ttl.0);
     out.put(ttl.0);
     out.put(ttl.1);
@@ -741,10 +741,13 @@ mod tests {
             nlink: 1,
             rdev: 0,
             blocks: 8,
+            generation: 7,
         };
         let mut out = Vec::new();
         assert_eq!(encode(&Ok(Out::Entry(a.clone())), usize::MAX, &mut out), 0);
         assert_eq!(out.len(), 128);
+        // fuse_entry_out: nodeid, then the generation a file handle is made of.
+        assert_eq!((u64_at(&out, 0), u64_at(&out, 8)), (Ok(5), Ok(7)));
         assert_eq!(u32_at(&out, 40 + 60), Ok(libc::S_IFREG | 0o644));
         // atime -1 ns: second -1, nanosecond 999,999,999.
         assert_eq!(u64_at(&out, 40 + 24), Ok(u64::MAX));
@@ -853,6 +856,7 @@ mod tests {
             nlink: 2,
             rdev: 0,
             blocks: 0,
+            generation: 1,
         };
         let ents: Vec<_> = (0..100)
             .map(|i| (attr(i + 2), i + 1, format!("d{i}").into_bytes()))
