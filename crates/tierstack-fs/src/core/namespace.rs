@@ -22,6 +22,11 @@ use super::{
     NAME_MAX, R, ROOT, TMP_PREFIX,
 };
 
+/// How old a BACKING folder's times must be before an unchanged pair is taken to mean that
+/// nothing was added since the last listing (`Core::refresh_dir`): file systems that keep
+/// times in whole seconds, and clocks of different nodes a little apart.
+pub const STAMP_SLACK_NS: i64 = 3_000_000_000;
+
 /// How long before a direct handle's open the kernel's cached mtime of the file may lie: the
 /// create's time, or the kernel's coarse clock at an `O_TRUNC` open (a few jiffies).
 pub const KERNEL_COPY_NS: i64 = 50_000_000;
@@ -231,7 +236,7 @@ impl Core {
     /// file system, or anyone writing there directly) added to loaded directory `dir`'s
     /// folder in BACKING since this mount last looked: at most once per coherence interval
     /// ([`Core::set_coherence`]) per directory, only when the folder's modification or
-    /// change time moved, and only while this mount has nothing waiting to drain and nothing
+    /// change time moved or is less than [`STAMP_SLACK_NS`] old, and only while this mount has nothing waiting to drain and nothing
     /// quarantined (else a name it removed but has not removed from BACKING yet would come
     /// back). Names that others removed, and other writers' changes to files this mount
     /// already knows, are not picked up (docs/ARCHITECTURE.md, "Coherence between nodes").
@@ -260,7 +265,11 @@ impl Core {
             },
         );
         let stamp = self.backing_stamp(&bp);
-        if stamp.is_none() || stamp == known {
+        // A folder's times may tick in whole seconds (MooseFS, NFSv3 servers): a name added
+        // in the second of the last listing leaves them as they were, so an unchanged stamp
+        // is trusted only once it is [`STAMP_SLACK_NS`] old.
+        let recent = stamp.is_some_and(|(m, c)| now - m.max(c) < STAMP_SLACK_NS);
+        if stamp.is_none() || (stamp == known && !recent) {
             return Ok(());
         }
         let pending = self.db.lock().has_ops_after(0).unwrap_or(true);
