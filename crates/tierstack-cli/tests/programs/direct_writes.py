@@ -178,3 +178,14 @@ os.write(fd, b"s" * 100000)
 os.utime(fd, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
 os.close(fd)
 print(f"stamped mtime={os.stat(p).st_mtime_ns} {sha(p)}")
+
+# A time set through a write-only handle before its writes (an NFS server's create, `cp -p`
+# with fdutimens before the data): the writes after it move the mtime to their own time.
+p = f"{d}/stamped_first.bin"
+fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.utime(fd, ns=(4_260_000_000_000_000_000, 4_260_000_000_000_000_000))
+t0 = time.time_ns()
+os.write(fd, b"w" * 3000)
+os.close(fd)
+recent = settles(lambda: abs(os.stat(p).st_mtime_ns - t0) < 5_000_000_000)
+print(f"stamped_first mtime_is_the_write={recent} {sha(p)}")

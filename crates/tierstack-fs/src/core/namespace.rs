@@ -1024,6 +1024,12 @@ impl Core {
                     });
                 if from_kernel || kernel_copy {
                     n.mtime = n.mtime.max(n.direct_mtime);
+                } else if m.is_some() && n.open_w > 0 {
+                    // A program set the time while it holds the file open for writing
+                    // (`futimens` before its writes, as NFS servers and `cp -p` do): the
+                    // kernel keeps this answer's mtime, and a direct write after it moves
+                    // the daemon's past it unseen. The last close drops the kernel's entries.
+                    n.kernel_stale = true;
                 }
             }
             if size.is_some() && mtime.is_none() {
