@@ -706,6 +706,7 @@ impl Core {
     }
 
     pub(super) fn destroy(&self, ns: &mut Ns, ino: u64) {
+        ns.seen.remove(&ino);
         if let Some(n) = ns.nodes.remove(&ino) {
             if let Some(d) = &n.data {
                 let mut f = d.lock();
