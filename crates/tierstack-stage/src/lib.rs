@@ -41,6 +41,7 @@ use std::time::SystemTime;
 use tierstack_common::{io_err, PathIoError};
 
 mod copy;
+pub mod fanout;
 mod manifest;
 mod plan;
 mod special;
