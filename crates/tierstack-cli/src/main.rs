@@ -19,6 +19,7 @@ mod demo;
 mod doctor_cmd;
 mod export_cmd;
 mod exporter_cmd;
+mod fanout_cmd;
 mod install_cmd;
 mod io_cmd;
 mod mem_cmd;

@@ -37,6 +37,8 @@ pub struct StageArgs {
     /// count every pass (the copy, and the read back or verification), bytes is the data. `tierstack slurm get-status` shows it.
     #[arg(long, value_name = "FILE")]
     pub progress_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub fanout: crate::fanout_cmd::FanoutArgs,
 }
 
 /// Writes `tierstack stage --progress-file`: at most every 200 ms from the copy threads.
@@ -82,6 +84,12 @@ impl ProgressFile {
 pub fn stage(a: StageArgs) -> Result<()> {
     if a.jobs == 0 || a.jobs > 1024 {
         usage_bail!("--jobs {} is out of range: use 1 to 1024", a.jobs);
+    }
+    if a.fanout.fanout.is_some() {
+        if a.direction != "in" || a.manifest.is_some() || a.progress_file.is_some() {
+            usage_bail!("--fanout goes with `stage in SRC DST` alone (no --manifest, no --progress-file): drop those flags or --fanout");
+        }
+        return crate::fanout_cmd::stage_in(&a.src, &a.dst, &a.fanout, a.json);
     }
     let plan = stage_plan(&a)?;
     let opts = stage::Options {
