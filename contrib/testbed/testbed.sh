@@ -885,7 +885,7 @@ cmd_io_stats() {
   need_up
   # /sys/block/loopX/stat: field 3 sectors read, field 7 sectors written (512 bytes each),
   # counted from the end of up.
-  local k lv br bw dev rs ws tr=0 tw=0
+  local k lv br bw dev rs ws tx tr=0 tw=0 ts=0
   for k in $(seq 1 "$CS"); do
     lv="CS${k}_LOOP" br="CS${k}_BASE_READ" bw="CS${k}_BASE_WRITE"
     dev=${!lv#/dev/}
@@ -895,11 +895,17 @@ cmd_io_stats() {
     echo "TESTBED_IO_CS${k}_DEV=$dev"
     echo "TESTBED_IO_CS${k}_READ_BYTES=$((rs * 512))"
     echo "TESTBED_IO_CS${k}_WRITE_BYTES=$((ws * 512))"
+    # What the chunkserver sent over its link (reads served to clients, page cache hits
+    # included, plus TCP/IP headers): counted since its namespace was made.
+    tx=$(ip netns exec "$P-cs$k" cat /sys/class/net/eth0/statistics/tx_bytes 2>/dev/null || echo 0)
+    echo "TESTBED_IO_CS${k}_SENT_BYTES=$tx"
     tr=$((tr + rs * 512))
     tw=$((tw + ws * 512))
+    ts=$((ts + tx))
   done
   echo "TESTBED_IO_READ_BYTES=$tr"
   echo "TESTBED_IO_WRITE_BYTES=$tw"
+  echo "TESTBED_IO_SENT_BYTES=$ts"
 }
 
 main() {

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub mod stage_in;
+
 /// The longest one step (a mode's writes, its drains, the check) may take, in seconds.
 const STEP_LIMIT: &str = "3600";
 
@@ -141,6 +143,9 @@ pub struct ClusterSpec {
     pub slots: Option<u32>,
     /// Leave the test bed up at the end (for a look; `testbed.sh down --root ROOT` ends it).
     pub keep: bool,
+    /// Instead of the writes: stage in this many input files of this many bytes each on every
+    /// node, each node reading the shared system and by fan-out (`stage_in.rs`).
+    pub stage_in: Option<(usize, u64)>,
 }
 
 /// Latency of the probe over one phase, ms.
@@ -217,6 +222,9 @@ pub struct ClusterReport {
     pub probe_idle: ProbeFigures,
     /// Each mode.
     pub modes: Vec<ModeReport>,
+    /// The stage-in modes (`--stage-in`; then `modes` is empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage_in: Option<stage_in::StageInReport>,
 }
 
 struct Bed {
@@ -416,6 +424,21 @@ pub fn run(spec: &ClusterSpec) -> Result<ClusterReport, ClusterError> {
     write_pattern(&root.join("pattern"), spec.size_per_rank)
         .map_err(|e| step_err("writing the ranks' pattern", e.to_string()))?;
     let up_s = t0.elapsed().as_secs_f64();
+    if let Some((files, size)) = spec.stage_in {
+        let si = stage_in::run(&bed, spec, files, size)?;
+        return Ok(ClusterReport {
+            nodes: spec.nodes,
+            ranks: 0,
+            size_per_rank: 0,
+            small_files: 0,
+            throttle: spec.throttle,
+            chunkservers: spec.chunkservers,
+            up_s,
+            probe_idle: ProbeFigures::default(),
+            modes: Vec::new(),
+            stage_in: Some(si),
+        });
+    }
     // The probe runs in the test bed's control namespace (it mounts the shared system too):
     // another job's client, on no compute node, so all 8 of the bed's nodes can compute.
     let probe_node = "ctl".to_string();
@@ -520,11 +543,22 @@ pub fn run(spec: &ClusterSpec) -> Result<ClusterReport, ClusterError> {
         up_s,
         probe_idle,
         modes,
+        stage_in: None,
     })
 }
 
 /// The report as a table.
 pub fn table(r: &ClusterReport) -> String {
+    if let Some(si) = &r.stage_in {
+        return format!(
+            "bench cluster: {} nodes, MooseFS with {} chunkservers at {} MB/s each (test bed up in {:.1} s)\n{}",
+            r.nodes,
+            r.chunkservers,
+            r.throttle,
+            r.up_s,
+            stage_in::table(si)
+        );
+    }
     let mut s = format!(
         "bench cluster: {} nodes x {} ranks, {} per rank{}, MooseFS with {} chunkservers at {} MB/s each (test bed up in {:.1} s)\n",
         r.nodes,

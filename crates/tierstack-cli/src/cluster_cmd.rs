@@ -38,6 +38,17 @@ pub struct BenchClusterArgs {
     /// Leave the test bed up at the end (`contrib/testbed/testbed.sh down --root ROOT/bed`).
     #[arg(long)]
     pub keep: bool,
+    /// Instead of the writes: every node stages in the same inputs (the shared system's read
+    /// bytes, the time, each node's copy checked), each node reading the shared system, then
+    /// by fan-out (`stage in --fanout`).
+    #[arg(long)]
+    pub stage_in: bool,
+    /// With --stage-in: input files.
+    #[arg(long, default_value_t = 4, requires = "stage_in")]
+    pub input_files: usize,
+    /// With --stage-in: bytes of each input file.
+    #[arg(long, default_value = "32M", requires = "stage_in")]
+    pub input_size: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -70,12 +81,35 @@ pub fn bench(a: BenchClusterArgs) -> Result<()> {
         chunkservers: a.chunkservers.clamp(1, 7),
         slots: a.slots.filter(|k| *k > 0),
         keep: a.keep,
+        stage_in: if a.stage_in {
+            Some((
+                a.input_files.max(1),
+                crate::size_flag("input-size", &a.input_size)?,
+            ))
+        } else {
+            None
+        },
     };
     let r = cluster::run(&spec)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print!("{}", cluster::table(&r));
+    }
+    if let Some(si) = &r.stage_in {
+        for m in &si.modes {
+            if m.nodes_identical != r.nodes || m.dirty_bytes + m.pending_ops > 0 || !m.inputs_unchanged {
+                anyhow::bail!(
+                    "stage-in ({}): {} of {} nodes' copies match the inputs, {} dirty bytes and {} pending operations in the buffers, inputs in the shared system {}: see the logs under the test bed's root (--keep)",
+                    m.mode,
+                    m.nodes_identical,
+                    r.nodes,
+                    m.dirty_bytes,
+                    m.pending_ops,
+                    if m.inputs_unchanged { "unchanged" } else { "changed" }
+                );
+            }
+        }
     }
     let bad: u64 = r.modes.iter().map(|m| m.missing + m.wrong).sum();
     if bad > 0 {

@@ -79,3 +79,65 @@ fn bench_cluster_at_four_nodes_loses_nothing_and_reports_each_mode() {
     let left = String::from_utf8_lossy(&ns.stdout).into_owned();
     assert!(!left.contains("-node1"), "namespaces left: {left}");
 }
+
+/// `bench cluster --stage-in` at N = 4: the shared system serves the inputs about once by
+/// fan-out (about N times when each node reads), every node's copy matches the inputs
+/// (checksums, sizes, mtimes) through its mount, the buffers hold them clean (nothing dirty,
+/// nothing to drain), and the inputs in the shared system are unchanged afterwards.
+#[test]
+fn bench_cluster_stage_in_fans_out_reading_the_inputs_once() {
+    if !common::root_with_fuse() {
+        eprintln!("SKIP: needs root and /dev/fuse");
+        return;
+    }
+    assert!(
+        std::path::Path::new("/usr/sbin/mfsmaster").exists(),
+        "the MooseFS packages are missing: apt-get install moosefs-master moosefs-chunkserver moosefs-client"
+    );
+    let root = tempfile::Builder::new()
+        .prefix("ts-bench-stagein-")
+        .tempdir_in("/var/lib")
+        .expect("root");
+    let t = std::time::Instant::now();
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "cluster",
+            "--stage-in",
+            "--nodes",
+            "4",
+            "--input-files",
+            "3",
+            "--input-size",
+            "8M",
+            "--json",
+            "--root",
+        ])
+        .arg(root.path())
+        .output()
+        .expect("run bench cluster --stage-in");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(t.elapsed().as_secs() < 120, "took {:?}", t.elapsed());
+    let r: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let si = &r["stage_in"];
+    assert_eq!(si["input_bytes"], 3 * 8 << 20, "{out}");
+    let modes = si["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 2, "{out}");
+    for m in modes {
+        assert_eq!(m["nodes_identical"], 4, "{m}");
+        assert_eq!(m["dirty_bytes"], 0, "{m}");
+        assert_eq!(m["pending_ops"], 0, "{m}");
+        assert_eq!(m["inputs_unchanged"], true, "{m}");
+        assert_eq!(m["fell_back"], 0, "{m}");
+    }
+    let x = |m: &serde_json::Value| m["sent_x_inputs"].as_f64().expect("sent_x_inputs");
+    // Each node reading: about 4x; fan-out: about 1x (TCP headers, MooseFS' own traffic).
+    assert!(x(&modes[0]) > 3.5, "{out}");
+    assert!(x(&modes[1]) > 0.95 && x(&modes[1]) < 1.3, "{out}");
+    assert_eq!(modes[1]["nodes_from_shared"], 3 * 8 << 20, "{out}");
+}
