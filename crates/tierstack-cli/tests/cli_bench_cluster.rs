@@ -125,7 +125,7 @@ fn bench_cluster_stage_in_fans_out_reading_the_inputs_once() {
     assert!(t.elapsed().as_secs() < 120, "took {:?}", t.elapsed());
     let r: serde_json::Value = serde_json::from_str(&out).expect("json");
     let si = &r["stage_in"];
-    assert_eq!(si["input_bytes"], 3 * 8 << 20, "{out}");
+    assert_eq!(si["input_bytes"], 3 * (8 << 20), "{out}");
     let modes = si["modes"].as_array().expect("modes");
     assert_eq!(modes.len(), 2, "{out}");
     for m in modes {
@@ -139,5 +139,5 @@ fn bench_cluster_stage_in_fans_out_reading_the_inputs_once() {
     // Each node reading: about 4x; fan-out: about 1x (TCP headers, MooseFS' own traffic).
     assert!(x(&modes[0]) > 3.5, "{out}");
     assert!(x(&modes[1]) > 0.95 && x(&modes[1]) < 1.3, "{out}");
-    assert_eq!(modes[1]["nodes_from_shared"], 3 * 8 << 20, "{out}");
+    assert_eq!(modes[1]["nodes_from_shared"], 3 * (8 << 20), "{out}");
 }
