@@ -98,7 +98,10 @@ pub fn bench(a: BenchClusterArgs) -> Result<()> {
     }
     if let Some(si) = &r.stage_in {
         for m in &si.modes {
-            if m.nodes_identical != r.nodes || m.dirty_bytes + m.pending_ops > 0 || !m.inputs_unchanged {
+            if m.nodes_identical != r.nodes
+                || m.dirty_bytes + m.pending_ops > 0
+                || !m.inputs_unchanged
+            {
                 anyhow::bail!(
                     "stage-in ({}): {} of {} nodes' copies match the inputs, {} dirty bytes and {} pending operations in the buffers, inputs in the shared system {}: see the logs under the test bed's root (--keep)",
                     m.mode,

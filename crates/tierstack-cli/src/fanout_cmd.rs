@@ -58,7 +58,16 @@ fn mount_holding(p: &Path) -> Option<PathBuf> {
 
 /// File systems a site shares between nodes: a fan-out's copy must not go there.
 const SHARED_FS: &[&str] = &[
-    "fuse", "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "ceph", "beegfs", "glusterfs",
+    "fuse",
+    "nfs",
+    "nfs4",
+    "lustre",
+    "gpfs",
+    "cifs",
+    "smb3",
+    "ceph",
+    "beegfs",
+    "glusterfs",
 ];
 
 pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()> {
@@ -76,9 +85,10 @@ pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()
             .map(|h| h.trim().to_string())
             .context("cannot read this node's host name: give --fanout-me")?,
     };
-    let Some(me) = nodes.iter().position(|n| {
-        n == &me_name || n.rsplit_once(':').is_some_and(|(h, _)| h == me_name)
-    }) else {
+    let Some(me) = nodes
+        .iter()
+        .position(|n| n == &me_name || n.rsplit_once(':').is_some_and(|(h, _)| h == me_name))
+    else {
         usage_bail!(
             "this node ({me_name}) is not in --fanout {}: give --fanout-me with its name there",
             nodes.join(",")
@@ -94,7 +104,10 @@ pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()
     let st = tierstack_fs::mount::status(&mnt)
         .with_context(|| format!("cannot ask the mount at {} for its BACKING", mnt.display()))?;
     let kind = tierstack_common::mounts::fs_type_of(&st.backing).unwrap_or_default();
-    if SHARED_FS.iter().any(|s| kind == *s || kind.starts_with("fuse.")) {
+    if SHARED_FS
+        .iter()
+        .any(|s| kind == *s || kind.starts_with("fuse."))
+    {
         usage_bail!(
             "the buffer at {} is over {} ({kind}), a shared file system: --fanout copies into BACKING, so it needs a node-local BACKING (a node_local buffer without stage_out=); stage in without --fanout",
             mnt.display(),

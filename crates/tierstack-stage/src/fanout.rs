@@ -133,9 +133,10 @@ fn refused(msg: String) -> StageError {
 /// The address of node `i`: its entry with `:PORT`, else with `port`.
 fn addr_of(spec: &FanoutSpec, i: usize) -> Result<SocketAddr, StageError> {
     let name = &spec.nodes[i];
-    let with_port = if name.rsplit_once(':').is_some_and(|(h, p)| {
-        !h.is_empty() && !h.ends_with(':') && p.parse::<u16>().is_ok()
-    }) {
+    let with_port = if name
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && !h.ends_with(':') && p.parse::<u16>().is_ok())
+    {
         name.clone()
     } else {
         format!("{name}:{}", spec.port)
@@ -163,7 +164,11 @@ fn fanout_plan(src: &Path, dst: &Path) -> Result<Plan, StageError> {
                 .first()
                 .map(|h| (h.file.src.clone(), "a hard link"))
         })
-        .or_else(|| plan.specials.first().map(|s| (s.src.clone(), s.kind.name())));
+        .or_else(|| {
+            plan.specials
+                .first()
+                .map(|s| (s.src.clone(), s.kind.name()))
+        });
     if let Some((p, what)) = other {
         return Err(refused(format!(
             "stage --fanout copies folders and regular files only, and {} is {what}: stage these inputs without --fanout",
@@ -323,9 +328,7 @@ fn forward(children: &mut Vec<Child>, buf: &[u8], report: &mut FanoutReport) {
             true
         }
         Err(e) => {
-            report
-                .children_dropped
-                .push(format!("{}: {e}", c.name));
+            report.children_dropped.push(format!("{}: {e}", c.name));
             false
         }
     });
@@ -528,7 +531,13 @@ pub fn run(spec: &FanoutSpec) -> Result<FanoutReport, StageError> {
     let mut buf = vec![0u8; CHUNK];
     let mut sums = Vec::with_capacity(plan.files.len());
     for job in &plan.files {
-        sums.push(copy_one(job, &mut source, &mut feed, &mut report, &mut buf)?);
+        sums.push(copy_one(
+            job,
+            &mut source,
+            &mut feed,
+            &mut report,
+            &mut buf,
+        )?);
     }
     for c in &feed {
         let _ = c.sock.shutdown(std::net::Shutdown::Write);
@@ -663,7 +672,10 @@ mod tests {
                 fs::metadata(src.join("a")).expect("meta").modified().ok()
             );
         }
-        assert_eq!(rs[0].children_served, vec![format!("127.0.0.1:{}", ports[1])]);
+        assert_eq!(
+            rs[0].children_served,
+            vec![format!("127.0.0.1:{}", ports[1])]
+        );
     }
 
     #[test]

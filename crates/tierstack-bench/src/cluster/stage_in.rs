@@ -261,7 +261,15 @@ pub fn table(s: &StageInReport) -> String {
     );
     t += &format!(
         "{:<20} {:>10} {:>14} {:>8} {:>14} {:>8} {:>10} {:>6} {:>9}\n",
-        "mode", "stage-in s", "shared sent", "x inputs", "disk read", "x inputs", "identical", "dirty", "inputs"
+        "mode",
+        "stage-in s",
+        "shared sent",
+        "x inputs",
+        "disk read",
+        "x inputs",
+        "identical",
+        "dirty",
+        "inputs"
     );
     for m in &s.modes {
         t += &format!(
@@ -274,7 +282,11 @@ pub fn table(s: &StageInReport) -> String {
             m.disk_read_x_inputs,
             m.nodes_identical,
             m.dirty_bytes + m.pending_ops,
-            if m.inputs_unchanged { "unchanged" } else { "CHANGED" }
+            if m.inputs_unchanged {
+                "unchanged"
+            } else {
+                "CHANGED"
+            }
         );
     }
     t
