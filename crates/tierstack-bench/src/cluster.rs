@@ -275,15 +275,19 @@ impl Bed {
     }
 
     fn disk_written(&self) -> u64 {
+        self.io_stat("TESTBED_IO_WRITE_BYTES")
+    }
+
+    /// One counter of the test bed's `io-stats` (lines KEY=VALUE; 0 when it cannot tell).
+    fn io_stat(&self, key: &str) -> u64 {
         let root = self.root_arg();
         let Ok(o) = self.run("io-stats", &["io-stats", "--root", &root]) else {
             return 0;
         };
-        // Lines KEY=VALUE; TESTBED_IO_WRITE_BYTES is the chunkservers' disks' total.
         String::from_utf8_lossy(&o.stdout)
             .lines()
             .filter_map(|l| l.split_once('='))
-            .filter(|(k, _)| *k == "TESTBED_IO_WRITE_BYTES")
+            .filter(|(k, _)| *k == key)
             .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
             .next()
             .unwrap_or(0)

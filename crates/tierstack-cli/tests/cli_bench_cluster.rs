@@ -8,20 +8,30 @@ use std::process::Command;
 
 use common::BIN;
 
-#[test]
-fn bench_cluster_at_four_nodes_loses_nothing_and_reports_each_mode() {
+/// A folder for the test bed's root, or None (SKIP printed) without root or /dev/fuse; fails
+/// with what to install where MooseFS is missing.
+fn bed_root(prefix: &str) -> Option<tempfile::TempDir> {
     if !common::root_with_fuse() {
         eprintln!("SKIP: needs root and /dev/fuse");
-        return;
+        return None;
     }
     assert!(
         std::path::Path::new("/usr/sbin/mfsmaster").exists(),
         "the MooseFS packages are missing: apt-get install moosefs-master moosefs-chunkserver moosefs-client"
     );
-    let root = tempfile::Builder::new()
-        .prefix("ts-bench-cluster-")
-        .tempdir_in("/var/lib")
-        .expect("root");
+    Some(
+        tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in("/var/lib")
+            .expect("root"),
+    )
+}
+
+#[test]
+fn bench_cluster_at_four_nodes_loses_nothing_and_reports_each_mode() {
+    let Some(root) = bed_root("ts-bench-cluster-") else {
+        return;
+    };
     let o = Command::new(BIN)
         .args([
             "bench",
@@ -86,18 +96,9 @@ fn bench_cluster_at_four_nodes_loses_nothing_and_reports_each_mode() {
 /// nothing to drain), and the inputs in the shared system are unchanged afterwards.
 #[test]
 fn bench_cluster_stage_in_fans_out_reading_the_inputs_once() {
-    if !common::root_with_fuse() {
-        eprintln!("SKIP: needs root and /dev/fuse");
+    let Some(root) = bed_root("ts-bench-stagein-") else {
         return;
-    }
-    assert!(
-        std::path::Path::new("/usr/sbin/mfsmaster").exists(),
-        "the MooseFS packages are missing: apt-get install moosefs-master moosefs-chunkserver moosefs-client"
-    );
-    let root = tempfile::Builder::new()
-        .prefix("ts-bench-stagein-")
-        .tempdir_in("/var/lib")
-        .expect("root");
+    };
     let t = std::time::Instant::now();
     let o = Command::new(BIN)
         .args([

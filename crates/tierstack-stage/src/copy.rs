@@ -148,6 +148,19 @@ pub(super) fn copy_file(
     cancel: &AtomicBool,
 ) -> Result<Scan, StageError> {
     let src = File::open(&job.src).map_err(io_err("open", &job.src))?;
+    let (out, tmp, guard) = create_tmp(job)?;
+    let copied = scan(&src, &job.src, "read", hash, progress, cancel, |off, b| {
+        Ok(out.write_all_at(b, off).map_err(io_err("write", &tmp))?)
+    })?;
+    // The size, so that trailing holes (and a source that shrank) read as zeros.
+    out.set_len(copied.size)
+        .map_err(io_err("set the size of", &tmp))?;
+    finish_tmp(out, &tmp, guard, job)?;
+    Ok(copied)
+}
+
+/// A new temporary file next to `job.dst` (removed when the guard drops).
+pub(super) fn create_tmp(job: &FileJob) -> Result<(File, PathBuf, TmpGuard), StageError> {
     let tmp = tmp_name(&job.dst);
     let out = OpenOptions::new()
         .write(true)
@@ -155,24 +168,29 @@ pub(super) fn copy_file(
         .mode(0o600)
         .open(&tmp)
         .map_err(io_err("create", &tmp))?;
-    let mut guard = TmpGuard(Some(tmp.clone()));
-    let copied = scan(&src, &job.src, "read", hash, progress, cancel, |off, b| {
-        Ok(out.write_all_at(b, off).map_err(io_err("write", &tmp))?)
-    })?;
-    // The size, so that trailing holes (and a source that shrank) read as zeros.
-    out.set_len(copied.size)
-        .map_err(io_err("set the size of", &tmp))?;
+    let guard = TmpGuard(Some(tmp.clone()));
+    Ok((out, tmp, guard))
+}
+
+/// Gives the temporary copy the source's mode and modification time, fsyncs it and renames
+/// it into place.
+pub(super) fn finish_tmp(
+    out: File,
+    tmp: &Path,
+    mut guard: TmpGuard,
+    job: &FileJob,
+) -> Result<(), StageError> {
     out.set_permissions(fs::Permissions::from_mode(job.mode))
-        .map_err(io_err("set the mode of", &tmp))?;
+        .map_err(io_err("set the mode of", tmp))?;
     if let Some(t) = job.mtime {
         out.set_modified(t)
-            .map_err(io_err("set the modification time of", &tmp))?;
+            .map_err(io_err("set the modification time of", tmp))?;
     }
-    out.sync_all().map_err(io_err("fsync", &tmp))?;
+    out.sync_all().map_err(io_err("fsync", tmp))?;
     drop(out);
-    fs::rename(&tmp, &job.dst).map_err(io_err("rename into place", &job.dst))?;
+    fs::rename(tmp, &job.dst).map_err(io_err("rename into place", &job.dst))?;
     guard.0 = None;
-    Ok(copied)
+    Ok(())
 }
 
 /// Reads the data regions of `path` (holes hashed as zeros, not read); returns (bytes read,

@@ -25,16 +25,17 @@
 //! it), every copy is read back there once and its checksum compared: the mount then holds the
 //! inputs as clean cache of files already in its BACKING, so they are never drained anywhere.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::{io_err, plan_paths, tmp_name, FileJob, Plan, StageError, TmpGuard, CHUNK};
+use super::copy::{create_tmp, finish_tmp};
+use super::{io_err, plan_paths, FileJob, Plan, StageError, CHUNK};
 
 /// First bytes of a child's hello.
 const HELLO: &[u8; 8] = b"TSFANO1\n";
@@ -381,14 +382,7 @@ fn copy_one(
     report: &mut FanoutReport,
     buf: &mut [u8],
 ) -> Result<u64, StageError> {
-    let tmp = tmp_name(&job.dst);
-    let out = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io_err("create", &tmp))?;
-    let mut guard = TmpGuard(Some(tmp.clone()));
+    let (out, tmp, guard) = create_tmp(job)?;
     let mut src: Option<File> = None;
     let mut h = Xxh3::new();
     let mut off = 0u64;
@@ -440,16 +434,7 @@ fn copy_one(
         }
     }
     forward(children, &mine.to_le_bytes(), report);
-    out.set_permissions(fs::Permissions::from_mode(job.mode))
-        .map_err(io_err("set the mode of", &tmp))?;
-    if let Some(t) = job.mtime {
-        out.set_modified(t)
-            .map_err(io_err("set the modification time of", &tmp))?;
-    }
-    out.sync_all().map_err(io_err("fsync", &tmp))?;
-    drop(out);
-    fs::rename(&tmp, &job.dst).map_err(io_err("rename into place", &job.dst))?;
-    guard.0 = None;
+    finish_tmp(out, &tmp, guard, job)?;
     report.files += 1;
     report.bytes += job.len;
     Ok(mine)

@@ -110,20 +110,6 @@ fn read_json(path: &std::path::Path) -> Result<serde_json::Value, ClusterError> 
         .ok_or_else(|| step_err(format!("reading {}", path.display()), "no result"))
 }
 
-fn io_stat(bed: &Bed, key: &str) -> u64 {
-    let root = bed.root_arg();
-    let Ok(o) = bed.run("io-stats", &["io-stats", "--root", &root]) else {
-        return 0;
-    };
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .filter(|(k, _)| *k == key)
-        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
-        .next()
-        .unwrap_or(0)
-}
-
 /// Runs both ways on a test bed that is up.
 pub(super) fn run(
     bed: &Bed,
@@ -165,8 +151,8 @@ pub(super) fn run(
         )?;
         bed.run("dropping caches", &["drop-caches", "--root", &broot])?;
         let (sent0, read0) = (
-            io_stat(bed, "TESTBED_IO_SENT_BYTES"),
-            io_stat(bed, "TESTBED_IO_READ_BYTES"),
+            bed.io_stat("TESTBED_IO_SENT_BYTES"),
+            bed.io_stat("TESTBED_IO_READ_BYTES"),
         );
         let t = Instant::now();
         bed.exec(
@@ -177,8 +163,8 @@ pub(super) fn run(
             ),
         )?;
         let stage_in_s = t.elapsed().as_secs_f64();
-        let sent = io_stat(bed, "TESTBED_IO_SENT_BYTES").saturating_sub(sent0);
-        let read = io_stat(bed, "TESTBED_IO_READ_BYTES").saturating_sub(read0);
+        let sent = bed.io_stat("TESTBED_IO_SENT_BYTES").saturating_sub(sent0);
+        let read = bed.io_stat("TESTBED_IO_READ_BYTES").saturating_sub(read0);
         // Each node's copy as its buffer shows it, and the buffer's state.
         bed.exec(
             "checking every node's copy through its mount",
