@@ -104,7 +104,8 @@ pub struct FanoutReport {
     pub files: u64,
     /// Their bytes.
     pub bytes: u64,
-    /// Bytes received from the parent.
+    /// Bytes received from the parent (a file whose checksum differed counts, and is read
+    /// again from the shared file system).
     pub from_parent: u64,
     /// Bytes read from the shared file system.
     pub from_shared: u64,
@@ -683,6 +684,79 @@ mod tests {
             fs::read(t.path().join("dst2/sub/big")).expect("read"),
             fs::read(src.join("sub/big")).expect("read")
         );
+    }
+
+    /// A parent that answers the hello, sends `payload`, then closes (or, with `stall`,
+    /// keeps the connection open and silent for `stall` first).
+    fn fake_parent(
+        port: u16,
+        payload: Vec<u8>,
+        stall: Option<Duration>,
+    ) -> std::thread::JoinHandle<()> {
+        let l = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            let mut hello = [0u8; 24];
+            s.read_exact(&mut hello).expect("hello");
+            s.write_all(&[1]).expect("answer");
+            let _ = s.write_all(&payload);
+            if let Some(d) = stall {
+                std::thread::sleep(d);
+            }
+        })
+    }
+
+    #[test]
+    fn a_parent_that_dies_stalls_or_garbles_mid_stream_is_left_for_the_shared_system() {
+        let t = tempfile::tempdir().expect("tmp");
+        let src = inputs(t.path());
+        // What a good parent sends (files sorted: a, empty, sub/big), cut in the middle of
+        // sub/big.
+        let mut good = Vec::new();
+        for f in ["a", "empty"] {
+            let b = fs::read(src.join(f)).expect("read");
+            good.extend_from_slice(&b);
+            good.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&b).to_le_bytes());
+        }
+        let cut = good.len() + CHUNK + 100;
+        good.extend_from_slice(&fs::read(src.join("sub/big")).expect("read"));
+        good.truncate(cut);
+        let cases = [
+            ("dies", good.clone(), None, CHUNK as u64 + 5),
+            (
+                "stalls",
+                good,
+                Some(Duration::from_secs(6)),
+                CHUNK as u64 + 5,
+            ),
+            // The 5 garbled bytes of `a` were received (counted), then `a` read again.
+            ("garbles", vec![0xAA; CHUNK], None, 5),
+        ];
+        for (what, payload, stall, from_parent) in cases {
+            let ports = free_ports(2);
+            let parent = fake_parent(ports[0], payload, stall);
+            let dst = t.path().join(format!("dst-{what}"));
+            let s1 = spec(&src, &dst, 1, &ports, 1);
+            let t0 = Instant::now();
+            let r = run(&s1).expect("node 1");
+            // Bound: a stall is noticed after timeout x (height + 1) = 2 s.
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "{what}: {:?}",
+                t0.elapsed()
+            );
+            assert!(r.fell_back.is_some(), "{what}: {r:?}");
+            // Whole chunks from the parent are kept; a partial chunk is read again.
+            assert_eq!(r.from_parent, from_parent, "{what}: {r:?}");
+            for f in ["a", "empty", "sub/big"] {
+                assert_eq!(
+                    fs::read(dst.join(f)).expect("read"),
+                    fs::read(src.join(f)).expect("read"),
+                    "{f} when the parent {what}"
+                );
+            }
+            let _ = parent.join();
+        }
     }
 
     #[test]
