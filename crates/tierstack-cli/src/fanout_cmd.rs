@@ -36,19 +36,22 @@ pub struct FanoutArgs {
     pub fanout_timeout: String,
 }
 
-/// The tierstack mount that holds `p` (its mount point), found in this namespace's mounts.
-fn mount_holding(p: &Path) -> Option<PathBuf> {
-    // The deepest part of `p` that exists, canonical.
+/// `p` with its deepest existing part made canonical (the rest, not yet made, joined on).
+fn real_path(p: &Path) -> Option<PathBuf> {
     let mut at = p.to_path_buf();
     let mut rest = PathBuf::new();
-    let real = loop {
+    loop {
         if let Ok(c) = std::fs::canonicalize(&at) {
-            break c.join(&rest);
+            return Some(c.join(&rest));
         }
         let name = at.file_name()?.to_owned();
         rest = Path::new(&name).join(&rest);
         at = at.parent()?.to_path_buf();
-    };
+    }
+}
+
+/// The tierstack mount that holds `real` (a canonical path): its mount point.
+fn mount_holding(real: &Path) -> Option<PathBuf> {
     tierstack_common::mounts::mounts()
         .into_iter()
         .filter(|m| m.source.starts_with("tierstack:") && real.starts_with(&m.point))
@@ -95,7 +98,8 @@ pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()
         );
     };
     let dst_abs = std::path::absolute(dst).context("cannot make DST absolute")?;
-    let Some(mnt) = mount_holding(&dst_abs) else {
+    let real_dst = real_path(&dst_abs).unwrap_or(dst_abs);
+    let Some(mnt) = mount_holding(&real_dst) else {
         usage_bail!(
             "{} is not inside a tierstack mount: --fanout stages into a node-local buffer; give a path under its mount point",
             dst.display()
@@ -114,14 +118,8 @@ pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()
             st.backing.display()
         );
     }
-    let canon_mnt = std::fs::canonicalize(&mnt).unwrap_or(mnt.clone());
-    let real_dst = match std::fs::canonicalize(&dst_abs) {
-        Ok(c) => c,
-        Err(_) => std::fs::canonicalize(dst_abs.parent().unwrap_or(Path::new("/")))
-            .unwrap_or_default()
-            .join(dst_abs.file_name().unwrap_or_default()),
-    };
-    let rel = real_dst.strip_prefix(&canon_mnt).unwrap_or(Path::new(""));
+    // The mount point as mountinfo names it is canonical already.
+    let rel = real_dst.strip_prefix(&mnt).unwrap_or(Path::new(""));
     let mut into = st.backing.join(rel).into_os_string();
     if dst.as_os_str().as_encoded_bytes().last() == Some(&b'/') {
         into.push("/");
