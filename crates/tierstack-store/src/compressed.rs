@@ -945,6 +945,31 @@ mod tests {
         assert!(!t.state.read().blocks.map.contains_key(&(6, 2)));
     }
 
+    /// A loop that sweeps twice as many pages as the arena holds, reading each page and
+    /// writing it back changed: with every newcomer evicting the oldest page, no read would
+    /// ever find its page here; letting one newcomer in [`ADMIT_WHEN_FULL`] in keeps most of
+    /// the arena across sweeps, and each later sweep finds a good share of its pages here.
+    #[test]
+    fn a_sweep_larger_than_the_arena_still_finds_pages_here() {
+        // Each page takes a 64-byte block: the arena holds 256 of them.
+        let (t, _b) = tier(256 * 64);
+        let n = 512u64;
+        for i in 0..n {
+            t.put((7, i), &word_page(i)).expect("put");
+        }
+        let hits0 = t.counters.hits.load(Relaxed);
+        for round in 1..4u64 {
+            for i in 0..n {
+                let v = t.get((7, i)).expect("get").expect("page");
+                assert_eq!(v, word_page(i + (round - 1) * 1000), "page {i}");
+                t.put((7, i), &word_page(i + round * 1000)).expect("put");
+            }
+        }
+        let hits = t.counters.hits.load(Relaxed) - hits0;
+        assert!(hits >= 3 * n / 4, "{hits} hits of {} reads", 3 * n);
+        assert!(admits_when_full(0) && !admits_when_full(1) && admits_when_full(ADMIT_WHEN_FULL));
+    }
+
     #[test]
     fn the_keep_limit_is_the_largest_block_kept() {
         assert_eq!(keep_limit(4096), 2048);
