@@ -14,6 +14,7 @@ pub mod plot;
 pub mod program;
 pub mod table;
 pub mod vram;
+pub mod zswap;
 
 pub use error::BenchError;
 pub use tierstack_common::{fmt_size, parse_size, SizeError};

@@ -292,6 +292,14 @@ pub struct MemReport {
     /// The tierstack engine's pager during the timed phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pager: Option<PagerPhase>,
+    /// The worker's peak resident memory (`VmHWM`): the map's resident pages, and for the
+    /// tierstack engine its index, buffers, arena and threads too.
+    #[serde(default)]
+    pub peak_rss_bytes: u64,
+    /// Kernel swap with zswap: the largest zswap pool seen (memory outside the process,
+    /// taken off the group's limit: [`crate::zswap::PoolCharge`]).
+    #[serde(default)]
+    pub zswap_pool_bytes: u64,
     /// What the tierstack engine was built as: the same description `tierstack run`
     /// publishes for each paged process (`run --stats --json`, "engine").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -523,6 +531,11 @@ pub fn run_worker(spec: &WorkerSpec) -> Result<MemReport, BenchError> {
         write_mean_us: us(wh.mean()),
         bands,
         pager,
+        peak_rss_bytes: std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| crate::zswap::field_kb(&s, "VmHWM:"))
+            .map_or(0, |kb| kb * 1024),
+        zswap_pool_bytes: 0,
         engine_config: match &backing {
             Backing::Tierstack { config, .. } => config.clone(),
             Backing::Plain(_) => None,
@@ -700,6 +713,10 @@ pub fn run_engine(
         o => return Err(BenchError::UnknownEngine(o.to_string())),
     };
     let json = serde_json::to_string(&spec).map_err(BenchError::Spec)?;
+    let mut charge = _setup
+        .as_ref()
+        .and_then(|s| s.cgroup())
+        .and_then(|cg| crate::zswap::PoolCharge::new(cg, dram));
     let mut child = Command::new(exe)
         .args(["bench", "mem-worker", &json])
         .stdout(std::process::Stdio::piped())
@@ -718,7 +735,12 @@ pub fn run_engine(
         }
         match child.try_wait() {
             Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Ok(None) if Instant::now() < deadline => {
+                if let Some(c) = charge.as_mut() {
+                    c.tick();
+                }
+                std::thread::sleep(Duration::from_millis(50))
+            }
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -738,6 +760,7 @@ pub fn run_engine(
     let mut r: MemReport = serde_json::from_slice(&out.stdout).map_err(BenchError::WorkerOutput)?;
     r.engine = engine.to_string();
     r.dram_bytes = if engine == "dram" { 0 } else { dram };
+    r.zswap_pool_bytes = charge.map_or(0, |c| c.peak_pool());
     Ok(r)
 }
 
@@ -760,6 +783,16 @@ pub fn render(r: &MemReport) -> String {
         r.read_mean_us,
         r.write_mean_us
     );
+    if r.peak_rss_bytes > 0 {
+        out += &format!("  peak RSS {}", crate::fmt_size(r.peak_rss_bytes));
+        if r.zswap_pool_bytes > 0 {
+            out += &format!(
+                " + zswap pool {} (taken off the group's limit)",
+                crate::fmt_size(r.zswap_pool_bytes)
+            );
+        }
+        out += "\n";
+    }
     if let Some(c) = &r.engine_config {
         let mut departs = Vec::new();
         if c.page != tierstack_mem::setup::DEFAULT_PAGE {

@@ -405,6 +405,8 @@ mod tests {
                 })
                 .collect(),
             pager: None,
+            peak_rss_bytes: 0,
+            zswap_pool_bytes: 0,
             engine_config: None,
         }
     }

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::mem::{cancelled, kernel_swap_setup};
+use crate::zswap::field_kb;
 use crate::BenchError;
 
 /// What to run and with what memory.
@@ -130,6 +131,12 @@ pub fn run_program(
         .map(|cg| cg.join("memory.oom_control"))
         .filter(|p| p.exists());
     let mut oom_since: Option<Instant> = None;
+    // With zswap on, the group's limit gives up what the pool holds (cgroup v1 does not
+    // charge it): both sides then hold the same memory.
+    let mut charge = setup
+        .as_ref()
+        .and_then(|s| s.cgroup())
+        .and_then(|cg| crate::zswap::PoolCharge::new(cg, limit));
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -155,6 +162,9 @@ pub fn run_program(
             });
         }
         seen.sample(child.id(), swapfile.as_deref());
+        if let Some(c) = charge.as_mut() {
+            c.tick();
+        }
         let oom = oom_control
             .as_deref()
             .and_then(|p| std::fs::read_to_string(p).ok())
@@ -400,14 +410,6 @@ impl Sampled {
             }
         }
     }
-}
-
-/// A `Name:   N kB` field of /proc/PID/status or /proc/meminfo, in KiB.
-fn field_kb(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// Bytes used of `file` in a /proc/swaps table (`Filename Type Size Used Priority`, KiB).

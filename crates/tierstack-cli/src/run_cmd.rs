@@ -21,10 +21,11 @@ use tierstack_common::env;
 #[derive(Args)]
 pub struct RunArgs {
     /// DRAM tierstack may use per process: resident pages of the large allocations, the store's
-    /// DRAM tier, the array's I/O buffers and its index (about 15 to 25 MiB per GiB paged out
-    /// with 4K pages; it takes at most three quarters of the pages' share), together. Peak
-    /// RSS stays within this plus a fixed 192 MiB allowance for the program's smaller
-    /// allocations and code and tierstack's threads; `run` warns when it does not.
+    /// DRAM tier, the compressed arena, the array's I/O buffers and its index (about 15 to 25
+    /// MiB per GiB paged out with 4K pages; it takes at most three quarters of the pages'
+    /// share) and 1 MiB per tierstack thread, together. Peak RSS stays within this plus the
+    /// program's own smaller allocations and code (measured: plus at most 16 MiB more from 32M
+    /// to 1G); `run` warns past a fixed 192 MiB allowance.
     #[arg(long)]
     pub dram: String,
     /// Page to this existing array (its descriptor) instead of file drives in --dir.
@@ -65,11 +66,13 @@ pub struct RunArgs {
     /// The GPU of --vram (0 is the first; `tierstack doctor` lists them).
     #[arg(long, default_value_t = 0, requires = "vram")]
     pub gpu: u32,
-    /// No compressed tier. By default pages that leave DRAM and compress to a quarter or less
-    /// (LZ4: zero-filled, sparse or repetitive memory) stay in process memory compressed, as
-    /// zswap keeps swapped pages, in an arena of up to a quarter of --dram and within it (the
-    /// part written leaves less for resident pages); other pages go to the drives as they are,
-    /// and a working set of such pages soon stops being tried (1 to 6 µs of CPU a page).
+    /// No compressed tier. By default pages that leave DRAM and compress 2:1 or better (LZ4,
+    /// else zstd level 1: zero-filled, sparse or repetitive memory, arrays of floats) stay in
+    /// process memory compressed, as zswap keeps swapped pages, in an arena of up to three
+    /// quarters of --dram and within it (the part written leaves less for resident pages); a
+    /// page dropped unchanged leaves a compressed copy there too; other pages go to the drives
+    /// as they are, and a working set of such pages soon stops being tried (5 to 15 µs of CPU
+    /// a page).
     #[arg(long)]
     pub no_compress: bool,
     /// The program and its arguments.
@@ -281,9 +284,20 @@ pub fn run(a: RunArgs) -> Result<()> {
             eprintln!("tierstack: warning: {e}; the run goes on without metrics");
         }
     }
+    // Where the program's memory is (its smaps, sampled; only for --stats and --json).
+    let sampler = (a.stats || a.json)
+        .then(|| tierstack_node::footprint::Sampler::start(child.id(), FOOTPRINT_EVERY));
     let (code, max_rss) = wait_child(child.id())?;
+    let footprint = sampler.map(|s| s.finish()).unwrap_or_default();
     let st = tierstack_node::runs::run_counters(&run_dir.0);
-    report_run(&a, &st, sizes.dram, vram.is_some(), code, max_rss);
+    report_run(
+        &a,
+        &st,
+        sizes.dram,
+        vram.is_some(),
+        code,
+        (max_rss, footprint),
+    );
     drop(_reg);
     drop(run_dir);
     if code != 0 {
@@ -458,9 +472,19 @@ fn spawn_program(
 
 /// The end-of-run report on stderr: --stats, --json, and the warning when peak RSS passed
 /// --dram by more than the allowance.
-fn report_run(a: &RunArgs, st: &RunCounters, dram: u64, vram: bool, code: i32, max_rss: u64) {
+/// How often `run --stats`/`--json` samples the program's smaps for its footprint.
+const FOOTPRINT_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+fn report_run(
+    a: &RunArgs,
+    st: &RunCounters,
+    dram: u64,
+    vram: bool,
+    code: i32,
+    (max_rss, footprint): (u64, tierstack_node::footprint::Footprint),
+) {
     if a.stats {
-        eprintln!("{}", stats_line(st, max_rss, code));
+        eprintln!("{}", stats_line(st, max_rss, code, &footprint));
     }
     let allowance = RSS_ALLOWANCE + if vram { CUDA_ALLOWANCE } else { 0 };
     let over = max_rss.saturating_sub(dram + allowance);
@@ -484,6 +508,7 @@ fn report_run(a: &RunArgs, st: &RunCounters, dram: u64, vram: bool, code: i32, m
                 "store_fault_p99_us": st.fault_quantile_us(0.99),
                 "compressed_hits": g("compressed_hits"),
                 "compressed_bytes": g("compressed_bytes"),
+                "footprint": footprint,
                 "engine": st.engine,
             })
         );
@@ -552,8 +577,31 @@ pub const RSS_ALLOWANCE: u64 = 192 << 20;
 /// process's CUDA context (about 90 MiB measured on an H100 with driver 580).
 pub const CUDA_ALLOWANCE: u64 = 128 << 20;
 
+/// The footprint at the largest sample, as words of the stats line.
+fn footprint_words(fp: &tierstack_node::footprint::Footprint) -> String {
+    if fp.named {
+        format!(
+            "rss={} paged={} tierstack={} other={}",
+            fmt_size(fp.rss_bytes),
+            fmt_size(fp.paged_resident_bytes),
+            fmt_size(fp.tierstack_bytes),
+            fmt_size(fp.other_bytes)
+        )
+    } else {
+        format!(
+            "rss={} (no split: this kernel does not name mappings, CONFIG_ANON_VMA_NAME)",
+            fmt_size(fp.rss_bytes)
+        )
+    }
+}
+
 /// One line: the program's peak RSS and the sums of its processes' counters.
-fn stats_line(st: &RunCounters, peak_rss: u64, code: i32) -> String {
+fn stats_line(
+    st: &RunCounters,
+    peak_rss: u64,
+    code: i32,
+    fp: &tierstack_node::footprint::Footprint,
+) -> String {
     let procs = st.processes();
     let g = |k: &str| st.get(k);
     let q = |x: f64| {
@@ -561,7 +609,7 @@ fn stats_line(st: &RunCounters, peak_rss: u64, code: i32) -> String {
             .map_or("-".into(), |v| v.to_string())
     };
     format!(
-        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={} compressed_hits={} compressed={}",
+        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={} compressed_hits={} compressed={} at_peak: {}",
         fmt_size(peak_rss),
         fmt_size(st.budget),
         fmt_size(g("peak_resident")),
@@ -586,5 +634,6 @@ fn stats_line(st: &RunCounters, peak_rss: u64, code: i32) -> String {
         g("stolen"),
         g("compressed_hits"),
         fmt_size(g("compressed_bytes")),
+        footprint_words(fp),
     )
 }

@@ -901,3 +901,77 @@ fn bench_mem_measures_the_engine_run_builds() {
     assert_eq!(from_run["level"], 5, "{from_run}");
     assert_eq!(from_run["page"], 4096, "{from_run}");
 }
+
+/// Issue 41's footprint target: under `run --dram D`, the program's peak RSS is at most D plus
+/// its own unpaged memory (the same program allocating nothing, run plainly) plus 16 MiB, for
+/// D = 32M, 48M, 256M and 1G. The program pages a block 256 MiB larger than D (every page
+/// written, then read and rewritten once), so the budget is full and the store grows; once
+/// with pages that compress and once with pages that do not.
+#[test]
+fn peak_rss_is_the_budget_plus_unpaged_memory_plus_16_mib() {
+    let Some(Built {
+        _serial,
+        _tmp,
+        exe,
+        dir,
+    }) = build("gcc", "footprint.c", &[])
+    else {
+        return;
+    };
+    let prog = exe.to_str().expect("utf8");
+    // The program's own memory: run plainly, allocating nothing (its peak RSS from wait4).
+    let unpaged = plain_peak_rss(&[prog, "0", "0"]);
+    let mut report = Vec::new();
+    let budgets = [("32M", 32u64), ("48M", 48), ("256M", 256), ("1G", 1024)];
+    // Pages that compress (the arena fills) and pages that do not (the drives and the
+    // array's index fill).
+    for (fill, (dram, mib)) in budgets
+        .iter()
+        .map(|b| ("", *b))
+        .chain(budgets.iter().map(|b| ("random", *b)))
+    {
+        let block = (mib + 256).to_string();
+        let mut argv = vec!["--dram", dram, "--stats", "--", prog, &block, "1"];
+        if !fill.is_empty() {
+            argv.push(fill);
+        }
+        let r = run(&argv, &dir);
+        assert_eq!(r.code, 0, "--dram {dram}: {}\n{}", r.stdout, r.stderr);
+        assert!(r.stdout.starts_with("ok"), "{}", r.stdout);
+        assert!(
+            stat(&r.stderr, "evictions") > 0,
+            "nothing paged: {}",
+            r.stderr
+        );
+        let rss = peak_rss(&r.stderr);
+        let bound = (mib << 20) + unpaged + (16 << 20);
+        report.push(format!(
+            "--dram {dram} {fill}: peak RSS {} KiB (bound {} KiB)",
+            rss >> 10,
+            bound >> 10
+        ));
+        assert!(rss <= bound, "{report:?}\n{}", r.stderr);
+    }
+    eprintln!("unpaged {} KiB; {report:?}", unpaged >> 10);
+}
+
+/// Peak RSS of `argv` run plainly (no tierstack), in bytes: `ru_maxrss` from `wait4`.
+// The child is waited for with wait4 (for its rusage), which clippy cannot see.
+#[allow(clippy::zombie_processes)]
+fn plain_peak_rss(argv: &[&str]) -> u64 {
+    let child = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child (not waited for elsewhere: `child` is only dropped);
+    // both pointers are to live locals of the right types.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(r, pid, "wait4");
+    assert_eq!(status, 0, "{argv:?} failed");
+    ru.ru_maxrss as u64 * 1024
+}

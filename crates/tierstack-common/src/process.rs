@@ -41,3 +41,33 @@ mod tests {
         assert!(!alive(u32::MAX));
     }
 }
+
+/// Names of this process's anonymous mappings as `/proc/PID/maps` and `smaps` show them
+/// (`[anon:NAME]`): what tierstack maps in a paged process, so that its share of the memory
+/// can be told from the program's (`tierstack_node::footprint`).
+pub mod mapping_names {
+    /// The paged regions (the program's large allocations).
+    pub const PAGED: &std::ffi::CStr = c"tierstack-paged";
+    /// The compressed tier's arena.
+    pub const COMPRESSED: &std::ffi::CStr = c"tierstack-compressed";
+}
+
+/// Names the anonymous mapping `addr..addr + len` of this process `name`
+/// (`PR_SET_VMA_ANON_NAME`, Linux 5.17 and later). False where the kernel refuses (older
+/// kernels, or a range that is not anonymous memory); the mapping is unchanged then.
+pub fn name_mapping(addr: usize, len: usize, name: &std::ffi::CStr) -> bool {
+    /// `PR_SET_VMA` and `PR_SET_VMA_ANON_NAME` of Linux's `include/uapi/linux/prctl.h`.
+    const PR_SET_VMA: libc::c_int = 0x5356_4d41;
+    const PR_SET_VMA_ANON_NAME: libc::c_ulong = 0;
+    // SAFETY: naming changes no memory; the kernel checks the range and copies the
+    // NUL-terminated name.
+    unsafe {
+        libc::prctl(
+            PR_SET_VMA,
+            PR_SET_VMA_ANON_NAME,
+            addr as libc::c_ulong,
+            len as libc::c_ulong,
+            name.as_ptr() as libc::c_ulong,
+        ) == 0
+    }
+}

@@ -309,6 +309,48 @@ pub struct Db {
     pub conn: Connection,
     /// Since when a group transaction has been open (see [`Db::begin_group`]).
     group: Option<std::time::Instant>,
+    /// Where the database is (for [`Db::reader`]).
+    path: PathBuf,
+}
+
+/// A second connection to a mount's journal database, for `status` only: in WAL mode it
+/// reads the last committed state without waiting for the mount's connection (which the
+/// drainer and the committer hold while they work), so a Prometheus scrape of a busy mount
+/// does not queue behind them. What a group transaction has not committed yet (a few
+/// milliseconds of operations) is not counted.
+pub struct DbReader {
+    conn: Connection,
+}
+
+impl DbReader {
+    /// Rows in the journal (not counting the quarantine).
+    pub fn count_ops(&self) -> Result<u64> {
+        count_ops_on(&self.conn)
+    }
+
+    /// The quarantined rows, oldest first.
+    pub fn stuck(&self) -> Result<Vec<Stuck>> {
+        stuck_on(&self.conn)
+    }
+}
+
+fn count_ops_on(conn: &Connection) -> Result<u64> {
+    Ok(conn.query_row("SELECT COUNT(*) FROM journal", [], |r| r.get::<_, i64>(0))? as u64)
+}
+
+fn stuck_on(conn: &Connection) -> Result<Vec<Stuck>> {
+    let mut st =
+        conn.prepare_cached("SELECT seq, kind, ino, p1, p2, error, since FROM stuck ORDER BY seq")?;
+    let rows = st.query_map([], |r| {
+        let error = r.get::<_, Option<String>>(5)?.unwrap_or_default();
+        let since = r.get::<_, i64>(6)?;
+        Ok(Stuck {
+            op: jop_of(r, "stuck")?,
+            error,
+            since,
+        })
+    })?;
+    Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
 impl Db {
@@ -361,7 +403,20 @@ impl Db {
         if conn.prepare("SELECT extents FROM inodes LIMIT 0").is_err() {
             conn.execute_batch("ALTER TABLE inodes ADD COLUMN extents BLOB;")?;
         }
-        Ok(Db { conn, group: None })
+        Ok(Db {
+            conn,
+            group: None,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// A [`DbReader`] of this database (a connection of its own).
+    pub fn reader(&self) -> Result<DbReader> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        Ok(DbReader { conn })
     }
 
     /// What the journal at `path` says is still to reach BACKING, read without changing it
@@ -530,19 +585,7 @@ impl Db {
 
     /// The quarantined rows, oldest first.
     pub fn stuck(&self) -> Result<Vec<Stuck>> {
-        let mut st = self.conn.prepare_cached(
-            "SELECT seq, kind, ino, p1, p2, error, since FROM stuck ORDER BY seq",
-        )?;
-        let rows = st.query_map([], |r| {
-            let error = r.get::<_, Option<String>>(5)?.unwrap_or_default();
-            let since = r.get::<_, i64>(6)?;
-            Ok(Stuck {
-                op: jop_of(r, "stuck")?,
-                error,
-                since,
-            })
-        })?;
-        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+        stuck_on(&self.conn)
     }
 
     /// Moves every quarantined row back into the journal (at its old place in the order).
@@ -624,10 +667,7 @@ impl Db {
 
     /// Rows in the journal (not counting the quarantine).
     pub fn count_ops(&self) -> Result<u64> {
-        Ok(self
-            .conn
-            .query_row("SELECT COUNT(*) FROM journal", [], |r| r.get::<_, i64>(0))?
-            as u64)
+        count_ops_on(&self.conn)
     }
 
     /// Opens a group transaction unless one is open: the namespace operations that follow
@@ -875,5 +915,29 @@ mod tests {
             .map(|o| o.ino)
             .collect();
         assert_eq!(inos, [2, 5]);
+    }
+
+    /// `status`'s reader counts the committed rows while the mount's connection holds an
+    /// open group transaction (it does not wait for it), and the rows of that group once it
+    /// commits.
+    #[test]
+    fn the_reader_counts_committed_rows_without_waiting_for_a_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut db = Db::open(&dir.path().join("j.db")).expect("open");
+        db.begin_group().expect("begin");
+        db.in_savepoint(|tx| push_op(tx, OpKind::Create, 2, b"a", b""))
+            .expect("op");
+        db.commit_group().expect("commit");
+        let r = db.reader().expect("reader");
+        db.begin_group().expect("begin");
+        db.in_savepoint(|tx| push_op(tx, OpKind::Create, 3, b"b", b""))
+            .expect("op");
+        let t = std::time::Instant::now();
+        assert_eq!(r.count_ops().expect("count"), 1, "the open group is not counted");
+        assert!(r.stuck().expect("stuck").is_empty());
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "waited");
+        db.commit_group().expect("commit");
+        assert_eq!(r.count_ops().expect("count"), 2);
+        assert_eq!(db.count_ops().expect("count"), 2);
     }
 }

@@ -42,7 +42,8 @@ pub mod uffd;
 
 pub use cpu::register_current_thread;
 pub use pager::{
-    default_fault_threads, Pager, PagerOptions, PagerReport, Region, RegionOptions, Reporter,
+    default_fault_threads, pager_threads, Pager, PagerOptions, PagerReport, Region, RegionOptions,
+    Reporter,
 };
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

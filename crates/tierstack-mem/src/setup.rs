@@ -11,7 +11,7 @@
 //!   it too; the rest, at least four pages, is the budget of the regions' resident pages.
 //! - The compressed tier (`tierstack_store::CompressedTier`, on unless `--no-compress`): pages
 //!   the store's DRAM tier evicts stay in process memory LZ4-compressed when they compress to
-//!   a quarter or less, up to [`COMPRESSED_SHARE`] of `--dram`. What it holds is charged to the
+//!   half or less (by their arena block), up to [`COMPRESSED_SHARE`] of the resident budget. What it holds is charged to the
 //!   regions' budget as it grows (with the array's index), so an incompressible working set
 //!   leaves it empty and resident memory as large as without it.
 //! - Regions may commit half of the array's capacity (the log needs room to clean).
@@ -84,11 +84,18 @@ pub struct EngineConfig {
     /// budget as it fills); 0 with `--no-compress`.
     #[serde(default)]
     pub compressed_bytes: u64,
+    /// What `dram_bytes` reserves for the pager's threads ([`THREAD_BYTES`] each).
+    #[serde(default)]
+    pub threads_bytes: u64,
 }
 
-/// The share of `--dram` the compressed tier may grow to (the kernel's zswap defaults to 20 %
-/// of memory).
-pub const COMPRESSED_SHARE: u64 = 4;
+/// The compressed tier may grow to the resident pages' budget (what is left of `--dram` after
+/// the store's DRAM tier and the array's buffers) times this share (three quarters): it is
+/// charged to that budget as it fills, and it fills only with pages that leave DRAM while the working
+/// set overflows the budget, where a page kept at 2:1 costs a decompression instead of a drive
+/// read (`tierstack_store::compressed::keeps`). A quarter stays for resident pages whatever
+/// compresses: the pages a program is working on right now are read without a fault.
+pub const COMPRESSED_SHARE: (u64, u64) = (3, 4);
 
 /// The optional tiers of the paging store (`run --vram`, `--no-compress`): seed 000's GPU
 /// buffer in front of the swap RAID, the compressed tier of [`COMPRESSED_SHARE`] of `--dram`.
@@ -98,7 +105,12 @@ pub use tierstack_store::{Tiers, Vram};
 /// optional `tiers`.
 pub fn engine_config(array: &Array, dram: u64, page: usize, tiers: Tiers) -> EngineConfig {
     let st = array.status();
-    let (store_dram, budget) = split_budget(dram, array.buffer_bytes(), page);
+    // The pager's threads are counted in `dram`; how many depends on the budget before them.
+    let threads = crate::pager_threads(
+        split_budget(dram, array.buffer_bytes(), page, 0).1,
+        crate::default_fault_threads(),
+    );
+    let (store_dram, budget) = split_budget(dram, array.buffer_bytes(), page, threads);
     EngineConfig {
         level: st.level,
         drives: st.drives_total,
@@ -110,8 +122,9 @@ pub fn engine_config(array: &Array, dram: u64, page: usize, tiers: Tiers) -> Eng
         budget_bytes: budget,
         commit_limit_bytes: Some(st.capacity_bytes / 2),
         vram_bytes: tiers.vram.map_or(0, |v| v.bytes),
+        threads_bytes: threads as u64 * THREAD_BYTES,
         compressed_bytes: if tiers.compress {
-            dram / COMPRESSED_SHARE
+            budget / COMPRESSED_SHARE.1 * COMPRESSED_SHARE.0
         } else {
             0
         },
@@ -147,16 +160,22 @@ pub fn chunk_for(page: usize) -> usize {
     page.clamp(64 << 10, 1 << 20).next_power_of_two()
 }
 
+/// What each of tierstack's threads in a paged process costs in memory outside the pages:
+/// the touched part of its stack and the malloc arena glibc gives each thread that allocates
+/// (0.8 to 1.1 MiB each, measured from `/proc/PID/smaps` under `run --dram 32M`). `--dram`
+/// counts it: [`split_budget`] takes it out of the regions' budget.
+pub const THREAD_BYTES: u64 = 1 << 20;
+
 /// How `dram` is split: (the store's DRAM tier, the regions' budget), given the array's
-/// stripe buffers and the page size.
-pub fn split_budget(dram: u64, stripe_buffers: u64, page: usize) -> (u64, u64) {
+/// stripe buffers, the page size and the pager's `threads` ([`THREAD_BYTES`] each).
+pub fn split_budget(dram: u64, stripe_buffers: u64, page: usize, threads: usize) -> (u64, u64) {
     // A sixty-fourth of the budget, at least 1 MiB and four pages: under small budgets every
     // MiB the write buffer does not need holds resident pages instead (qrack_qft.py 23 under
     // `--dram 48M`: 1 MiB instead of 4 left 36 MiB to pages instead of 33 and ran 8 % faster).
     let floor = (1u64 << 20).max(4 * page as u64);
     let store_dram = (dram / 64).clamp(floor, 64 << 20);
     let budget = dram
-        .saturating_sub(store_dram + stripe_buffers)
+        .saturating_sub(store_dram + stripe_buffers + threads as u64 * THREAD_BYTES)
         .max(4 * page as u64);
     (store_dram, budget)
 }
@@ -252,15 +271,17 @@ mod tests {
 
     #[test]
     fn the_budget_rule() {
-        let (s, b) = split_budget(512 << 20, 28 << 20, 64 << 10);
+        let (s, b) = split_budget(512 << 20, 28 << 20, 64 << 10, 0);
         assert_eq!(s, 8 << 20);
         assert_eq!(b, (512 - 8 - 28) << 20);
         // Small budgets keep four pages; large ones cap the store's DRAM at 64 MiB.
-        assert_eq!(split_budget(8 << 20, 28 << 20, 4096).1, 4 * 4096);
-        assert_eq!(split_budget(64 << 30, 0, 4096).0, 64 << 20);
+        assert_eq!(split_budget(8 << 20, 28 << 20, 4096, 5).1, 4 * 4096);
+        assert_eq!(split_budget(64 << 30, 0, 4096, 11).0, 64 << 20);
         // Small budgets: a write buffer of 1 MiB, or four pages of a large page size.
-        assert_eq!(split_budget(48 << 20, 0, 4096).0, 1 << 20);
-        assert_eq!(split_budget(48 << 20, 0, 1 << 20).0, 4 << 20);
+        assert_eq!(split_budget(48 << 20, 0, 4096, 5).0, 1 << 20);
+        assert_eq!(split_budget(48 << 20, 0, 1 << 20, 5).0, 4 << 20);
+        // Each of the pager's threads takes 1 MiB of the budget.
+        assert_eq!(split_budget(48 << 20, 0, 4096, 5).1, (48 - 1 - 5) << 20);
         assert_eq!(chunk_for(4096), 64 << 10);
         assert_eq!(chunk_for(256 << 10), 256 << 10);
     }

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod exporter;
+pub mod footprint;
 pub mod labels;
 pub mod metrics;
 pub mod probe;

@@ -25,6 +25,8 @@ pub(crate) struct Block {
     pub stored: u32,
     /// Bytes of the page.
     pub len: u32,
+    /// How the stored bytes encode the page: the tier's own code (0: as they are).
+    pub packed: u8,
     /// Whether the tier below lacks it.
     pub dirty: bool,
     /// The clock's second chance, set by readers under the read lock.

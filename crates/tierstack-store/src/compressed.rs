@@ -1,6 +1,7 @@
 //! The compressed tier: pages the DRAM tier evicts are kept in process memory LZ4-compressed,
-//! as the kernel's zswap keeps swapped pages, when they compress to at most [`KEEP_RATIO`] of
-//! their size (a quarter); a page that does not goes straight to the tier below. A page that leaves
+//! as the kernel's zswap keeps swapped pages, when they compress 2:1 or better ([`keeps`]: the
+//! arena block they take is at most half the page); a page that does not goes straight to the
+//! tier below. A page that leaves
 //! DRAM and is read again is then decompressed (a microsecond) instead of read from the
 //! drives. Zero-filled and sparse memory, and freshly allocated buffers, compress 10 to 100
 //! times; random bytes and most arrays of floating-point numbers do not compress at all.
@@ -36,16 +37,50 @@ use crate::clock::buddy::Buddy;
 use crate::clock::{Block, Blocks};
 use crate::{PageKey, Result, Tier, TierCounters, TierStatus};
 
-/// A page is kept only when it compresses to at most this share of its size (a quarter; its
-/// block in the arena is then at most that too): memory here displaces resident pages of the
-/// process, and holding four or more pages' worth per page is what makes that pay (a page
-/// read from here costs a decompression and a fault; a resident one, nothing).
-pub const KEEP_RATIO: (usize, usize) = (1, 4);
+/// A page is kept only when the arena block it takes is at most this share of its size (a
+/// half). See [`keeps`] for why.
+pub const KEEP_RATIO: (usize, usize) = (1, 2);
+
+/// Whether a page of `len` bytes that LZ4 shrank to `compressed` bytes is kept here: when its
+/// arena block (a power of two of at least 64 bytes) is at most [`KEEP_RATIO`] of the page.
+///
+/// Why 2:1, and why by the block: the arena is charged to the same DRAM budget as resident
+/// pages, so a page kept at ratio `r` costs `1/r` of a page of budget and a hit on it costs `d`
+/// (a decompression and a fault, 3 to 5 us here), where the memory it takes would otherwise
+/// hold `1/r` of a resident page whose hits cost nothing. While the working set overflows the
+/// budget, moving memory from resident pages to compressed ones turns drive reads (`m`, 30 us
+/// on this machine's disk, 80 us or more on NAND flash) into hits: it pays when
+/// `r * d < (r - 1) * m`, which at `r = 2` is `d < m / 2`, true of every drive. Below 2:1 the
+/// buddy's power-of-two blocks save nothing (a page shrunk to 3 KiB still takes a 4 KiB block),
+/// so 2:1 by the block is the rule. (zswap keeps every page that shrinks at all, in a pool that
+/// packs them tighter.) A working set that fits the budget evicts nothing and leaves the tier
+/// empty, whatever the rule.
+pub fn keeps(compressed: usize, len: usize) -> bool {
+    let block = compressed.max(1 << MIN_BLOCK_ORDER).next_power_of_two();
+    block * KEEP_RATIO.1 <= len * KEEP_RATIO.0
+}
+
+/// When the arena is full, one page in this many takes the place of an older one; the others
+/// go below (see [`admits_when_full`]).
+pub const ADMIT_WHEN_FULL: u64 = 8;
+
+/// Whether the `n`th page that finds the arena full takes an older page's place (one in
+/// [`ADMIT_WHEN_FULL`]) rather than going below. A program that sweeps a state larger than
+/// the arena in a loop (a simulation's time steps, a state vector's gates) evicts, in clock
+/// order, each page before the sweep comes back to it: every read of it then goes to the
+/// drives. Letting only some newcomers in keeps most of the arena's pages there across sweeps,
+/// so each sweep finds that share of the state here (the hit rate of a fixed subset, the arena
+/// over the state, instead of none). A working set that fits the arena never fills it and is
+/// not affected; one that moves on replaces the arena's pages at an eighth of the rate, the
+/// pages it reads again first (the clock's second chance).
+pub fn admits_when_full(n: u64) -> bool {
+    n.is_multiple_of(ADMIT_WHEN_FULL)
+}
 
 /// The arena's smallest block: 64 bytes (a zero page compresses to about 20).
 pub const MIN_BLOCK_ORDER: u32 = 6;
 
-/// Pages shorter than this are not tried (LZ4's own framing would not leave a quarter).
+/// Pages shorter than this are not tried (LZ4's own framing would leave them no shorter).
 pub const MIN_LEN: usize = 256;
 
 /// After this many pages in a row that did not compress, one page in this many is tried.
@@ -94,6 +129,12 @@ impl Arena {
         else {
             return empty;
         };
+        // `[anon:tierstack-compressed]` in smaps (tierstack's share of a paged process).
+        tierstack_common::process::name_mapping(
+            ptr.as_ptr() as usize,
+            len,
+            tierstack_common::process::mapping_names::COMPRESSED,
+        );
         // SAFETY: advice on the mapping just made, over its whole length; advice changes no
         // contents. Failure (a kernel without THP) is harmless.
         let _ = unsafe {
@@ -244,6 +285,8 @@ pub struct CompressedTier {
     skipped: AtomicU64,
     /// Compression attempts that failed.
     rejected: AtomicU64,
+    /// Pages that found the arena full.
+    full_arrivals: AtomicU64,
 }
 
 /// Forgotten blocks between two looks at whether to give arena memory back.
@@ -252,18 +295,68 @@ const TRIM_EVERY: u32 = 256;
 /// The largest per-thread buffer the encoder keeps.
 const SCRATCH_MAX: usize = 17 << 10;
 
+/// How a kept page is encoded ([`Block::packed`]): LZ4 where that reaches 2:1 by the block
+/// (decoding 4 KiB takes about a microsecond), else zstd at [`ZSTD_LEVEL`] (3 to 4 us), whose
+/// entropy coding shrinks what LZ4's byte matching cannot: arrays of floating-point numbers
+/// (a quantum state vector after a Fourier transform: LZ4 1.8:1, no page kept; zstd 2.8:1,
+/// every page kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Codec {
+    Lz4 = 1,
+    Zstd = 2,
+}
+
+impl Codec {
+    fn of(packed: u8) -> Option<Codec> {
+        match packed {
+            1 => Some(Codec::Lz4),
+            2 => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// zstd's level for pages LZ4 does not shrink 2:1: its fastest (about 10 us per 4 KiB here).
+pub const ZSTD_LEVEL: i32 = 1;
+
+/// The most bytes a kept page of `len` bytes may compress to: the largest block [`keeps`]
+/// allows.
+fn keep_limit(len: usize) -> usize {
+    let max = len * KEEP_RATIO.0 / KEEP_RATIO.1;
+    if max < 1 << MIN_BLOCK_ORDER {
+        return 0;
+    }
+    1 << (usize::BITS - 1 - max.leading_zeros())
+}
+
 /// Compresses `data` into a per-thread buffer (pages up to 16 KiB; larger ones into a buffer
-/// of their own) and hands the result to `f`; None (without calling `f`) when it does not
-/// shrink to [`KEEP_RATIO`] of its size.
-fn with_compressed<T>(data: &[u8], f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+/// of their own), LZ4 first and zstd where LZ4 does not shrink it enough, and hands the result
+/// and its codec to `f`; None (without calling `f`) when neither shrinks it enough to be kept
+/// ([`keeps`]).
+fn with_compressed<T>(data: &[u8], f: impl FnOnce(&[u8], Codec) -> T) -> Option<T> {
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        static ZSTD: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
     }
-    let limit = data.len() * KEEP_RATIO.0 / KEEP_RATIO.1;
-    let max = lz4_flex::block::get_maximum_output_size(data.len());
-    let run = |out: &mut [u8]| match lz4_flex::block::compress_into(data, out) {
-        Ok(n) if n <= limit => Some(f(&out[..n])),
-        _ => None,
+    let len = data.len();
+    let max = lz4_flex::block::get_maximum_output_size(len);
+    let run = |out: &mut [u8]| {
+        if let Ok(n) = lz4_flex::block::compress_into(data, out) {
+            if keeps(n, len) {
+                return Some(f(&out[..n], Codec::Lz4));
+            }
+        }
+        // Into at most the largest block kept: zstd stops with an error when it would not fit.
+        let limit = keep_limit(len).min(out.len());
+        let n = ZSTD.with(|z| {
+            let mut z = z.borrow_mut();
+            if z.is_none() {
+                *z = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+            }
+            z.as_mut()?.compress_to_buffer(data, &mut out[..limit]).ok()
+        })?;
+        keeps(n, len).then(|| f(&out[..n], Codec::Zstd))
     };
     // Buffers for pages above 16 KiB are not kept (a thread would hold one for its life).
     if max > SCRATCH_MAX {
@@ -279,17 +372,36 @@ fn with_compressed<T>(data: &[u8], f: impl FnOnce(&[u8]) -> T) -> Option<T> {
 }
 
 fn decompress(st: &State, s: &Block) -> Result<Vec<u8>> {
-    let mut v = vec![0u8; s.len as usize];
-    match lz4_flex::block::decompress_into(st.bytes(s), &mut v) {
-        Ok(n) if n == v.len() => Ok(v),
-        Ok(n) => Err(crate::StoreError::Config(format!(
-            "compressed page decoded to {n} bytes instead of {}",
-            v.len()
-        ))),
-        Err(e) => Err(crate::StoreError::Config(format!(
-            "compressed page does not decode: {e}"
-        ))),
+    thread_local! {
+        static UNZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
     }
+    let bad = |what: String| crate::StoreError::Config(format!("compressed page {what}"));
+    let mut v = vec![0u8; s.len as usize];
+    let n = match Codec::of(s.packed) {
+        Some(Codec::Lz4) => lz4_flex::block::decompress_into(st.bytes(s), &mut v)
+            .map_err(|e| bad(format!("does not decode (LZ4): {e}")))?,
+        Some(Codec::Zstd) => UNZSTD.with(|z| {
+            let mut z = z.borrow_mut();
+            if z.is_none() {
+                *z = Some(
+                    zstd::bulk::Decompressor::new()
+                        .map_err(|e| bad(format!("cannot be decoded (zstd context: {e})")))?,
+                );
+            }
+            match z.as_mut() {
+                Some(d) => d
+                    .decompress_to_buffer(st.bytes(s), &mut v[..])
+                    .map_err(|e| bad(format!("does not decode (zstd): {e}"))),
+                None => Err(bad("has no zstd context".into())),
+            }
+        })?,
+        None => return Err(bad(format!("has an unknown codec {}", s.packed))),
+    };
+    if n != v.len() {
+        return Err(bad(format!("decoded to {n} bytes instead of {}", v.len())));
+    }
+    Ok(v)
 }
 
 impl CompressedTier {
@@ -313,6 +425,7 @@ impl CompressedTier {
             poor_streak: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            full_arrivals: AtomicU64::new(0),
         }
     }
 
@@ -329,18 +442,25 @@ impl CompressedTier {
     /// Compresses `data` and hands the result to `f`, keeping count of the pages that do not
     /// compress; after a run of [`GIVE_UP_AFTER`] of them, tries one page in [`GIVE_UP_AFTER`]
     /// only (None for the rest, as for a page that does not compress).
-    fn try_compress<T>(&self, data: &[u8], f: impl FnOnce(&[u8]) -> T) -> Option<T> {
-        if data.len() < MIN_LEN {
+    fn try_compress<T>(&self, data: &[u8], f: impl FnOnce(&[u8], Codec) -> T) -> Option<T> {
+        if data.len() < MIN_LEN || self.skips() {
             return None;
         }
-        if self.poor_streak.load(Relaxed) >= GIVE_UP_AFTER
+        self.compress_counted(data, f)
+    }
+
+    /// Whether this page is not tried: after a run of [`GIVE_UP_AFTER`] pages that did not
+    /// compress, all but one in [`GIVE_UP_AFTER`].
+    fn skips(&self) -> bool {
+        self.poor_streak.load(Relaxed) >= GIVE_UP_AFTER
             && !self
                 .skipped
                 .fetch_add(1, Relaxed)
                 .is_multiple_of(GIVE_UP_AFTER)
-        {
-            return None;
-        }
+    }
+
+    /// Compresses `data` (see [`with_compressed`]), keeping the streak of pages that did not.
+    fn compress_counted<T>(&self, data: &[u8], f: impl FnOnce(&[u8], Codec) -> T) -> Option<T> {
         let r = with_compressed(data, f);
         if r.is_some() {
             self.poor_streak.store(0, Relaxed);
@@ -371,15 +491,33 @@ impl CompressedTier {
     /// Enters a compressed dirty page in place of whatever version was here, evicting until a
     /// block is free. False (nothing entered, the old version gone) when even an empty arena
     /// has no block that large.
-    fn enter(&self, key: PageKey, data: &[u8], len: usize) -> Result<bool> {
+    fn enter(&self, key: PageKey, data: &[u8], codec: Codec, len: usize) -> Result<bool> {
+        self.enter_as(key, data, codec, len, true)
+    }
+
+    /// [`CompressedTier::enter`], dirty or clean (a copy of what the tier below holds).
+    fn enter_as(
+        &self,
+        key: PageKey,
+        data: &[u8],
+        codec: Codec,
+        len: usize,
+        dirty: bool,
+    ) -> Result<bool> {
         let mut guard = self.state.write();
         let st = &mut *guard;
         st.forget(key);
         let order = st.blocks.buddy.order_of(data.len() as u64);
+        let mut asked = false;
         let at = loop {
             if let Some(at) = st.blocks.buddy.alloc(order) {
                 break at;
             }
+            // Full: only one newcomer in [`ADMIT_WHEN_FULL`] takes an older page's place.
+            if !asked && !admits_when_full(self.full_arrivals.fetch_add(1, Relaxed)) {
+                return Ok(false);
+            }
+            asked = true;
             if !self.evict_one(st)? {
                 return Ok(false);
             }
@@ -396,7 +534,8 @@ impl CompressedTier {
                 order,
                 stored: data.len() as u32,
                 len: len as u32,
-                dirty: true,
+                packed: codec as u8,
+                dirty,
                 referenced: AtomicBool::new(false),
                 seq,
             },
@@ -420,7 +559,9 @@ impl Tier for CompressedTier {
 
     fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
         // Straight from the encoder's buffer into the arena.
-        if let Some(entered) = self.try_compress(data, |c| self.enter(key, c, data.len())) {
+        if let Some(entered) =
+            self.try_compress(data, |c, codec| self.enter(key, c, codec, data.len()))
+        {
             if entered? {
                 self.counters.puts.fetch_add(1, Relaxed);
                 self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
@@ -438,7 +579,9 @@ impl Tier for CompressedTier {
     fn put_many(&self, pages: &[(PageKey, &[u8])]) -> Result<()> {
         let mut down: Vec<(PageKey, &[u8])> = Vec::new();
         for &(key, data) in pages {
-            if let Some(entered) = self.try_compress(data, |c| self.enter(key, c, data.len())) {
+            if let Some(entered) =
+                self.try_compress(data, |c, codec| self.enter(key, c, codec, data.len()))
+            {
                 if entered? {
                     self.counters.puts.fetch_add(1, Relaxed);
                     self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
@@ -552,6 +695,29 @@ impl Tier for CompressedTier {
     fn index_bytes(&self) -> u64 {
         let st = self.state.read();
         st.touched_pages * 4096 + st.blocks.table_bytes() + self.below.index_bytes()
+    }
+
+    /// A copy is wanted of a page not here, unless the working set stopped compressing (then
+    /// one in [`GIVE_UP_AFTER`] is tried, as for puts).
+    fn wants_copy(&self, key: PageKey) -> bool {
+        !self.state.read().blocks.map.contains_key(&key) && !self.skips()
+    }
+
+    /// Keeps a clean copy when it compresses (a page read from below and dropped unchanged:
+    /// the next read of it is a decompression, not a drive read). A copy that does not fit
+    /// without writing dirty pages below first still goes in: the clock decides, as for puts.
+    fn admit(&self, key: PageKey, data: &[u8]) -> Result<()> {
+        if data.len() < MIN_LEN {
+            return Ok(());
+        }
+        if let Some(entered) = self.compress_counted(data, |c, codec| {
+            self.enter_as(key, c, codec, data.len(), false)
+        }) {
+            if entered? {
+                self.counters.bytes_in.fetch_add(data.len() as u64, Relaxed);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -681,6 +847,138 @@ mod tests {
             .expect("put_many");
         assert_eq!(t.get((1, 0)).expect("get"), Some(r));
         assert_eq!(t.get((1, 1)).expect("get"), Some(w));
+    }
+
+    /// The keep rule is by the arena block: 2:1 or better by the block, for any page size.
+    #[test]
+    fn pages_are_kept_when_their_block_is_at_most_half_the_page() {
+        assert!(keeps(20, 4096), "a zero page");
+        assert!(keeps(2048, 4096));
+        assert!(!keeps(2049, 4096), "takes a 4 KiB block: saves nothing");
+        assert!(!keeps(3000, 4096));
+        // A 12 KiB page shrunk to 5 KiB takes an 8 KiB block: 1.5:1, not kept.
+        assert!(!keeps(5 << 10, 12 << 10));
+        assert!(keeps(6 << 10, 16 << 10));
+    }
+
+    /// A page that shrinks a little over 2:1 stays in the arena; one that shrinks a little
+    /// under it goes below.
+    #[test]
+    fn a_page_at_two_to_one_is_kept_and_one_under_it_goes_below() {
+        let (t, b) = tier(1 << 20);
+        // `n` bytes that do not compress, then zeros.
+        let page = |n: usize| -> Vec<u8> {
+            let mut v = random_page(7);
+            v[n..].fill(0);
+            v
+        };
+        t.put((1, 0), &page(1900)).expect("put");
+        assert_eq!(b.puts.load(Relaxed), 0, "kept");
+        t.put((1, 1), &page(2200)).expect("put");
+        assert_eq!(b.puts.load(Relaxed), 1, "went below");
+        assert_eq!(t.get((1, 0)).expect("get"), Some(page(1900)));
+        assert_eq!(t.get((1, 1)).expect("get"), Some(page(2200)));
+    }
+
+    /// A page of a state vector after a Fourier transform (Qrack's, 18 qubits, basis state
+    /// 0x25A5A, complex amplitudes as 32-bit floats: `tests/fixtures/qft_state_page.bin`):
+    /// LZ4 does not shrink it 2:1 (2,251 bytes), zstd does (1,413); it is kept, encoded with
+    /// zstd, and read back whole.
+    #[test]
+    fn floats_lz4_cannot_halve_are_kept_with_zstd() {
+        let state: &[u8] = include_bytes!("../tests/fixtures/qft_state_page.bin");
+        // Sixteen pages told apart by their first word.
+        let page = |k: u32| -> Vec<u8> {
+            let mut v = state.to_vec();
+            v[..4].copy_from_slice(&k.to_le_bytes());
+            v
+        };
+        let p = page(3);
+        assert!(
+            !keeps(lz4_flex::block::compress(&p).len(), 4096),
+            "LZ4 halves it"
+        );
+        let (t, b) = tier(1 << 20);
+        for k in 0..16 {
+            t.put((5, k as u64), &page(k)).expect("put");
+        }
+        assert_eq!(b.puts.load(Relaxed), 0, "all kept");
+        let st = t.state.read();
+        let s = st.blocks.map.get(&(5, 3)).expect("kept");
+        assert_eq!(Codec::of(s.packed), Some(Codec::Zstd));
+        assert!(s.stored <= 2048, "{}", s.stored);
+        drop(st);
+        for k in 0..16 {
+            assert_eq!(
+                t.get((5, k as u64)).expect("get"),
+                Some(page(k)),
+                "page {k}"
+            );
+        }
+        // Evicted dirty, it is decoded and written below whole.
+        t.flush().expect("flush");
+        assert_eq!(b.puts.load(Relaxed), 16);
+    }
+
+    /// A clean copy handed over (a page the memory front dropped unchanged) is served from
+    /// here and never written below: the tier below has it already.
+    #[test]
+    fn an_admitted_copy_is_served_here_and_not_written_below() {
+        let (t, b) = tier(1 << 20);
+        b.map.lock().insert((6, 1), word_page(1));
+        let before = b.puts.load(Relaxed);
+        assert!(t.wants_copy((6, 1)));
+        t.admit((6, 1), &word_page(1)).expect("admit");
+        assert!(!t.wants_copy((6, 1)), "held now");
+        let misses = t.counters.misses.load(Relaxed);
+        assert_eq!(t.get((6, 1)).expect("get"), Some(word_page(1)));
+        assert_eq!(t.counters.misses.load(Relaxed), misses, "a hit here");
+        t.flush().expect("flush");
+        assert_eq!(b.puts.load(Relaxed), before, "clean: nothing written below");
+        // A put after it replaces it (dirty again) and reaches below on flush.
+        t.put((6, 1), &word_page(2)).expect("put");
+        t.flush().expect("flush");
+        assert_eq!(b.puts.load(Relaxed), before + 1);
+        assert_eq!(t.get((6, 1)).expect("get"), Some(word_page(2)));
+        // A copy that does not compress is not kept.
+        t.admit((6, 2), &random_page(2)).expect("admit");
+        assert!(!t.state.read().blocks.map.contains_key(&(6, 2)));
+    }
+
+    /// A loop that sweeps twice as many pages as the arena holds, reading each page and
+    /// writing it back changed: with every newcomer evicting the oldest page, no read would
+    /// ever find its page here; letting one newcomer in [`ADMIT_WHEN_FULL`] in keeps most of
+    /// the arena across sweeps, and each later sweep finds a good share of its pages here.
+    #[test]
+    fn a_sweep_larger_than_the_arena_still_finds_pages_here() {
+        // Each page takes a 64-byte block: the arena holds 256 of them.
+        let (t, _b) = tier(256 * 64);
+        let n = 512u64;
+        for i in 0..n {
+            t.put((7, i), &word_page(i)).expect("put");
+        }
+        let hits0 = t.counters.hits.load(Relaxed);
+        for round in 1..4u64 {
+            for i in 0..n {
+                let v = t.get((7, i)).expect("get").expect("page");
+                assert_eq!(v, word_page(i + (round - 1) * 1000), "page {i}");
+                t.put((7, i), &word_page(i + round * 1000)).expect("put");
+            }
+        }
+        let hits = t.counters.hits.load(Relaxed) - hits0;
+        assert!(hits >= 3 * n / 4, "{hits} hits of {} reads", 3 * n);
+        assert!(admits_when_full(0) && !admits_when_full(1) && admits_when_full(ADMIT_WHEN_FULL));
+    }
+
+    #[test]
+    fn the_keep_limit_is_the_largest_block_kept() {
+        assert_eq!(keep_limit(4096), 2048);
+        assert_eq!(keep_limit(12 << 10), 4096);
+        assert_eq!(keep_limit(64), 0);
+        for len in [4096usize, 8192, 12 << 10, 1 << 20] {
+            assert!(keeps(keep_limit(len), len));
+            assert!(!keeps(keep_limit(len) + 1, len));
+        }
     }
 
     #[test]

@@ -289,6 +289,25 @@ impl TieredStore {
         Ok(out)
     }
 
+    /// Whether the store would keep a copy of `key`, whose current version it holds, if it
+    /// were handed one ([`TieredStore::admit`]): not when the DRAM tier has it, and only where
+    /// the first tier below keeps copies (the compressed tier) and wants this one. A caller
+    /// that would have to read the page first asks this before.
+    pub fn wants_copy(&self, key: PageKey) -> bool {
+        self.dram.len_of(key) == 0 && self.lower.first().is_some_and(|t| t.wants_copy(key))
+    }
+
+    /// Hands the store a copy of a page whose current version it holds already (the memory
+    /// front drops a page the program did not change): the first tier below may keep it, so
+    /// the next read is served there instead of from the array (see [`Tier::admit`]).
+    pub fn admit(&self, key: PageKey, data: &[u8]) -> Result<()> {
+        Self::check(key, data.len())?;
+        match self.lower.first() {
+            Some(t) if self.dram.len_of(key) == 0 => t.admit(key, data),
+            _ => Ok(()),
+        }
+    }
+
     /// Removes a page from every tier. Returns whether any tier had it.
     pub fn remove(&self, key: PageKey) -> Result<bool> {
         Self::check(key, 0)?;

@@ -108,6 +108,18 @@ pub trait Tier: Send + Sync {
     fn index_bytes(&self) -> u64 {
         0
     }
+    /// Whether the tier would keep a clean copy of `key` handed to [`Tier::admit`] (a tier
+    /// that keeps copies of pages the tiers below hold: the compressed tier). Asking may count
+    /// as a try (the compressed tier's give-up streak). No by default.
+    fn wants_copy(&self, _key: PageKey) -> bool {
+        false
+    }
+    /// Keeps a clean copy of a page whose current version the tiers below hold already (a
+    /// page the memory front drops unchanged): a later read finds it here instead of below.
+    /// Nothing by default.
+    fn admit(&self, _key: PageKey, _data: &[u8]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The array as a tier: each page is one value of the array under the same key.

@@ -97,9 +97,23 @@ impl Core {
         self.db.lock().count_ops()
     }
 
-    /// For `status`: the journal's rows and the quarantined rows (0 and none where the
-    /// journal cannot be read), under one hold of `db`.
+    /// For `status`: the journal's committed rows and the quarantined rows, read through a
+    /// connection of their own ([`crate::db::DbReader`]: a scrape does not wait for the
+    /// drainer or the committer, which hold `db` while they work). Where that connection
+    /// cannot be made or read, under one hold of `db` (0 and none where the journal cannot
+    /// be read at all). Takes `reader`, and `db` only to make the connection or to fall back.
     pub fn journal_backlog(&self) -> (u64, Vec<Stuck>) {
+        let mut reader = self.reader.lock();
+        if reader.is_none() {
+            *reader = self.db.lock().reader().ok();
+        }
+        if let Some(r) = reader.as_ref() {
+            if let (Ok(n), Ok(stuck)) = (r.count_ops(), r.stuck()) {
+                return (n, stuck);
+            }
+        }
+        *reader = None;
+        drop(reader);
         let db = self.db.lock();
         (db.count_ops().unwrap_or(0), db.stuck().unwrap_or_default())
     }

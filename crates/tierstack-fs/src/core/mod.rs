@@ -144,6 +144,8 @@ pub struct Core {
     ns: Mutex<Ns>,
     /// The SQLite namespace journal and inode table.
     db: Mutex<Db>,
+    /// A second connection to it for `status` (made on first use; see `journal_backlog`).
+    reader: Mutex<Option<crate::db::DbReader>>,
     /// Bytes of file pages held in the store.
     held: AtomicU64,
     /// Bytes of dirty pages.
@@ -268,6 +270,7 @@ impl Core {
             array,
             ns: Mutex::new(Ns::default()),
             db: Mutex::new(db),
+            reader: Mutex::new(None),
             held: AtomicU64::new(0),
             dirty_bytes: AtomicU64::new(0),
             limit,

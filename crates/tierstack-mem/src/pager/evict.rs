@@ -167,6 +167,8 @@ impl Inner {
         let page = self.page;
         // Phase 1, under the lock: choose, and write-protect the dirty ones.
         let mut clean = Vec::new();
+        // Those of them whose contents the store holds (read from it).
+        let mut clean_stored = Vec::new();
         // Dirty victims, with the hash of a hashed one (see `RState::hashes`).
         let mut dirty: Vec<(usize, Option<u128>)> = Vec::new();
         {
@@ -184,6 +186,9 @@ impl Inner {
                 if !st.dirty[i] {
                     st.pages[i] = PageState::Evicting;
                     clean.push(i);
+                    if st.backed[i] == PageState::Stored {
+                        clean_stored.push(i);
+                    }
                 } else {
                     cand.push(i);
                 }
@@ -252,9 +257,17 @@ impl Inner {
                     && written_at(k + 1)
             })
             .collect();
+        // Pages the store holds unchanged, whose copies it was handed (see below).
+        let mut admitted: Vec<usize> = Vec::new();
         for (k, (i, bytes, same)) in pages.into_iter().enumerate() {
             if same && !keep_run[k] {
-                // What the store holds already: dropped without a write.
+                // What the store holds already: dropped without a write (a copy to the
+                // compressed tier, where it keeps one).
+                if self.store.wants_copy((core.obj, i as u64))
+                    && self.store.admit((core.obj, i as u64), &bytes).is_ok()
+                {
+                    admitted.push(i);
+                }
                 self.counters.clean_drops.fetch_add(1, Relaxed);
                 written.push((i, Some(PageState::Stored), false));
                 continue;
@@ -277,6 +290,23 @@ impl Inner {
                 }
             }
         }
+        // Clean victims read from the array and never written: the compressed tier (where
+        // the store has one) keeps a copy when they compress, so the next fault on one is a
+        // decompression instead of a drive read. A page that is `Stored` here has its current
+        // version in the store; it is resident and write-protected (`Evicting`), so its
+        // bytes are stable while they are read.
+        for &i in &clean_stored {
+            let key = (core.obj, i as u64);
+            if !self.store.wants_copy(key) {
+                continue;
+            }
+            let mut bytes = self.store.page_buf(page);
+            bytes.resize(page, 0);
+            self.zapper.read(core.base + i * page, &mut bytes);
+            if self.store.admit(key, &bytes).is_ok() {
+                admitted.push(i);
+            }
+        }
         if unchanged + changed > 0 {
             let h = core.write_heat.load(Relaxed);
             let h = (h + 2 * changed)
@@ -295,6 +325,9 @@ impl Inner {
                     if s == Some(PageState::Stored) {
                         let _ = self.store.remove((core.obj, i as u64));
                     }
+                }
+                for &i in &admitted {
+                    let _ = self.store.remove((core.obj, i as u64));
                 }
                 return;
             }

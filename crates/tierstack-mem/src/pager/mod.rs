@@ -32,7 +32,7 @@ use crate::{MemCounters, MemError, Result};
 
 use evict::{Zapper, EVICT_BATCH};
 use fault::Mailbox;
-use readahead::{PrefetchJob, PREFETCH_BYTES, PREFETCH_THREADS};
+use readahead::{prefetch_threads, PrefetchJob, PREFETCH_BYTES};
 use region::{map_region, RegionCore};
 
 pub use region::Region;
@@ -252,7 +252,7 @@ impl Pager {
         }
         let s = inner.clone();
         spawn("ts-evict".into(), Box::new(move || s.evictor()))?;
-        for i in 0..PREFETCH_THREADS {
+        for i in 0..prefetch_threads(o.budget) {
             let s = inner.clone();
             let rx = rx.clone();
             spawn(
@@ -425,6 +425,12 @@ impl Inner {
         let (_, c) = r.range(..=addr).next_back()?;
         (addr < c.base + c.len).then(|| c.clone())
     }
+}
+
+/// Threads a pager with `budget` resident bytes and `fault_threads` fault threads starts: the
+/// fault threads, the evictor and the prefetch threads (their number grows with the budget).
+pub fn pager_threads(budget: u64, fault_threads: usize) -> usize {
+    fault_threads.max(1) + 1 + prefetch_threads(budget)
 }
 
 /// Fault threads for a process: one per CPU it may run on, from 2 to 8.

@@ -206,6 +206,12 @@ pub(super) fn map_region(
         // page itself: see `Pager::adopt`).
         let _ = rustix::mm::madvise(base as *mut _, len, rustix::mm::Advice::LinuxNoHugepage);
     }
+    // `[anon:tierstack-paged]` in smaps: the resident pages of the program's paged memory.
+    tierstack_common::process::name_mapping(
+        base,
+        len,
+        tierstack_common::process::mapping_names::PAGED,
+    );
     if let Err(e) = inner
         .uffd
         .register(base, len, crate::uffd::MODE_MISSING | crate::uffd::MODE_WP)

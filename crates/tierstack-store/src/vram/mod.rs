@@ -161,6 +161,7 @@ impl VramTier {
                 order,
                 stored: len as u32,
                 len: len as u32,
+                packed: 0,
                 dirty,
                 referenced: AtomicBool::new(false),
                 seq,
