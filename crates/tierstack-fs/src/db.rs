@@ -933,7 +933,11 @@ mod tests {
         db.in_savepoint(|tx| push_op(tx, OpKind::Create, 3, b"b", b""))
             .expect("op");
         let t = std::time::Instant::now();
-        assert_eq!(r.count_ops().expect("count"), 1, "the open group is not counted");
+        assert_eq!(
+            r.count_ops().expect("count"),
+            1,
+            "the open group is not counted"
+        );
         assert!(r.stuck().expect("stuck").is_empty());
         assert!(t.elapsed() < std::time::Duration::from_secs(1), "waited");
         db.commit_group().expect("commit");
