@@ -69,7 +69,8 @@ pub struct RunArgs {
     /// No compressed tier. By default pages that leave DRAM and compress 2:1 or better (LZ4,
     /// else zstd level 1: zero-filled, sparse or repetitive memory, arrays of floats) stay in
     /// process memory compressed, as zswap keeps swapped pages, in an arena of up to three
-    /// quarters of --dram and within it (the part written leaves less for resident pages); a
+    /// quarters of what --dram leaves for pages and within it (the part written leaves less
+    /// for resident pages); a
     /// page dropped unchanged leaves a compressed copy there too; other pages go to the drives
     /// as they are, and a working set of such pages soon stops being tried (5 to 15 µs of CPU
     /// a page).
