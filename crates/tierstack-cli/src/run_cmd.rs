@@ -318,12 +318,6 @@ impl RunSizes {
     /// Checks --dram, --page and --threshold and how they fit together.
     fn from_args(a: &RunArgs) -> Result<RunSizes> {
         let dram = crate::size_flag("dram", &a.dram)?;
-        if dram < 16 << 20 {
-            return Err(crate::usage(format!(
-                "--dram {} is too small: give at least 16M (e.g. --dram 256M)",
-                a.dram
-            )));
-        }
         let page = crate::size_flag("page", &a.page)?;
         if page == 0 || page % 4096 != 0 || page > tierstack_store::MAX_PAGE as u64 {
             return Err(crate::usage(format!(
@@ -331,10 +325,16 @@ impl RunSizes {
                 a.page
             )));
         }
-        if dram < 16 * page {
+        // What tierstack itself takes out of --dram before any page (issue 41: --dram is the
+        // whole footprint), plus 16 pages.
+        let min = tierstack_mem::setup::min_dram(page as usize);
+        if dram < min {
             return Err(crate::usage(format!(
-                "--dram {} holds fewer than 16 pages of {}: raise --dram or lower --page",
-                a.dram, a.page
+                "--dram {} is below what tierstack itself needs with --page {} ({}: its DRAM tier, the array's stripe buffers, 1 MiB per paging thread, 16 pages): give at least {}M",
+                a.dram,
+                a.page,
+                fmt_size(min),
+                min.div_ceil(1 << 20)
             )));
         }
         let threshold = crate::size_flag("threshold", &a.threshold)?;

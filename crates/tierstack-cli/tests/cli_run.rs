@@ -975,3 +975,31 @@ fn plain_peak_rss(argv: &[&str]) -> u64 {
     assert_eq!(status, 0, "{argv:?} failed");
     ru.ru_maxrss as u64 * 1024
 }
+
+/// A `--dram` below what tierstack itself takes out of it (its DRAM tier, the array's stripe
+/// buffers, 1 MiB per paging thread, 16 pages) is refused as a usage error naming the minimum,
+/// which grows with `--page`; nothing is started and no run folder is made.
+#[test]
+fn a_dram_below_tierstacks_own_needs_is_refused_with_the_minimum() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let r = run(&["--dram", "8M", "--", "true"], tmp.path());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("give at least"), "{}", r.stderr);
+    let min = |stderr: &str| -> u64 {
+        let at = stderr.find("give at least ").expect("minimum") + "give at least ".len();
+        stderr[at..]
+            .split('M')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("MiB")
+    };
+    let small = min(&r.stderr);
+    assert!((16..64).contains(&small), "{}", r.stderr);
+    let r = run(
+        &["--dram", &format!("{small}M"), "--page", "1M", "--", "true"],
+        tmp.path(),
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(min(&r.stderr) > small, "{}", r.stderr);
+    assert!(entries(tmp.path()).is_empty(), "left behind");
+}

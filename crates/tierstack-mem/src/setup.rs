@@ -166,6 +166,21 @@ pub fn chunk_for(page: usize) -> usize {
 /// counts it: [`split_budget`] takes it out of the regions' budget.
 pub const THREAD_BYTES: u64 = 1 << 20;
 
+/// The least `--dram` a process can page with at page size `page` (bytes): what the budget's
+/// split takes before any resident page (the store's smallest DRAM tier, the paging array's
+/// stripe buffers at a small budget, the pager's threads with their smallest number of
+/// prefetch threads) plus 16 pages. Below it the split would leave the regions nothing and
+/// the process would pass `--dram`: `run` refuses such a `--dram` naming this minimum.
+pub fn min_dram(page: usize) -> u64 {
+    let buffers = tierstack_array::Geometry::new(LEVEL, DRIVES, chunk_for(page), None, 1 << 30)
+        .map_or(0, |g| {
+            ((stripes_in_flight(0) + 1) * DRIVES * g.stripe_drive_bytes()) as u64
+        });
+    let store_dram = (1u64 << 20).max(4 * page as u64);
+    let threads = crate::pager_threads(0, crate::default_fault_threads()) as u64;
+    store_dram + buffers + threads * THREAD_BYTES + 16 * page as u64
+}
+
 /// How `dram` is split: (the store's DRAM tier, the regions' budget), given the array's
 /// stripe buffers, the page size and the pager's `threads` ([`THREAD_BYTES`] each).
 pub fn split_budget(dram: u64, stripe_buffers: u64, page: usize, threads: usize) -> (u64, u64) {
@@ -280,6 +295,14 @@ mod tests {
         // Small budgets: a write buffer of 1 MiB, or four pages of a large page size.
         assert_eq!(split_budget(48 << 20, 0, 4096, 5).0, 1 << 20);
         assert_eq!(split_budget(48 << 20, 0, 1 << 20, 5).0, 4 << 20);
+        // The least --dram: with 4K pages, 1 MiB of DRAM tier, two stripes of 4 x 22 chunks
+        // of 64K, the threads and 16 pages; it grows with the page (the chunk follows it).
+        let threads = crate::pager_threads(0, crate::default_fault_threads()) as u64;
+        assert_eq!(
+            min_dram(4096),
+            (1 << 20) + 2 * 4 * 22 * (64 << 10) + threads * THREAD_BYTES + 16 * 4096
+        );
+        assert!(min_dram(1 << 20) > 2 * min_dram(4096));
         // Each of the pager's threads takes 1 MiB of the budget.
         assert_eq!(split_budget(48 << 20, 0, 4096, 5).1, (48 - 1 - 5) << 20);
         assert_eq!(chunk_for(4096), 64 << 10);
