@@ -123,6 +123,9 @@ pub struct Config {
     pub mode: Option<String>,
     /// `tierstack mount --transport` for the mount (None: the mount's default).
     pub transport: Option<String>,
+    /// With `mount`: also through the same mount with the interception client
+    /// (`tierstack exec MOUNT -- worker`, libtierstack_io.so).
+    pub client: bool,
     /// Limit for one target's four phases: past it (or on Ctrl-C) the workers are killed and
     /// the run fails with a message, rather than wait on a hung file system.
     pub timeout: Duration,
@@ -163,6 +166,18 @@ pub struct Report {
     pub results: Vec<TargetResult>,
     /// mount / plain, by phase, when both ran.
     pub ratios: Option<[f64; 4]>,
+    /// mount with the interception client / plain, by phase, when it ran.
+    pub client_ratios: Option<[f64; 4]>,
+}
+
+/// `b` / `a`, phase by phase.
+fn ratios_of(a: &TargetResult, b: &TargetResult) -> [f64; 4] {
+    [
+        b.create_per_s / a.create_per_s,
+        b.stat_per_s / a.stat_per_s,
+        b.read_per_s / a.read_per_s,
+        b.unlink_per_s / a.unlink_per_s,
+    ]
 }
 
 struct Workers(Vec<(Child, ChildStdin, BufReader<ChildStdout>)>);
@@ -186,6 +201,7 @@ fn run_target(
     cfg: &Config,
     root: &Path,
     name: &str,
+    via: Option<&Path>,
     cancel: &AtomicBool,
 ) -> Result<TargetResult, CheckpointError> {
     let mut w = Workers(Vec::new());
@@ -208,7 +224,7 @@ fn run_target(
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
-        let r = phases(cfg, root, name, &mut w, &pids);
+        let r = phases(cfg, root, name, via, &mut w, &pids);
         done.store(true, Ordering::Relaxed);
         r
     });
@@ -226,10 +242,12 @@ fn run_target(
     r
 }
 
+/// `via`: the mount whose interception client the workers run under.
 fn phases(
     cfg: &Config,
     root: &Path,
     name: &str,
+    via: Option<&Path>,
     w: &mut Workers,
     pids: &std::sync::Mutex<Vec<u32>>,
 ) -> Result<TargetResult, CheckpointError> {
@@ -248,7 +266,11 @@ fn phases(
             bytes: cfg.bytes,
         };
         let json = serde_json::to_string(&spec).map_err(|e| setup_err(e.to_string()))?;
-        let mut c = Command::new(&cfg.exe)
+        let mut c = Command::new(&cfg.exe);
+        if let Some(mnt) = via {
+            c.arg("exec").arg(mnt).arg("--").arg(&cfg.exe);
+        }
+        let mut c = c
             .args(["bench", "meta-worker", &json])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -325,7 +347,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
     }
     let pid = std::process::id();
     let plain = cfg.target.join(format!("meta-{pid}-plain"));
-    let r = run_target(cfg, &plain, "plain", cancel);
+    let r = run_target(cfg, &plain, "plain", None, cancel);
     let _ = fs::remove_dir_all(&plain);
     let mut results = vec![r?];
     if cfg.mount {
@@ -349,11 +371,22 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
                 },
                 cancel,
             )?;
-            let mut r = run_target(cfg, &mnt.join("bench"), "tierstack mount", cancel)?;
+            let mut r = vec![run_target(
+                cfg,
+                &mnt.join("bench"),
+                "tierstack mount",
+                None,
+                cancel,
+            )?];
+            if cfg.client {
+                let root = mnt.join("bench-client");
+                let name = "tierstack mount + client";
+                r.push(run_target(cfg, &root, name, Some(&mnt), cancel)?);
+            }
             let t0 = monotonic_ns();
             m.drain_wait(cancel, Duration::from_secs(600))?;
-            r.drain_s = Some(monotonic_ns().saturating_sub(t0) as f64 / 1e9);
-            r.transport = m.transport.clone();
+            r[0].drain_s = Some(monotonic_ns().saturating_sub(t0) as f64 / 1e9);
+            r[0].transport = m.transport.clone();
             m.close()?;
             Ok::<_, CheckpointError>(r)
         })();
@@ -361,17 +394,10 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
         if let Err(e) = crate::checkpoint::cmd::remove_work_folder(&work) {
             tracing_free_warn(&e.to_string());
         }
-        results.push(r?);
+        results.extend(r?);
     }
-    let ratios = (results.len() == 2).then(|| {
-        let (p, m) = (&results[0], &results[1]);
-        [
-            m.create_per_s / p.create_per_s,
-            m.stat_per_s / p.stat_per_s,
-            m.read_per_s / p.read_per_s,
-            m.unlink_per_s / p.unlink_per_s,
-        ]
-    });
+    let ratios = results.get(1).map(|m| ratios_of(&results[0], m));
+    let client_ratios = results.get(2).map(|c| ratios_of(&results[0], c));
     Ok(Report {
         procs: cfg.procs,
         files_per_proc: cfg.files,
@@ -379,6 +405,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool) -> Result<Report, CheckpointError>
         shared_dir: cfg.shared,
         results,
         ratios,
+        client_ratios,
     })
 }
 
@@ -402,14 +429,17 @@ pub fn render(r: &Report) -> String {
     );
     let mut header = vec!["operation"];
     for t in &r.results {
-        header.push(if t.target == "plain" {
-            "plain folder /s"
-        } else {
-            "tierstack mount /s"
+        header.push(match t.target.as_str() {
+            "plain" => "plain folder /s",
+            "tierstack mount" => "tierstack mount /s",
+            _ => "mount + client /s",
         });
     }
     if r.ratios.is_some() {
         header.push("mount / plain");
+    }
+    if r.client_ratios.is_some() {
+        header.push("client / plain");
     }
     let mut rows = Vec::new();
     for (k, phase) in PHASES.iter().enumerate() {
@@ -418,7 +448,7 @@ pub fn render(r: &Report) -> String {
             let v = [t.create_per_s, t.stat_per_s, t.read_per_s, t.unlink_per_s][k];
             row.push(format!("{v:.0}"));
         }
-        if let Some(x) = r.ratios {
+        for x in [r.ratios, r.client_ratios].into_iter().flatten() {
             row.push(format!("{:.2}", x[k]));
         }
         rows.push(row);

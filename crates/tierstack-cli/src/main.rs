@@ -17,6 +17,7 @@ mod config;
 mod cost_cmd;
 mod demo;
 mod doctor_cmd;
+mod exec_cmd;
 mod export_cmd;
 mod exporter_cmd;
 mod fanout_cmd;
@@ -123,6 +124,9 @@ enum Cmd {
     Umount(mount_cmd::UmountArgs),
     /// Copy inputs into a mount before a job (`in`) or outputs to the backing directory (`out`).
     Stage(stage_cmd::StageArgs),
+    /// Run a command whose calls on files under a mount are served by the mount's daemon
+    /// over shared memory (the interception client, libtierstack_io.so), not through FUSE.
+    Exec(exec_cmd::ExecArgs),
     /// SLURM burst_buffer/lua integration: `install`, `uninstall` and the hooks it calls.
     #[command(subcommand)]
     Slurm(slurm_cmd::SlurmCmd),
@@ -309,6 +313,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Vram(a)) => vram_cmd::bench(a),
         Cmd::Bench(BenchCmd::MetaWorker { spec }) => meta_cmd::worker(&spec),
         Cmd::Run(a) => run_cmd::run(a),
+        Cmd::Exec(a) => exec_cmd::exec(a),
         Cmd::Mount(a) => mount_cmd::mount(a),
         Cmd::Status(a) => mount_cmd::status(a),
         Cmd::Drain(a) => mount_cmd::drain(a),

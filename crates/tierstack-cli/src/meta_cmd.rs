@@ -28,6 +28,10 @@ pub struct BenchMetaArgs {
     /// mount / plain for each phase and the drain time.
     #[arg(long)]
     pub mount: bool,
+    /// With --mount: also through the same mount with the interception client
+    /// (`tierstack exec`, libtierstack_io.so) preloaded into the workers.
+    #[arg(long, requires = "mount")]
+    pub client: bool,
     /// Work folder for the mount point and its fast tier.
     #[arg(long, default_value = "/tmp")]
     pub dir: PathBuf,
@@ -57,6 +61,7 @@ pub fn bench(a: BenchMetaArgs) -> Result<()> {
         dir: a.dir,
         mode: a.mode,
         transport: a.transport,
+        client: a.client,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
     };
     let cancel = crate::cancel_flag()?;

@@ -81,38 +81,41 @@ pub struct RunArgs {
     pub cmd: Vec<OsString>,
 }
 
-/// Finds libtierstack_preload.so: $TIERSTACK_PRELOAD, else relative to the binary: next to
-/// it, in its deps/ folder (cargo's layout), in ../lib, or where `make install` puts it
-/// (../lib/tierstack; ../lib64/tierstack and ../lib64 for a lib64 layout, RPM's).
+/// Finds libtierstack_preload.so (see [`find_lib`]).
 fn preload_lib() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("TIERSTACK_PRELOAD") {
+    find_lib("libtierstack_preload.so", "TIERSTACK_PRELOAD")
+}
+
+/// Finds the library `file` that ships with tierstack: `$var` if set, else relative to the
+/// binary: next to it, in its deps/ folder (cargo's layout), in ../lib, or where `make
+/// install` puts it (../lib/tierstack; ../lib64/tierstack and ../lib64 for a lib64 layout,
+/// RPM's).
+pub fn find_lib(file: &str, var: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(var) {
         let p = PathBuf::from(p);
         if p.is_file() {
             return Ok(p);
         }
-        bail!(
-            "TIERSTACK_PRELOAD={} is not a file: point it at libtierstack_preload.so",
-            p.display()
-        );
+        bail!("{var}={} is not a file: point it at {file}", p.display());
     }
     let exe = std::env::current_exe().context("cannot find the tierstack binary")?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     for c in [
-        "libtierstack_preload.so",
-        "deps/libtierstack_preload.so",
-        "../lib/libtierstack_preload.so",
-        "../lib/tierstack/libtierstack_preload.so",
-        "../lib64/tierstack/libtierstack_preload.so",
-        "../lib64/libtierstack_preload.so",
+        "",
+        "deps/",
+        "../lib/",
+        "../lib/tierstack/",
+        "../lib64/tierstack/",
+        "../lib64/",
     ] {
-        let c = dir.join(c);
+        let c = dir.join(format!("{c}{file}"));
         if c.is_file() {
             // `/usr/lib/tierstack/...`, not `/usr/bin/../lib/tierstack/...`, in LD_PRELOAD.
             return Ok(c.canonicalize().unwrap_or(c));
         }
     }
     bail!(
-        "cannot find libtierstack_preload.so next to {} (nor in its deps/, ../lib, ../lib/tierstack, ../lib64/tierstack, ../lib64): build it with `cargo build --release`, install it with `make install`, or set TIERSTACK_PRELOAD",
+        "cannot find {file} next to {} (nor in its deps/, ../lib, ../lib/tierstack, ../lib64/tierstack, ../lib64): build it with `cargo build --release`, install it with `make install`, or set {var}",
         exe.display()
     )
 }

@@ -29,6 +29,7 @@ pub mod drain;
 mod error;
 pub mod fuse;
 pub mod intent;
+pub mod io;
 pub mod mount;
 pub mod notify;
 pub mod ops;

@@ -715,6 +715,7 @@ pub struct Daemon {
     /// The drainer replaying the journal to BACKING.
     pub drainer: Arc<Drainer>,
     session: Option<Served>,
+    io: Option<crate::io::IoServer>,
     spec: MountSpec,
     sock: PathBuf,
     shutdown_rx: mpsc::Receiver<Stop>,
@@ -839,12 +840,15 @@ impl Daemon {
             only_uid: (!spec.allow_other).then(|| rustix::process::geteuid().as_raw()),
         };
         let ring_fs = fs.clone();
+        let io_fs = fs.clone();
         let mut dev = None;
+        let mut io_notifier = None;
         let session = fuser::Session::new(fs, &mp, &cfg)
             .and_then(|s| {
                 use std::os::fd::AsFd;
                 let names = core.clone();
                 refresh.start(s.notifier(), Box::new(move |ino| names.links_of(ino)))?;
+                io_notifier = Some(s.notifier());
                 if spec.poll && crate::poll::worth_it() {
                     crate::poll::start(s.as_fd(), core.clone())?;
                 }
@@ -886,6 +890,24 @@ impl Daemon {
             )));
         }
 
+        // The interception client's channel (`libtierstack_io.so`), beside the control socket.
+        let io = match io_notifier {
+            Some(n) => {
+                let path = crate::io::io_socket_path(&sock);
+                let owner = rustix::process::geteuid().as_raw();
+                Some(
+                    crate::io::IoServer::start(&path, &mp, io_fs, n, owner, spec.allow_other)
+                        .map_err(|e| {
+                            let _ = std::fs::remove_file(&sock);
+                            FsError::Config(format!(
+                                "cannot listen for io clients at {}: {e}",
+                                path.display()
+                            ))
+                        })?,
+                )
+            }
+            None => None,
+        };
         tune_bdi(&mp);
         let (shutdown_tx, shutdown_rx) = mpsc::channel();
         let watch_tx = shutdown_tx.clone();
@@ -1006,6 +1028,7 @@ impl Daemon {
             core,
             drainer,
             session: Some(session),
+            io,
             spec,
             sock,
             shutdown_rx,
@@ -1044,6 +1067,9 @@ impl Daemon {
         self.drain_for_stop(None);
         self.drainer.sweep_when_settled();
         self.drainer.stop.store(true, Relaxed);
+        if let Some(io) = &self.io {
+            io.close();
+        }
         self.core.set_stopping();
         self.core.store().flush()?;
         self.core.record_clean_stop()?;
@@ -1144,6 +1170,9 @@ impl Daemon {
             None => true,
         };
         self.drainer.stop.store(true, Relaxed);
+        if let Some(io) = &self.io {
+            io.close();
+        }
         self.core.set_stopping();
         self.core.sync_all()?;
         if ended {

@@ -1,0 +1,656 @@
+//! The interception client's calls served by the mount: a path walked in the namespace from
+//! the root, the kernel's permission rules applied where they can be decided here, and the
+//! operation handed to [`TierFs::answer`], the same handler the FUSE transports use (so its
+//! timing, journal and drain are the mount's own).
+//!
+//! What is not decided here is answered [`Rep::Fallback`], and the client makes the call
+//! through the kernel instead: a symbolic link on the way (its target may leave the mount), a
+//! `..` above the root, directories and special files to open, a node whose permission
+//! depends on group membership or an ACL the daemon cannot see, a sticky directory.
+//!
+//! Coherence with the kernel's view (another process, a shell's `ls`): before the answer
+//! goes back, every entry the call added, removed or renamed is invalidated in the kernel's
+//! dentry cache (a negative entry for a name the client created would hide it for the
+//! coherence interval), and the written range and the attributes of a file the client
+//! wrote or truncated in its page and attribute caches (`FUSE_NOTIFY_INVAL_INODE`, which
+//! first writes back any page the kernel holds dirty, so a write through the kernel that
+//! came before is not written over the client's later one).
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use fuser::{INodeNo, Notifier};
+use tierstack_ioproto::{Rep, Req, SetAttr, Time, WireAttr};
+
+use crate::attr::{Attr, Kind};
+use crate::core::ROOT;
+use crate::fuse::{Caller, Op, Out, TierFs};
+
+/// Why a walk stops short of an answer.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// An errno for the program.
+    Err(i32),
+    /// The kernel is to make the call.
+    Fallback,
+}
+
+type R<T> = std::result::Result<T, Stop>;
+
+impl From<i32> for Stop {
+    fn from(e: i32) -> Stop {
+        Stop::Err(e)
+    }
+}
+
+const R_OK: u32 = 4;
+const W_OK: u32 = 2;
+const X_OK: u32 = 1;
+
+/// Whether `caller` may do `want` (`R_OK | W_OK | X_OK` bits) to a node of attributes `a`,
+/// as the kernel's `generic_permission` decides it, where that can be decided from the mode
+/// alone: root (execute needs an execute bit on a non-directory), the owner (the owner bits,
+/// which an ACL does not change), anyone else when the group and other bits agree and there
+/// is no ACL (`has_acl`). Otherwise [`Stop::Fallback`]. Pure.
+pub(super) fn may(a: &Attr, caller: Caller, want: u32, has_acl: impl FnOnce() -> bool) -> R<()> {
+    let want = want & 7;
+    if caller.uid == 0 {
+        let exec_ok = a.kind == Kind::Dir || a.mode & 0o111 != 0;
+        return if want & X_OK != 0 && !exec_ok {
+            Err(Stop::Err(libc::EACCES))
+        } else {
+            Ok(())
+        };
+    }
+    let ok = |bits: u32| bits & want == want;
+    if caller.uid == a.uid {
+        return if ok(a.mode >> 6) {
+            Ok(())
+        } else {
+            Err(Stop::Err(libc::EACCES))
+        };
+    }
+    let (group, other) = (ok(a.mode >> 3), ok(a.mode));
+    if group == other && !has_acl() {
+        return if group {
+            Ok(())
+        } else {
+            Err(Stop::Err(libc::EACCES))
+        };
+    }
+    Err(Stop::Fallback)
+}
+
+/// Whether `caller` may make the changes of `set` to a node of attributes `a`, as the
+/// kernel's `setattr_prepare` decides: a mode, explicit times or a group by the owner or
+/// root, an owner by root only, the present time also by anyone who may write. What depends
+/// on group membership is [`Stop::Fallback`]. Pure but for `writable` (asked last).
+pub(super) fn may_setattr(
+    a: &Attr,
+    caller: Caller,
+    set: &SetAttr,
+    writable: impl FnOnce() -> R<()>,
+) -> R<()> {
+    if caller.uid == 0 {
+        return Ok(());
+    }
+    let owner = caller.uid == a.uid;
+    if set.uid.is_some_and(|u| u != a.uid) {
+        return Err(Stop::Err(libc::EPERM));
+    }
+    if let Some(g) = set.gid {
+        if !owner {
+            return Err(Stop::Err(libc::EPERM));
+        }
+        if g != caller.gid && g != a.gid {
+            return Err(Stop::Fallback);
+        }
+    }
+    if let Some(m) = set.mode {
+        if !owner {
+            return Err(Stop::Err(libc::EPERM));
+        }
+        // The kernel clears set-group-ID for an owner outside the file's group.
+        if m & libc::S_ISGID != 0 && a.gid != caller.gid {
+            return Err(Stop::Fallback);
+        }
+    }
+    let explicit = matches!(set.atime, Time::At(_)) || matches!(set.mtime, Time::At(_));
+    if explicit && !owner {
+        return Err(Stop::Err(libc::EPERM));
+    }
+    let now = set.atime == Time::Now || set.mtime == Time::Now;
+    if now && !owner {
+        return writable();
+    }
+    Ok(())
+}
+
+fn system_time(t: Time) -> Option<Option<std::time::SystemTime>> {
+    match t {
+        Time::Omit => None,
+        Time::Now => Some(None),
+        Time::At(ns) => Some(Some(if ns >= 0 {
+            std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns as u64)
+        } else {
+            std::time::UNIX_EPOCH - std::time::Duration::from_nanos(ns.unsigned_abs())
+        })),
+    }
+}
+
+/// The permission `open`'s flags need.
+pub(super) fn open_wants(flags: i32) -> u32 {
+    let acc = match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => W_OK,
+        libc::O_RDWR => R_OK | W_OK,
+        _ => R_OK,
+    };
+    acc | if flags & libc::O_TRUNC != 0 { W_OK } else { 0 }
+}
+
+/// The components of `path` that name something (empty and `.` ones dropped), and whether
+/// it ends with a `/` (then its last node must be a directory).
+pub(super) fn components(path: &[u8]) -> (Vec<&[u8]>, bool) {
+    let parts = path
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .collect();
+    (parts, path.last() == Some(&b'/'))
+}
+
+/// Attributes as `stat` shows them.
+pub(super) fn wire_attr(a: &Attr) -> WireAttr {
+    WireAttr {
+        ino: a.ino,
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        mode: a.kind.mode_bits() | (a.mode & 0o7777),
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 4096,
+    }
+}
+
+/// One client's view of the mount: what it needs to serve a request.
+pub(super) struct Server<'a> {
+    pub(super) fs: &'a TierFs,
+    pub(super) notifier: Option<&'a Notifier>,
+    pub(super) caller: Caller,
+}
+
+impl Server<'_> {
+    fn has_acl(&self, ino: u64) -> bool {
+        self.fs
+            .core
+            .getxattr(ino, b"system.posix_acl_access")
+            .is_ok()
+    }
+
+    fn may(&self, a: &Attr, want: u32) -> R<()> {
+        may(a, self.caller, want, || self.has_acl(a.ino))
+    }
+
+    /// The directory that holds the last component of `path`, and that component (None for
+    /// the root itself or a path ending in `..`... which is left to the kernel).
+    fn parent_of<'p>(&self, path: &'p [u8]) -> R<(Attr, Option<&'p [u8]>)> {
+        let core = &self.fs.core;
+        let (parts, _) = components(path);
+        let mut dir = core.getattr(ROOT)?;
+        let Some((last, walk)) = parts.split_last() else {
+            return Ok((dir, None));
+        };
+        for c in walk {
+            self.may(&dir, X_OK)?;
+            if *c == b".." {
+                if dir.ino == ROOT {
+                    return Err(Stop::Fallback);
+                }
+                dir = core.lookup(dir.ino, b"..")?;
+                continue;
+            }
+            let a = core.lookup(dir.ino, c)?;
+            match a.kind {
+                Kind::Dir => dir = a,
+                Kind::Symlink => return Err(Stop::Fallback),
+                _ => return Err(Stop::Err(libc::ENOTDIR)),
+            }
+        }
+        if *last == b".." {
+            return Err(Stop::Fallback);
+        }
+        self.may(&dir, X_OK)?;
+        Ok((dir, Some(last)))
+    }
+
+    /// The node `path` names (a final symbolic link followed only by the kernel).
+    fn node(&self, path: &[u8], follow: bool) -> R<Attr> {
+        let (dir, last) = self.parent_of(path)?;
+        let Some(name) = last else {
+            return Ok(dir);
+        };
+        let a = self.fs.core.lookup(dir.ino, name)?;
+        if a.kind == Kind::Symlink && (follow || path.last() == Some(&b'/')) {
+            return Err(Stop::Fallback);
+        }
+        if path.last() == Some(&b'/') && a.kind != Kind::Dir {
+            return Err(Stop::Err(libc::ENOTDIR));
+        }
+        Ok(a)
+    }
+
+    /// The directory and name of a path that is to be made or removed, with write and search
+    /// permission on the directory checked (a sticky directory is left to the kernel).
+    fn entry<'p>(&self, path: &'p [u8]) -> R<(Attr, &'p [u8])> {
+        let (dir, last) = self.parent_of(path)?;
+        let name = last.ok_or(Stop::Err(libc::EBUSY))?;
+        if dir.kind != Kind::Dir {
+            return Err(Stop::Err(libc::ENOTDIR));
+        }
+        self.may(&dir, W_OK | X_OK)?;
+        if dir.mode & libc::S_ISVTX != 0 && self.caller.uid != 0 {
+            return Err(Stop::Fallback);
+        }
+        Ok((dir, name))
+    }
+
+    fn op(&self, op: Op<'_>) -> std::result::Result<Out, i32> {
+        let (r, then) = self.fs.answer(op, self.caller);
+        self.fs.after_reply(then);
+        r
+    }
+
+    /// The kernel forgets `name` in `parent` (a negative entry included) and the
+    /// directory's attributes (its times and link count changed).
+    fn inval_entry(&self, parent: u64, name: &[u8]) {
+        if let Some(n) = self.notifier {
+            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
+            let _ = n.inval_inode(INodeNo(parent), -1, 0);
+        }
+    }
+
+    fn inval_inode(&self, ino: u64, off: i64, len: i64) {
+        if let Some(n) = self.notifier {
+            let _ = n.inval_inode(INodeNo(ino), off, len);
+        }
+    }
+
+    /// The answer to `req`, and the handle it opened or closed (for the connection's
+    /// table of handles to release if the client goes).
+    pub(super) fn serve<'b>(&self, req: Req<'_>, data: &'b mut Vec<u8>) -> (Rep<'b>, Handle) {
+        let r = match req {
+            Req::Open {
+                path,
+                flags,
+                mode,
+                umask,
+            } => return self.open(path, flags, mode, umask),
+            Req::Close { ino, fh } => {
+                let r = self.op(Op::Release { ino, fh }).map(|_| Rep::Done);
+                // Its size and times as the client left them.
+                self.inval_inode(ino, -1, 0);
+                return (r.unwrap_or_else(Rep::Err), Handle::Closed(ino, fh));
+            }
+            Req::Read { ino, off, len, .. } => match self.op(Op::Read {
+                ino,
+                offset: off,
+                size: len.min(tierstack_ioproto::chan::MAX_DATA as u32),
+            }) {
+                Ok(Out::Data(v)) => {
+                    *data = v;
+                    Ok(Rep::Data(data.as_slice()))
+                }
+                Ok(_) => Err(Stop::Err(libc::EIO)),
+                Err(e) => Err(Stop::Err(e)),
+            },
+            other => self.serve_plain(other),
+        };
+        (
+            match r {
+                Ok(rep) => rep,
+                Err(Stop::Err(e)) => Rep::Err(e),
+                Err(Stop::Fallback) => Rep::Fallback,
+            },
+            Handle::None,
+        )
+    }
+
+    fn serve_plain(&self, req: Req<'_>) -> R<Rep<'static>> {
+        let core = &self.fs.core;
+        Ok(match req {
+            Req::Stat { path, follow } => Rep::Attr(wire_attr(&self.node(path, follow)?)),
+            Req::Fstat { ino } => Rep::Attr(wire_attr(&core.getattr(ino)?)),
+            Req::Access { path, mask } => {
+                let a = self.node(path, true)?;
+                self.may(&a, mask)?;
+                Rep::Done
+            }
+            Req::Write {
+                ino,
+                fh,
+                off,
+                append,
+                data,
+            } => {
+                let off = if append { core.getattr(ino)?.size } else { off };
+                // Any page the kernel holds dirty goes to the daemon before this write.
+                self.inval_inode(ino, off as i64, data.len() as i64);
+                match self.op(Op::Write {
+                    ino,
+                    fh,
+                    offset: off,
+                    data,
+                    kill_suidgid: false,
+                })? {
+                    Out::Written(n) => {
+                        self.inval_inode(ino, off as i64, n as i64);
+                        Rep::Written {
+                            n,
+                            end: off + n as u64,
+                        }
+                    }
+                    _ => return Err(Stop::Err(libc::EIO)),
+                }
+            }
+            Req::Fsync { ino, .. } => {
+                self.op(Op::Fsync { ino })?;
+                Rep::Done
+            }
+            Req::Truncate { ino, fh, size } => {
+                self.inval_inode(ino, 0, 0);
+                let out = self.op(Op::Setattr {
+                    ino,
+                    mode: None,
+                    uid: None,
+                    gid: None,
+                    size: Some(size),
+                    atime: None,
+                    mtime: None,
+                    fh: Some(fh),
+                })?;
+                self.inval_inode(ino, 0, 0);
+                match out {
+                    Out::Attr(a) => Rep::Attr(wire_attr(&a)),
+                    _ => Rep::Done,
+                }
+            }
+            Req::Unlink { path } | Req::Rmdir { path } => {
+                let dir_op = matches!(req, Req::Rmdir { .. });
+                let (dir, name) = self.entry(path)?;
+                let parent = dir.ino;
+                self.op(if dir_op {
+                    Op::Rmdir { parent, name }
+                } else {
+                    Op::Unlink { parent, name }
+                })?;
+                self.inval_entry(parent, name);
+                Rep::Done
+            }
+            Req::Mkdir { path, mode, umask } => {
+                let (dir, name) = self.entry(path)?;
+                let out = self.op(Op::Mkdir {
+                    parent: dir.ino,
+                    name,
+                    mode,
+                    umask,
+                })?;
+                self.inval_entry(dir.ino, name);
+                match out {
+                    Out::Entry(a) => Rep::Attr(wire_attr(&a)),
+                    _ => Rep::Done,
+                }
+            }
+            Req::Rename { from, to } => {
+                let (fdir, fname) = self.entry(from)?;
+                let (tdir, tname) = self.entry(to)?;
+                self.op(Op::Rename {
+                    parent: fdir.ino,
+                    name: fname,
+                    newparent: tdir.ino,
+                    newname: tname,
+                    flags: 0,
+                })?;
+                self.inval_entry(fdir.ino, fname);
+                self.inval_entry(tdir.ino, tname);
+                Rep::Done
+            }
+            Req::Setattr { ino, path, set } => {
+                let a = if path.is_empty() {
+                    core.getattr(ino)?
+                } else {
+                    self.node(path, set.follow)?
+                };
+                may_setattr(&a, self.caller, &set, || self.may(&a, W_OK))?;
+                let out = self.op(Op::Setattr {
+                    ino: a.ino,
+                    mode: set.mode,
+                    uid: set.uid,
+                    gid: set.gid,
+                    size: None,
+                    atime: system_time(set.atime),
+                    mtime: system_time(set.mtime),
+                    fh: None,
+                })?;
+                self.inval_inode(a.ino, -1, 0);
+                match out {
+                    Out::Attr(a) => Rep::Attr(wire_attr(&a)),
+                    _ => Rep::Done,
+                }
+            }
+            Req::Open { .. } | Req::Close { .. } | Req::Read { .. } => {
+                return Err(Stop::Err(libc::EINVAL))
+            }
+        })
+    }
+
+    fn open(&self, path: &[u8], flags: i32, mode: u32, umask: u32) -> (Rep<'static>, Handle) {
+        match self.open_inner(path, flags, mode, umask) {
+            Ok((fh, a)) => (
+                Rep::Opened {
+                    fh,
+                    attr: wire_attr(&a),
+                },
+                Handle::Opened(a.ino, fh),
+            ),
+            Err(Stop::Err(e)) => (Rep::Err(e), Handle::None),
+            Err(Stop::Fallback) => (Rep::Fallback, Handle::None),
+        }
+    }
+
+    fn open_inner(&self, path: &[u8], flags: i32, mode: u32, umask: u32) -> R<(u64, Attr)> {
+        let core = &self.fs.core;
+        // O_PATH, O_TMPFILE and the like are the kernel's.
+        if flags & (libc::O_PATH | libc::O_TMPFILE & !libc::O_DIRECTORY) != 0 {
+            return Err(Stop::Fallback);
+        }
+        let (dir, last) = self.parent_of(path)?;
+        let Some(name) = last else {
+            return Err(Stop::Fallback);
+        };
+        let creat = flags & libc::O_CREAT != 0;
+        match core.lookup(dir.ino, name) {
+            Ok(a) => {
+                if creat && flags & libc::O_EXCL != 0 {
+                    return Err(Stop::Err(libc::EEXIST));
+                }
+                match a.kind {
+                    Kind::File => {}
+                    Kind::Symlink if flags & libc::O_NOFOLLOW != 0 => {
+                        return Err(Stop::Err(libc::ELOOP))
+                    }
+                    _ => return Err(Stop::Fallback),
+                }
+                if flags & libc::O_DIRECTORY != 0 || path.last() == Some(&b'/') {
+                    return Err(Stop::Err(libc::ENOTDIR));
+                }
+                self.may(&a, open_wants(flags))?;
+                let trunc = flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
+                if trunc {
+                    self.inval_inode(a.ino, 0, 0);
+                }
+                let fh = match self.op(Op::Open { ino: a.ino, flags })? {
+                    Out::Open(fh, _) => fh,
+                    _ => return Err(Stop::Err(libc::EIO)),
+                };
+                if trunc {
+                    self.inval_inode(a.ino, 0, 0);
+                }
+                Ok((fh, core.getattr(a.ino)?))
+            }
+            Err(libc::ENOENT) if creat => {
+                if dir.kind != Kind::Dir {
+                    return Err(Stop::Err(libc::ENOTDIR));
+                }
+                if path.last() == Some(&b'/') {
+                    return Err(Stop::Err(libc::EISDIR));
+                }
+                self.may(&dir, W_OK | X_OK)?;
+                let out = self.op(Op::Create {
+                    parent: dir.ino,
+                    name,
+                    mode: libc::S_IFREG | (mode & 0o7777),
+                    umask,
+                    flags,
+                })?;
+                self.inval_entry(dir.ino, name);
+                match out {
+                    Out::Created(a, fh, _) => Ok((fh, a)),
+                    _ => Err(Stop::Err(libc::EIO)),
+                }
+            }
+            Err(e) => Err(Stop::Err(e)),
+        }
+    }
+}
+
+/// What a request did to the connection's open handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Handle {
+    /// Nothing.
+    None,
+    /// Opened handle `fh` of node `ino`.
+    Opened(u64, u64),
+    /// Closed it.
+    Closed(u64, u64),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(kind: Kind, mode: u32, uid: u32, gid: u32) -> Attr {
+        Attr {
+            ino: 5,
+            kind,
+            mode,
+            uid,
+            gid,
+            size: 0,
+            atime: 0,
+            mtime: 0,
+            ctime: 0,
+            nlink: 1,
+            rdev: 0,
+            blocks: 0,
+            generation: 1,
+        }
+    }
+
+    fn who(uid: u32) -> Caller {
+        Caller { uid, gid: uid }
+    }
+
+    #[test]
+    fn permission_is_decided_here_only_where_the_mode_alone_decides_it() {
+        let f = attr(Kind::File, 0o640, 1000, 1000);
+        assert_eq!(may(&f, who(1000), R_OK | W_OK, || false), Ok(()));
+        assert_eq!(
+            may(&f, who(1000), X_OK, || false),
+            Err(Stop::Err(libc::EACCES))
+        );
+        // Group may read, other may not: whether 1001 is in the group is the kernel's.
+        assert_eq!(may(&f, who(1001), R_OK, || false), Err(Stop::Fallback));
+        // Neither group nor other may write, and no ACL: refused.
+        assert_eq!(
+            may(&f, who(1001), W_OK, || false),
+            Err(Stop::Err(libc::EACCES))
+        );
+        // An ACL may grant what the bits do not.
+        assert_eq!(may(&f, who(1001), W_OK, || true), Err(Stop::Fallback));
+        let open = attr(Kind::File, 0o644, 1000, 1000);
+        assert_eq!(may(&open, who(1001), R_OK, || false), Ok(()));
+        // Root: anything but executing a file nobody may execute.
+        assert_eq!(may(&f, who(0), R_OK | W_OK, || false), Ok(()));
+        assert_eq!(
+            may(&f, who(0), X_OK, || false),
+            Err(Stop::Err(libc::EACCES))
+        );
+        let d = attr(Kind::Dir, 0o700, 1000, 1000);
+        assert_eq!(may(&d, who(0), X_OK, || false), Ok(()));
+        assert_eq!(
+            may(&d, who(1001), X_OK, || false),
+            Err(Stop::Err(libc::EACCES))
+        );
+    }
+
+    #[test]
+    fn attribute_changes_follow_the_kernels_rules() {
+        let f = attr(Kind::File, 0o644, 1000, 1000);
+        let set = |mode, uid, gid, mtime| SetAttr {
+            mode,
+            uid,
+            gid,
+            atime: Time::Omit,
+            mtime,
+            follow: true,
+        };
+        let yes = || Ok(());
+        let no = || Err(Stop::Err(libc::EACCES));
+        let chmod = set(Some(0o600), None, None, Time::Omit);
+        assert_eq!(may_setattr(&f, who(1000), &chmod, no), Ok(()));
+        assert_eq!(
+            may_setattr(&f, who(1001), &chmod, yes),
+            Err(Stop::Err(libc::EPERM))
+        );
+        assert_eq!(may_setattr(&f, who(0), &chmod, no), Ok(()));
+        let chown = set(None, Some(1001), None, Time::Omit);
+        assert_eq!(
+            may_setattr(&f, who(1000), &chown, yes),
+            Err(Stop::Err(libc::EPERM))
+        );
+        let chgrp = set(None, None, Some(2000), Time::Omit);
+        assert_eq!(may_setattr(&f, who(1000), &chgrp, yes), Err(Stop::Fallback));
+        let touch_at = set(None, None, None, Time::At(5));
+        assert_eq!(
+            may_setattr(&f, who(1001), &touch_at, yes),
+            Err(Stop::Err(libc::EPERM))
+        );
+        assert_eq!(may_setattr(&f, who(1000), &touch_at, no), Ok(()));
+        let touch = set(None, None, None, Time::Now);
+        assert_eq!(may_setattr(&f, who(1001), &touch, yes), Ok(()));
+        assert_eq!(
+            may_setattr(&f, who(1001), &touch, no),
+            Err(Stop::Err(libc::EACCES))
+        );
+    }
+
+    #[test]
+    fn open_flags_ask_for_what_the_kernel_asks() {
+        assert_eq!(open_wants(libc::O_RDONLY), R_OK);
+        assert_eq!(open_wants(libc::O_WRONLY | libc::O_CREAT), W_OK);
+        assert_eq!(open_wants(libc::O_RDWR), R_OK | W_OK);
+        assert_eq!(open_wants(libc::O_RDONLY | libc::O_TRUNC), R_OK | W_OK);
+    }
+
+    #[test]
+    fn paths_are_split_into_naming_components() {
+        assert_eq!(components(b"a//./b/").0, vec![&b"a"[..], b"b"]);
+        assert!(components(b"a/").1);
+        assert!(components(b"").0.is_empty());
+        assert_eq!(components(b"../x").0, vec![&b".."[..], b"x"]);
+    }
+}

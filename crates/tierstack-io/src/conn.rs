@@ -1,0 +1,335 @@
+//! The mounts this process reaches through the client and its connection to each.
+//!
+//! `TIERSTACK_IO` names the mounts and their io sockets (`MOUNTPOINT=SOCKET`, `:`-separated).
+//! A process connects to a mount at its first call under it (a process that never touches
+//! the mount costs the daemon nothing): the daemon answers with the mountpoint it serves
+//! (which must be the one named) and the shared slot. A forked child connects again at its
+//! first call (the parent's slot is the parent's); a mount whose daemon has gone is marked
+//! dead and its calls go through the kernel.
+
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use tierstack_ioproto::msg::REP_HEAD;
+use tierstack_ioproto::{Chan, Rep, Req, WireAttr};
+
+/// The variable that names the io sockets.
+pub const ENV: &str = "TIERSTACK_IO";
+
+/// One mount served by the client.
+pub struct Mount {
+    /// Its mountpoint, canonical, without a trailing `/`.
+    pub root: Vec<u8>,
+    sock: Vec<u8>,
+    /// An `O_PATH` descriptor of the mountpoint (close-on-exec), opened at the first
+    /// connection: what virtual descriptors duplicate.
+    root_fd: AtomicI32,
+    conn: Mutex<Option<Conn>>,
+    dead: AtomicBool,
+}
+
+struct Conn {
+    chan: Chan,
+    sock: OwnedFd,
+    scratch: Vec<u8>,
+}
+
+/// What a call came back with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Got {
+    /// Done.
+    Done,
+    /// An errno.
+    Err(i32),
+    /// Attributes.
+    Attr(WireAttr),
+    /// A handle.
+    Opened(u64, WireAttr),
+    /// This many bytes read into the caller's buffer.
+    Read(usize),
+    /// Bytes written and the offset after them.
+    Written(u32, u64),
+}
+
+/// Why a call is to be made through the kernel instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// The daemon leaves it to the kernel.
+    Fallback,
+    /// No connection (the daemon has gone or never answered).
+    Dead,
+}
+
+static MOUNTS: OnceLock<Vec<Mount>> = OnceLock::new();
+/// The process's umask as the client last saw it set (read once at start).
+pub static UMASK: AtomicU32 = AtomicU32::new(0o022);
+
+/// The mounts of `TIERSTACK_IO` that answered (made at the first call).
+pub fn mounts() -> &'static [Mount] {
+    MOUNTS.get_or_init(|| {
+        // SAFETY: umask has no preconditions; the value is put back at once.
+        let m = unsafe { libc::umask(0o022) };
+        // SAFETY: as above.
+        unsafe { libc::umask(m) };
+        UMASK.store(m, Relaxed);
+        let list = std::env::var_os(ENV).unwrap_or_default();
+        let mut out = Vec::new();
+        use std::os::unix::ffi::OsStrExt;
+        for entry in list.as_bytes().split(|&b| b == b':') {
+            let Some(eq) = entry.iter().rposition(|&b| b == b'=') else {
+                continue;
+            };
+            let (mut root, sock) = (entry[..eq].to_vec(), &entry[eq + 1..]);
+            while root.len() > 1 && root.last() == Some(&b'/') {
+                root.pop();
+            }
+            if root.first() != Some(&b'/') || sock.is_empty() {
+                continue;
+            }
+            out.push(Mount {
+                root,
+                sock: sock.to_vec(),
+                root_fd: AtomicI32::new(-1),
+                conn: Mutex::new(None),
+                dead: AtomicBool::new(false),
+            });
+        }
+        // SAFETY: the handlers are plain functions of this library; registering them has
+        // no other precondition.
+        unsafe {
+            libc::pthread_atfork(
+                Some(crate::calls::before_fork),
+                Some(after_fork_parent),
+                Some(after_fork_child),
+            )
+        };
+        out
+    })
+}
+
+/// An `O_PATH | O_CLOEXEC` descriptor of `path`.
+fn open_path(path: &[u8]) -> Option<RawFd> {
+    let c = std::ffi::CString::new(path).ok()?;
+    let open =
+        crate::real!(open: fn(*const libc::c_char, libc::c_int, libc::c_uint) -> libc::c_int);
+    // SAFETY: open of a NUL-terminated path.
+    let fd = unsafe {
+        open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
+            0,
+        )
+    };
+    (fd >= 0).then_some(fd)
+}
+
+/// Connects to the io socket at `sock`: the mountpoint it serves and the connection.
+fn connect(sock: &[u8]) -> Option<(Vec<u8>, Conn)> {
+    // SAFETY: socket() has no memory preconditions.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: `raw` was just returned to us.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: an all-zero sockaddr_un is valid (family set below).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if sock.len() >= addr.sun_path.len() {
+        return None;
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(sock) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: connect reads `addr`, a live local of the size given.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    let (root, memfd) = recv_hello(fd.as_fd())?;
+    let chan = Chan::attach(memfd.as_fd()).ok()?;
+    Some((
+        root,
+        Conn {
+            chan,
+            sock: fd,
+            scratch: Vec::with_capacity(4096),
+        },
+    ))
+}
+
+/// The daemon's hello: the mountpoint, with the slot's memfd attached. Bounded by a 5 s
+/// receive timeout.
+fn recv_hello(fd: std::os::fd::BorrowedFd<'_>) -> Option<(Vec<u8>, OwnedFd)> {
+    let tv = libc::timeval {
+        tv_sec: 5,
+        tv_usec: 0,
+    };
+    // SAFETY: setsockopt reads a timeval, a live local.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    let mut buf = vec![0u8; 4096];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: an all-zero msghdr is valid; it is filled in below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: recvmsg writes into `buf` and `cbuf` through `msg`, all live locals.
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n <= 0 {
+        return None;
+    }
+    // SAFETY: `msg` was filled by recvmsg; CMSG_FIRSTHDR reads its control fields.
+    let c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    if c.is_null() {
+        return None;
+    }
+    // SAFETY: `c` points into `cbuf`, a header recvmsg wrote.
+    let (level, kind) = unsafe { ((*c).cmsg_level, (*c).cmsg_type) };
+    if level != libc::SOL_SOCKET || kind != libc::SCM_RIGHTS {
+        return None;
+    }
+    // SAFETY: an SCM_RIGHTS message carries at least one int after its header.
+    let raw = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32) };
+    // SAFETY: the kernel installed `raw` in this process for us.
+    let memfd = unsafe { OwnedFd::from_raw_fd(raw) };
+    buf.truncate(n as usize);
+    while buf.last() == Some(&b'/') && buf.len() > 1 {
+        buf.pop();
+    }
+    Some((buf, memfd))
+}
+
+/// Whether the peer of `fd` hung up (a look, never a wait).
+fn hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: poll of one pollfd, a live local, without waiting.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+}
+
+impl Mount {
+    /// Makes `req` (with `data` after its head for a write), reading a data answer into
+    /// `into`.
+    pub fn call(&self, req: &Req<'_>, data: &[u8], into: &mut [u8]) -> Result<Got, Miss> {
+        if self.dead.load(Relaxed) {
+            return Err(Miss::Dead);
+        }
+        let mut guard = self.conn.lock();
+        if guard.is_none() {
+            let root_fd = match self.root_fd.load(Relaxed) {
+                -1 => open_path(&self.root).unwrap_or(-1),
+                fd => fd,
+            };
+            self.root_fd.store(root_fd, Relaxed);
+            match connect(&self.sock) {
+                Some((root, c)) if root == self.root && root_fd >= 0 => *guard = Some(c),
+                _ => {
+                    self.dead.store(true, Relaxed);
+                    return Err(Miss::Dead);
+                }
+            }
+        }
+        let Some(c) = guard.as_mut() else {
+            return Err(Miss::Dead);
+        };
+        req.encode(&mut c.scratch);
+        let ok = c.chan.put(0, &c.scratch) && c.chan.put(c.scratch.len(), data);
+        if !ok {
+            return Err(Miss::Fallback);
+        }
+        let sock = c.sock.as_raw_fd();
+        let len = c.scratch.len() + data.len();
+        match c.chan.call(len, &|| hung_up(sock)) {
+            Ok(_) => {}
+            Err(tierstack_ioproto::ChanError::Timeout(_)) => {
+                // Its answer may still come: this connection is not to be used again.
+                *guard = None;
+                self.dead.store(true, Relaxed);
+                return Ok(Got::Err(libc::EIO));
+            }
+            Err(_) => {
+                *guard = None;
+                self.dead.store(true, Relaxed);
+                return Err(Miss::Dead);
+            }
+        }
+        let mut head = [0u8; REP_HEAD];
+        if !c.chan.get(0, &mut head) {
+            return Ok(Got::Err(libc::EIO));
+        }
+        if let Some(n) = Rep::data_len(&head) {
+            let n = n.min(into.len());
+            if !c.chan.get(REP_HEAD, &mut into[..n]) {
+                return Ok(Got::Err(libc::EIO));
+            }
+            return Ok(Got::Read(n));
+        }
+        Ok(match Rep::decode(&head) {
+            Some(Rep::Done) => Got::Done,
+            Some(Rep::Err(e)) => Got::Err(e),
+            Some(Rep::Fallback) => return Err(Miss::Fallback),
+            Some(Rep::Attr(a)) => Got::Attr(a),
+            Some(Rep::Opened { fh, attr }) => Got::Opened(fh, attr),
+            Some(Rep::Written { n, end }) => Got::Written(n, end),
+            Some(Rep::Data(_)) | None => Got::Err(libc::EIO),
+        })
+    }
+
+    /// The mount's `O_PATH` descriptor (-1 before the first connection).
+    pub fn root_fd(&self) -> RawFd {
+        self.root_fd.load(Relaxed)
+    }
+
+    /// Holds this mount's connection across a fork (see [`crate::calls::before_fork`]).
+    pub fn lock_for_fork(&self) {
+        std::mem::forget(self.conn.lock());
+    }
+}
+
+extern "C" fn after_fork_parent() {
+    for m in MOUNTS.get().map(|v| v.as_slice()).unwrap_or(&[]) {
+        // SAFETY: `before_fork` locked every connection in this thread and forgot the guard.
+        unsafe { m.conn.force_unlock() };
+    }
+}
+
+extern "C" fn after_fork_child() {
+    for m in MOUNTS.get().map(|v| v.as_slice()).unwrap_or(&[]) {
+        // SAFETY: as in the parent: the lock was taken by `before_fork` in this thread.
+        unsafe { m.conn.force_unlock() };
+        // The parent's slot and socket are the parent's: the child connects anew. Dropping
+        // the copies unmaps the slot and closes the child's copy of the socket (the
+        // parent's stays open).
+        let old = m.conn.lock().take();
+        crate::outside(|| {
+            drop(old);
+            Some(())
+        });
+    }
+}

@@ -1,0 +1,370 @@
+//! The shared-memory slot of one client connection: a head of three state words and one
+//! buffer that holds a request, then its answer.
+//!
+//! The state word goes idle (0, as made)/`ANSWERED` → `ASKED` (the client wrote a request) → `ANSWERED`
+//! (the daemon wrote the answer over it). Whoever waits spins a bounded time (only with more
+//! than one CPU online: with one, the other side cannot run while we spin), then sleeps on a
+//! futex of the state word after saying so in its `*_sleeps` word; the other side wakes it
+//! only when that word is set (so a call between two running sides makes no system call).
+//! Both sides check their `*_sleeps` and the state in sequentially consistent order, and the
+//! futex wait itself sleeps only while the state is still the one seen, so no wake-up is
+//! lost.
+//!
+//! No Rust reference to the shared bytes is ever made: the other process may write them at
+//! any time (a misbehaving client), so they are copied in and out ([`Chan::put`],
+//! [`Chan::get`]) and the daemon decodes a private copy.
+//!
+//! Every wait is bounded: the client gives up after [`CALL_LIMIT`] (EIO for the program) or
+//! as soon as the daemon's socket hangs up; the daemon's wait ends when the client's socket
+//! hangs up.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+/// Bytes of the head before the buffer.
+pub const HEAD: usize = 64;
+/// The most data one read or write carries (larger ones are split by the client).
+pub const MAX_DATA: usize = 1 << 20;
+/// Bytes of the buffer: the largest request or answer.
+pub const BUF: usize = MAX_DATA + 4096;
+/// Bytes of the whole slot.
+pub const SLOT_BYTES: usize = HEAD + BUF;
+/// The longest a client waits for one answer before the call fails with EIO.
+pub const CALL_LIMIT: Duration = Duration::from_secs(120);
+/// How long the client spins for an answer before it sleeps.
+pub const CLIENT_SPIN: Duration = Duration::from_micros(40);
+/// How long the daemon spins for the next request after an answer before it sleeps.
+pub const SERVER_SPIN: Duration = Duration::from_micros(60);
+/// How often a sleeping side looks whether the other has gone.
+const NAP: Duration = Duration::from_millis(50);
+
+const ASKED: u32 = 1;
+const ANSWERED: u32 = 2;
+
+/// What a wait on the channel ends with, other than its answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ChanError {
+    /// The other side's socket hung up.
+    #[error("the other side of the io channel has gone")]
+    Gone,
+    /// No answer within [`CALL_LIMIT`].
+    #[error("no answer from the mount's daemon within {0:?}")]
+    Timeout(Duration),
+    /// The slot could not be made or mapped.
+    #[error("io channel: {0}")]
+    Os(#[from] std::io::Error),
+    /// The memfd received is not a slot.
+    #[error("io channel: the shared slot is {0} bytes, not {SLOT_BYTES}")]
+    Size(u64),
+}
+
+/// Which end of the channel this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The program's end.
+    Client,
+    /// The daemon's end.
+    Server,
+}
+
+/// One mapped slot.
+#[derive(Debug)]
+pub struct Chan {
+    map: *mut u8,
+    spin: bool,
+}
+
+// SAFETY: the mapping is process-wide memory owned by the Chan; every access goes through the
+// atomics of the head or byte copies, never through references, so moving the Chan to
+// another thread is sound.
+unsafe impl Send for Chan {}
+
+impl Chan {
+    /// A new slot in a memfd (the daemon's side): the mapping and the descriptor to hand to
+    /// the client.
+    pub fn create() -> Result<(Chan, OwnedFd), ChanError> {
+        // SAFETY: memfd_create with a NUL-terminated name; the descriptor returned is ours.
+        let raw = unsafe { libc::memfd_create(c"tierstack-io".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: `raw` is a descriptor just returned to us and owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate on a descriptor we own.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), SLOT_BYTES as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let chan = Self::map(fd.as_raw_fd())?;
+        Ok((chan, fd))
+    }
+
+    /// Maps the slot in `fd` (the client's side), after checking its size.
+    pub fn attach(fd: BorrowedFd<'_>) -> Result<Chan, ChanError> {
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten by fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat writes into `st`, a live local.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        if st.st_size as u64 != SLOT_BYTES as u64 {
+            return Err(ChanError::Size(st.st_size as u64));
+        }
+        Self::map(fd.as_raw_fd())
+    }
+
+    fn map(fd: libc::c_int) -> Result<Chan, ChanError> {
+        // SAFETY: a new shared mapping of SLOT_BYTES of `fd`, which is at least that long;
+        // the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SLOT_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: sysconf has no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        Ok(Chan {
+            map: p.cast(),
+            spin: cpus > 1,
+        })
+    }
+
+    fn word(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: the head's first words are u32 atomics at 4-byte offsets inside the
+        // mapping, which is page-aligned and lives as long as `self`; atomics may be shared
+        // with another process through a shared mapping.
+        unsafe { &*(self.map.add(i * 4) as *const AtomicU32) }
+    }
+
+    fn state(&self) -> &AtomicU32 {
+        self.word(0)
+    }
+
+    fn sleeps(&self, side: Side) -> &AtomicU32 {
+        self.word(if side == Side::Server { 1 } else { 2 })
+    }
+
+    fn len(&self) -> &AtomicU32 {
+        self.word(3)
+    }
+
+    /// Copies `bytes` into the buffer at `at`; false if they do not fit.
+    pub fn put(&mut self, at: usize, bytes: &[u8]) -> bool {
+        if at.checked_add(bytes.len()).is_none_or(|end| end > BUF) {
+            return false;
+        }
+        // SAFETY: the range [HEAD + at, HEAD + at + len) lies inside the mapping (checked
+        // above); no reference to it exists.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.add(HEAD + at), bytes.len())
+        };
+        true
+    }
+
+    /// Copies the buffer's bytes at `at` into `out`; false if they lie past its end.
+    pub fn get(&self, at: usize, out: &mut [u8]) -> bool {
+        if at.checked_add(out.len()).is_none_or(|end| end > BUF) {
+            return false;
+        }
+        // SAFETY: as in `put`, the range is inside the mapping and unreferenced.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.map.add(HEAD + at), out.as_mut_ptr(), out.len())
+        };
+        true
+    }
+
+    /// The client: the request of `len` bytes now in the buffer is sent; returns the
+    /// answer's length once it is there. `gone` says whether the daemon's socket hung up
+    /// (asked only while sleeping).
+    pub fn call(&mut self, len: usize, gone: &dyn Fn() -> bool) -> Result<usize, ChanError> {
+        self.len().store(len as u32, SeqCst);
+        self.state().store(ASKED, SeqCst);
+        if self.sleeps(Side::Server).load(SeqCst) != 0 {
+            futex_wake(self.state());
+        }
+        self.wait_for(ASKED, Side::Client, CLIENT_SPIN, CALL_LIMIT, gone)?;
+        Ok(self.len().load(SeqCst) as usize)
+    }
+
+    /// The daemon: waits for the next request; its length. Ends with [`ChanError::Gone`]
+    /// when `gone` says the client's socket hung up.
+    pub fn next_request(&mut self, gone: &dyn Fn() -> bool) -> Result<usize, ChanError> {
+        loop {
+            let cur = self.state().load(SeqCst);
+            if cur == ASKED {
+                return Ok((self.len().load(SeqCst) as usize).min(BUF));
+            }
+            // Waits while the state stays `cur` (idle, or our last answer not yet replaced).
+            self.wait_for(cur, Side::Server, SERVER_SPIN, Duration::MAX, gone)?;
+        }
+    }
+
+    /// The daemon: the answer of `len` bytes now in the buffer is ready.
+    pub fn answer(&mut self, len: usize) {
+        self.len().store(len as u32, SeqCst);
+        self.state().store(ANSWERED, SeqCst);
+        if self.sleeps(Side::Client).load(SeqCst) != 0 {
+            futex_wake(self.state());
+        }
+    }
+
+    /// Waits until the state is no longer `from`: spins up to `spin`, then sleeps (saying so
+    /// in `side`'s word) in naps, asking `gone` after each, up to `limit`.
+    fn wait_for(
+        &self,
+        from: u32,
+        side: Side,
+        spin: Duration,
+        limit: Duration,
+        gone: &dyn Fn() -> bool,
+    ) -> Result<(), ChanError> {
+        let start = Instant::now();
+        if self.spin {
+            let mut i = 0u32;
+            while self.state().load(SeqCst) == from {
+                std::hint::spin_loop();
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(64) && start.elapsed() > spin {
+                    break;
+                }
+            }
+        }
+        loop {
+            if self.state().load(SeqCst) != from {
+                return Ok(());
+            }
+            self.sleeps(side).store(1, SeqCst);
+            if self.state().load(SeqCst) == from {
+                futex_wait(self.state(), from, NAP);
+            }
+            self.sleeps(side).store(0, SeqCst);
+            if self.state().load(SeqCst) != from {
+                return Ok(());
+            }
+            if gone() {
+                return Err(ChanError::Gone);
+            }
+            if start.elapsed() > limit {
+                return Err(ChanError::Timeout(limit));
+            }
+        }
+    }
+}
+
+impl Drop for Chan {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, of SLOT_BYTES, unmapped once; no reference into
+        // it outlives `self`.
+        unsafe { libc::munmap(self.map.cast(), SLOT_BYTES) };
+    }
+}
+
+/// Sleeps while `*w == val`, at most `timeout` (a shared futex: the word is in a mapping
+/// shared between processes).
+fn futex_wait(w: &AtomicU32, val: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT reads the u32 at `w` (a live atomic) and the timespec (a live
+    // local); the unused arguments are null/0.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            w.as_ptr(),
+            libc::FUTEX_WAIT,
+            val,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        )
+    };
+}
+
+/// Wakes the sleepers on `w`.
+fn futex_wake(w: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on the address of a live atomic; the other arguments are unused.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            w.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_request_and_its_answer_cross_between_two_mappings() {
+        let (mut server, fd) = Chan::create().expect("slot");
+        let mut client = Chan::attach(fd.as_fd()).expect("attach");
+        let t = std::thread::spawn(move || {
+            for _ in 0..1000 {
+                let n = server.next_request(&|| false).expect("request");
+                let mut b = vec![0u8; n];
+                assert!(server.get(0, &mut b));
+                b.reverse();
+                assert!(server.put(0, &b));
+                server.answer(n);
+            }
+        });
+        for i in 0..1000u32 {
+            let req = [i.to_le_bytes(), (i * 3).to_le_bytes()].concat();
+            assert!(client.put(0, &req));
+            let n = client.call(req.len(), &|| false).expect("answer");
+            let mut got = vec![0u8; n];
+            assert!(client.get(0, &mut got));
+            let mut want = req.clone();
+            want.reverse();
+            assert_eq!(got, want);
+        }
+        t.join().expect("server");
+    }
+
+    #[test]
+    fn a_client_whose_daemon_has_gone_gets_an_error_not_a_hang() {
+        let (_server, fd) = Chan::create().expect("slot");
+        let mut client = Chan::attach(fd.as_fd()).expect("attach");
+        let t = Instant::now();
+        let r = client.call(1, &|| t.elapsed() > Duration::from_millis(200));
+        assert!(matches!(r, Err(ChanError::Gone)), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn copies_outside_the_buffer_are_refused() {
+        let (mut c, _fd) = Chan::create().expect("slot");
+        assert!(!c.put(BUF - 1, b"ab"));
+        assert!(c.put(BUF - 2, b"ab"));
+        let mut two = [0u8; 2];
+        assert!(c.get(BUF - 2, &mut two));
+        assert_eq!(&two, b"ab");
+        assert!(!c.get(usize::MAX, &mut two));
+    }
+
+    #[test]
+    fn a_memfd_of_another_size_is_not_attached() {
+        // SAFETY: memfd_create with a NUL-terminated name.
+        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a descriptor just returned to us.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        assert!(matches!(Chan::attach(fd.as_fd()), Err(ChanError::Size(0))));
+    }
+}
