@@ -693,6 +693,12 @@ fn print_status(s: &MountStatus) {
     if !s.transport.is_empty() {
         println!("transport   {}", s.transport);
     }
+    if s.io_calls > 0 || s.io_clients > 0 {
+        println!(
+            "io client   {} calls served over shared memory, {} processes connected",
+            s.io_calls, s.io_clients
+        );
+    }
     if s.polled_ms > 0 || s.polling {
         println!(
             "poll        {:.1} s of one CPU spent polling the FUSE device{}",

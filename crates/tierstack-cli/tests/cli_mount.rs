@@ -1830,12 +1830,25 @@ fn conformance_with_a_plain_folder() {
     if !can_run() {
         return;
     }
-    conformance(&[]);
+    conformance(&[], false);
+}
+
+/// Issue 39: the same comparison with the interception client (`tierstack exec MNT --`,
+/// libtierstack_io.so) preloaded into the script: the calls it serves from the daemon give
+/// what the kernel gives (errors, modes, owners, times, link counts), and the part run as
+/// an unprivileged user (refused by the client's channel) still goes through FUSE.
+#[test]
+fn conformance_with_the_interception_client() {
+    if !can_run() {
+        return;
+    }
+    conformance(&[], true);
 }
 
 /// Runs the conformance script in a plain folder and in a mount made with `extra` (and
-/// `--allow-other`), and compares results and, after the unmount, the backing's tree.
-fn conformance(extra: &[&str]) {
+/// `--allow-other`), and compares results and, after the unmount, the backing's tree. With
+/// `client`, the script runs in the mount under `tierstack exec` (the interception client).
+fn conformance(extra: &[&str], client: bool) {
     let python = ["/usr/bin/python3", "python3"].into_iter().find(|p| {
         Command::new(p)
             .arg("-c")
@@ -1848,8 +1861,12 @@ fn conformance(extra: &[&str]) {
         return;
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/posix_ops.py");
-    let run_script = |args: &[&Path]| -> serde_json::Value {
-        let o = Command::new(python)
+    let run_script_via = |via: Option<&Path>, args: &[&Path]| -> serde_json::Value {
+        let mut c = Command::new(if via.is_some() { BIN } else { python });
+        if let Some(mnt) = via {
+            c.arg("exec").arg(mnt).arg("--").arg(python);
+        }
+        let o = c
             .arg(&script)
             .args(args)
             .output()
@@ -1861,6 +1878,7 @@ fn conformance(extra: &[&str]) {
         );
         serde_json::from_slice(&o.stdout).expect("script output is JSON")
     };
+    let run_script = |args: &[&Path]| run_script_via(None, args);
     let mut fx = Fixture::new();
     let reference = fx.backing.parent().expect("parent").join("reference");
     fs::create_dir(&reference).expect("mkdir reference");
@@ -1871,7 +1889,7 @@ fn conformance(extra: &[&str]) {
     let mut args = vec!["--allow-other"];
     args.extend_from_slice(extra);
     fx.mount(&args);
-    let got = run_script(&[&fx.mnt]);
+    let got = run_script_via(client.then_some(fx.mnt.as_path()), &[&fx.mnt]);
     let (w, g) = (
         want["ops"].as_array().expect("ops"),
         got["ops"].as_array().expect("ops"),
@@ -2750,7 +2768,7 @@ fn io_uring_transport_conforms_and_fails_cleanly() {
     assert!(!is_mounted(&fx.mnt));
     drop(fx);
     // On: the queues serve, and the mount behaves as over /dev/fuse.
-    conformance(&["--transport", "uring"]);
+    conformance(&["--transport", "uring"], false);
     let mut fx = Fixture::new();
     fx.mount(&["--transport", "uring"]);
     assert_eq!(fx.status()["transport"], "io_uring");

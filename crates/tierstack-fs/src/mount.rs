@@ -236,6 +236,12 @@ pub struct MountStatus {
     /// Milliseconds spent polling the device since the mount started (a CPU busy for them).
     #[serde(default)]
     pub polled_ms: u64,
+    /// Calls the interception client's processes made through the io channel (`crate::io`).
+    #[serde(default)]
+    pub io_calls: u64,
+    /// Processes connected to the io channel now.
+    #[serde(default)]
+    pub io_clients: u64,
     /// How requests reach the daemon: "io_uring" or "/dev/fuse".
     #[serde(default)]
     pub transport: String,
@@ -1316,6 +1322,8 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
         conditioned: fig.conditioned,
         polling: fig.polling,
         polled_ms: fig.polled_ms,
+        io_calls: fig.io_calls,
+        io_clients: fig.io_clients,
         transport: if fig.uring { "io_uring" } else { "/dev/fuse" }.into(),
         fast_dir: spec.dir.clone(),
         stuck: stuck

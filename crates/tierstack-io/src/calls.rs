@@ -713,6 +713,34 @@ execing!(fexecve(fd: c_int, a: *const *const c_char, e: *const *const c_char) ->
 execing!(posix_spawn(pid: *mut libc::pid_t, p: *const c_char, fa: *const c_void, at: *const c_void, a: *const *mut c_char, e: *const *mut c_char) -> c_int);
 execing!(posix_spawnp(pid: *mut libc::pid_t, p: *const c_char, fa: *const c_void, at: *const c_void, a: *const *mut c_char, e: *const *mut c_char) -> c_int);
 
+/// Defines a credential-changing function as: the C library's, then, if it worked, every
+/// connection made again (the daemon knows a caller by the credentials of its connect).
+macro_rules! credentials {
+    ($name:ident ( $($a:ident : $t:ty),* )) => {
+        /// # Safety
+        /// The C function's.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            // SAFETY: the C library's function with the program's arguments.
+            let r = unsafe { real!($name: fn($($t),*) -> c_int)($($a),*) };
+            if r == 0 {
+                crate::conn::credentials_changed();
+            }
+            r
+        }
+    };
+}
+
+credentials!(setuid(u: libc::uid_t));
+credentials!(seteuid(u: libc::uid_t));
+credentials!(setreuid(r: libc::uid_t, e: libc::uid_t));
+credentials!(setresuid(r: libc::uid_t, e: libc::uid_t, s: libc::uid_t));
+credentials!(setgid(g: libc::gid_t));
+credentials!(setegid(g: libc::gid_t));
+credentials!(setregid(r: libc::gid_t, e: libc::gid_t));
+credentials!(setresgid(r: libc::gid_t, e: libc::gid_t, s: libc::gid_t));
+credentials!(setgroups(n: size_t, l: *const libc::gid_t));
+
 /// # Safety
 /// C's `vfork`, made a `fork` (which POSIX allows): a `vfork` child returning through this
 /// function would pull the stack from under its parent.

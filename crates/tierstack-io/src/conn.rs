@@ -312,6 +312,18 @@ impl Mount {
     }
 }
 
+/// The process's credentials changed (`setuid` and the like): the daemon checks a caller's
+/// credentials at the connect, so every connection is made again at its next call.
+pub fn credentials_changed() {
+    for m in MOUNTS.get().map(|v| v.as_slice()).unwrap_or(&[]) {
+        let old = m.conn.lock().take();
+        crate::outside(|| {
+            drop(old);
+            Some(())
+        });
+    }
+}
+
 extern "C" fn after_fork_parent() {
     for m in MOUNTS.get().map(|v| v.as_slice()).unwrap_or(&[]) {
         // SAFETY: `before_fork` locked every connection in this thread and forgot the guard.

@@ -208,6 +208,9 @@ pub struct Core {
     uring: AtomicBool,
     /// Milliseconds a FUSE thread spent polling the device since the mount started.
     polled_ms: AtomicU64,
+    /// Calls served to interception clients, and clients connected (`crate::io`).
+    io_calls: AtomicU64,
+    io_clients: AtomicU64,
     /// The fast tier's conditioning has nothing left to do (`mount::condition_when_idle`).
     conditioned: AtomicBool,
     /// Inodes with a quarantined journal row (their dirty data stays in the fast tier).
@@ -302,6 +305,8 @@ impl Core {
             polling: AtomicBool::new(false),
             uring: AtomicBool::new(false),
             polled_ms: AtomicU64::new(0),
+            io_calls: AtomicU64::new(0),
+            io_clients: AtomicU64::new(0),
             conditioned: AtomicBool::new(false),
             stuck_inos: Mutex::new(Default::default()),
             moving: Mutex::new(None),

@@ -112,6 +112,20 @@ impl Core {
         self.polling.store(polling, Relaxed);
     }
 
+    /// Counts `n` calls served to interception clients.
+    pub fn add_io_calls(&self, n: u64) {
+        self.io_calls.fetch_add(n, Relaxed);
+    }
+
+    /// An interception client connected (`true`) or went (`false`).
+    pub fn io_client(&self, connected: bool) {
+        if connected {
+            self.io_clients.fetch_add(1, Relaxed);
+        } else {
+            self.io_clients.fetch_sub(1, Relaxed);
+        }
+    }
+
     /// Adds `ms` milliseconds to the time FUSE threads spent polling the device.
     pub fn add_polled_ms(&self, ms: u64) {
         self.polled_ms.fetch_add(ms, Relaxed);

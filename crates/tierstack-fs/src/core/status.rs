@@ -35,6 +35,10 @@ pub struct Figures {
     pub polling: bool,
     /// Milliseconds FUSE threads spent polling the device since the mount started.
     pub polled_ms: u64,
+    /// Calls served to interception clients (`crate::io`).
+    pub io_calls: u64,
+    /// Interception clients connected now.
+    pub io_clients: u64,
     /// The kernel's io_uring queues carry the mount's requests.
     pub uring: bool,
     /// `fsync`s made durable in the intent log.
@@ -58,6 +62,8 @@ impl Core {
             conditioned: self.conditioned.load(Relaxed),
             polling: self.polling.load(Relaxed),
             polled_ms: self.polled_ms.load(Relaxed),
+            io_calls: self.io_calls.load(Relaxed),
+            io_clients: self.io_clients.load(Relaxed),
             uring: self.uring.load(Relaxed),
             fsync_logged: self.fsync_logged.load(Relaxed),
             fsync_flushed: self.fsync_flushed.load(Relaxed),

@@ -212,6 +212,10 @@ fn connection(
         caller: Caller { uid, gid },
     };
     let mut open: HashMap<(u64, u64), u32> = HashMap::new();
+    fs.core.io_client(true);
+    // Counted in batches: one shared atomic add per call would be a cache line the clients'
+    // threads fight over.
+    let mut calls = 0u64;
     let mut req = Vec::new();
     let mut data = Vec::new();
     let mut out = vec![0u8; msg::REP_HEAD + tierstack_ioproto::chan::MAX_DATA];
@@ -248,7 +252,14 @@ fn connection(
         }
         chan.answer(len);
         drop(open_gate);
+        calls += 1;
+        if calls == 256 {
+            fs.core.add_io_calls(calls);
+            calls = 0;
+        }
     }
+    fs.core.add_io_calls(calls);
+    fs.core.io_client(false);
     // The process has gone: what it held open is closed, as its exit would (unless the
     // mount has stopped: then nothing is written any more).
     let open_gate = gate.read();

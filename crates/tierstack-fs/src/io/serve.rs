@@ -246,6 +246,12 @@ impl Server<'_> {
     /// The directory and name of a path that is to be made or removed, with write and search
     /// permission on the directory checked (a sticky directory is left to the kernel).
     fn entry<'p>(&self, path: &'p [u8]) -> R<(Attr, &'p [u8])> {
+        // `.` or `..` last, or the root itself: the kernel's errors (EINVAL, ENOTEMPTY,
+        // EBUSY...) differ by call.
+        let raw_last = path.split(|&b| b == b'/').rfind(|c| !c.is_empty());
+        if matches!(raw_last, None | Some(b".") | Some(b"..")) {
+            return Err(Stop::Fallback);
+        }
         let (dir, last) = self.parent_of(path)?;
         let name = last.ok_or(Stop::Err(libc::EBUSY))?;
         if dir.kind != Kind::Dir {
@@ -273,6 +279,22 @@ impl Server<'_> {
         }
     }
 
+    /// Makes the kernel read `ino`'s size and times from the daemon again. In writeback-cache
+    /// mode the kernel keeps a regular file's size and times as its own once it has the
+    /// inode (an attribute invalidation does not change them), so the file's names are
+    /// dropped from its dentry cache: with no kernel handle open, the kernel then lets the
+    /// inode go, and the next lookup brings the daemon's attributes. A file also open
+    /// through the kernel shows the client's size once those handles close (close-to-open,
+    /// as NFS gives).
+    fn drop_kernel_inode(&self, ino: u64) {
+        self.inval_inode(ino, -1, 0);
+        for (parent, name) in self.fs.core.links_of(ino) {
+            if let Some(n) = self.notifier {
+                let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+            }
+        }
+    }
+
     fn inval_inode(&self, ino: u64, off: i64, len: i64) {
         if let Some(n) = self.notifier {
             let _ = n.inval_inode(INodeNo(ino), off, len);
@@ -291,8 +313,9 @@ impl Server<'_> {
             } => return self.open(path, flags, mode, umask),
             Req::Close { ino, fh } => {
                 let r = self.op(Op::Release { ino, fh }).map(|_| Rep::Done);
-                // Its size and times as the client left them.
-                self.inval_inode(ino, -1, 0);
+                if crate::refresh::may_write(fuser::FileHandle(fh)) {
+                    self.drop_kernel_inode(ino);
+                }
                 return (r.unwrap_or_else(Rep::Err), Handle::Closed(ino, fh));
             }
             Req::Read { ino, off, len, .. } => match self.op(Op::Read {
@@ -373,6 +396,7 @@ impl Server<'_> {
                     fh: Some(fh),
                 })?;
                 self.inval_inode(ino, 0, 0);
+                self.drop_kernel_inode(ino);
                 match out {
                     Out::Attr(a) => Rep::Attr(wire_attr(&a)),
                     _ => Rep::Done,
@@ -392,10 +416,11 @@ impl Server<'_> {
             }
             Req::Mkdir { path, mode, umask } => {
                 let (dir, name) = self.entry(path)?;
+                // As the kernel's `vfs_mkdir`: permission bits and the sticky bit only.
                 let out = self.op(Op::Mkdir {
                     parent: dir.ino,
                     name,
-                    mode,
+                    mode: mode & 0o1777,
                     umask,
                 })?;
                 self.inval_entry(dir.ino, name);
@@ -435,7 +460,7 @@ impl Server<'_> {
                     mtime: system_time(set.mtime),
                     fh: None,
                 })?;
-                self.inval_inode(a.ino, -1, 0);
+                self.drop_kernel_inode(a.ino);
                 match out {
                     Out::Attr(a) => Rep::Attr(wire_attr(&a)),
                     _ => Rep::Done,
