@@ -13,7 +13,7 @@ use libc::{c_char, c_int, c_uint, c_ulong, c_void, mode_t, off_t, size_t, ssize_
 use tierstack_ioproto::chan::MAX_DATA;
 use tierstack_ioproto::{Req, SetAttr, Time, WireAttr};
 
-use crate::conn::{mounts, Got, Miss, UMASK};
+use crate::conn::{Got, Miss, UMASK};
 use crate::fds::{self, VFile};
 use crate::paths::{self, Under};
 use crate::{outside, real, set_errno};
@@ -439,13 +439,16 @@ fn promote_all(all: bool) {
     });
 }
 
-/// `pthread_atfork`'s prepare handler: the child inherits real descriptors (a virtual one
-/// is this process's), and no connection is in use across the fork.
-pub extern "C" fn before_fork() {
+/// Before a fork: the child inherits real descriptors (a virtual one is this process's).
+fn before_fork() {
     promote_all(true);
-    for m in mounts() {
-        m.lock_for_fork();
-    }
+}
+
+/// The mounts, with the fork hook set at the first look.
+fn mounts() -> &'static [crate::conn::Mount] {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| crate::conn::on_fork(before_fork));
+    crate::conn::mounts()
 }
 
 /// Defines `$name` as: promote a virtual first argument, then the C library's function.

@@ -100,7 +100,7 @@ pub fn mounts() -> &'static [Mount] {
         // no other precondition.
         unsafe {
             libc::pthread_atfork(
-                Some(crate::calls::before_fork),
+                Some(before_fork),
                 Some(after_fork_parent),
                 Some(after_fork_child),
             )
@@ -306,9 +306,29 @@ impl Mount {
         self.root_fd.load(Relaxed)
     }
 
-    /// Holds this mount's connection across a fork (see [`crate::calls::before_fork`]).
-    pub fn lock_for_fork(&self) {
+    /// Holds this mount's connection across a fork (see `before_fork`).
+    fn lock_for_fork(&self) {
         std::mem::forget(self.conn.lock());
+    }
+}
+
+/// What runs first before a fork (set once by the interposed functions: the promotion of
+/// every virtual descriptor, so the child inherits real ones).
+static BEFORE_FORK: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what runs first before a fork (once; later calls change nothing).
+pub fn on_fork(f: fn()) {
+    let _ = BEFORE_FORK.set(f);
+}
+
+/// `pthread_atfork`'s prepare handler: the hook of [`on_fork`], then every connection held
+/// so that none is in use across the fork.
+extern "C" fn before_fork() {
+    if let Some(f) = BEFORE_FORK.get() {
+        f();
+    }
+    for m in MOUNTS.get().map(|v| v.as_slice()).unwrap_or(&[]) {
+        m.lock_for_fork();
     }
 }
 

@@ -228,12 +228,22 @@ impl Chan {
     ) -> Result<(), ChanError> {
         let start = Instant::now();
         if self.spin {
+            // Busy for the first quarter (the other side is running on another CPU: its
+            // answer is a few hundred ns away); then yielding between looks, so that when
+            // the CPUs are all taken the other side can run here instead of waiting for a
+            // time slice.
             let mut i = 0u32;
             while self.state().load(SeqCst) == from {
                 std::hint::spin_loop();
                 i = i.wrapping_add(1);
-                if i.is_multiple_of(64) && start.elapsed() > spin {
-                    break;
+                if i.is_multiple_of(64) {
+                    let t = start.elapsed();
+                    if t > spin {
+                        break;
+                    }
+                    if t > spin / 4 {
+                        std::thread::yield_now();
+                    }
                 }
             }
         }
