@@ -15,7 +15,24 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{detach, fails, is_mounted, ok, root_with_fuse, BIN};
+use common::{detach, fails, is_mounted, root_with_fuse, success_stdout, BIN};
+
+/// The runtime folder of every test's mount (its sockets and log), inside its temporary
+/// folder: a daemon killed by a test leaves nothing in /run/tierstack.
+fn run_dir(tmp: &Path) -> PathBuf {
+    tmp.join("run")
+}
+
+/// `tierstack ARGS` with the test's runtime folder; its standard output (it must succeed).
+#[track_caller]
+fn ok_in(rd: &Path, args: &[&str]) -> String {
+    let o = Command::new(BIN)
+        .args(args)
+        .env("TIERSTACK_RUN_DIR", rd)
+        .output()
+        .expect("run tierstack");
+    success_stdout(args, o)
+}
 
 struct Fx {
     _tmp: tempfile::TempDir,
@@ -43,7 +60,7 @@ impl Fx {
             fast.to_str().expect("utf8"),
         ];
         args.extend_from_slice(extra);
-        ok(&args);
+        ok_in(&run_dir(tmp.path()), &args);
         let mut fx = Fx {
             _tmp: tmp,
             backing,
@@ -54,8 +71,25 @@ impl Fx {
         fx
     }
 
+    fn rd(&self) -> PathBuf {
+        run_dir(self._tmp.path())
+    }
+
+    /// `tierstack exec MNT --` with the test's runtime folder, ready for the command.
+    fn exec(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("TIERSTACK_RUN_DIR", self.rd())
+            .arg("exec")
+            .arg(&self.mnt)
+            .arg("--");
+        c
+    }
+
     fn status(&self) -> serde_json::Value {
-        let out = ok(&["status", self.mnt.to_str().expect("utf8"), "--json"]);
+        let out = ok_in(
+            &self.rd(),
+            &["status", self.mnt.to_str().expect("utf8"), "--json"],
+        );
         serde_json::from_str(&out).expect("status json")
     }
 
@@ -68,12 +102,8 @@ impl Fx {
     }
 
     fn umount(&mut self) {
-        ok(&[
-            "umount",
-            self.mnt.to_str().expect("utf8"),
-            "--timeout",
-            "60s",
-        ]);
+        let mnt = self.mnt.to_str().expect("utf8");
+        ok_in(&self.rd(), &["umount", mnt, "--timeout", "60s"]);
         assert!(!is_mounted(&self.mnt));
         self.pid = None;
     }
@@ -148,13 +178,11 @@ for line in sys.stdin:
 "#;
 
 impl Prog {
-    fn start(py: &str, mnt: &Path, dir: &Path) -> Prog {
-        let script = dir.join("driver.py");
+    fn start(py: &str, fx: &Fx) -> Prog {
+        let script = fx._tmp.path().join("driver.py");
         fs::write(&script, DRIVER).expect("write driver");
-        let mut child = Command::new(BIN)
-            .arg("exec")
-            .arg(mnt)
-            .arg("--")
+        let mut child = fx
+            .exec()
             .arg(py)
             .arg(&script)
             .stdin(Stdio::piped())
@@ -217,7 +245,7 @@ fn fuse_tree(root: &Path) -> Vec<(String, u32, u64, Vec<u8>)> {
 fn a_program_under_the_client_and_a_shell_through_fuse_see_the_same_tree_at_every_step() {
     let Some(py) = can_run() else { return };
     let fx = Fx::new(&[]);
-    let mut prog = Prog::start(py, &fx.mnt, fx._tmp.path());
+    let mut prog = Prog::start(py, &fx);
     let before = fx.io_calls();
     let m = |r: &str| p(&fx.m(r));
     // The program changes, FUSE looks.
@@ -324,6 +352,10 @@ with open(m + "/map", "r+b") as f:
     mm = mmap.mmap(f.fileno(), 0)
     assert mm[:4] == b"abcd"
     mm[:4] = b"WXYZ"; mm.flush(); mm.close()
+with open(m + "/map", "rb") as f:
+    pm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    assert pm[:8] == b"WXYZabcd", pm[:8]
+    pm[:1] = b"q"; pm.close()
 fd = os.open(m + "/lock", os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.lockf(fd, fcntl.LOCK_EX); fcntl.lockf(fd, fcntl.LOCK_UN)
 fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b"locked"); os.close(fd)
@@ -331,10 +363,9 @@ fd = os.open(m + "/dup", os.O_WRONLY | os.O_CREAT, 0o644)
 os.dup2(fd, 9); os.write(9, b"via nine"); os.close(9); os.close(fd)
 print("done")
 "#;
-    let o = Command::new(BIN)
-        .arg("exec")
-        .arg(&fx.mnt)
-        .args(["--", py, "-c", script])
+    let o = fx
+        .exec()
+        .args([py, "-c", script])
         .arg(&fx.mnt)
         .output()
         .expect("run");
@@ -363,7 +394,7 @@ print("done")
 fn a_client_killed_mid_write_leaves_its_data_and_no_open_handle() {
     let Some(py) = can_run() else { return };
     let mut fx = Fx::new(&[]);
-    let mut prog = Prog::start(py, &fx.mnt, fx._tmp.path());
+    let mut prog = Prog::start(py, &fx);
     let f = p(&fx.m("held"));
     assert_eq!(prog.ask(serde_json::json!(["open", f]))[0], "ok");
     assert_eq!(
@@ -395,7 +426,7 @@ fn a_client_killed_mid_write_leaves_its_data_and_no_open_handle() {
 fn a_dead_daemon_fails_the_clients_calls_instead_of_hanging_them() {
     let Some(py) = can_run() else { return };
     let mut fx = Fx::new(&[]);
-    let mut prog = Prog::start(py, &fx.mnt, fx._tmp.path());
+    let mut prog = Prog::start(py, &fx);
     let f = p(&fx.m("x"));
     assert_eq!(prog.ask(serde_json::json!(["open", f]))[0], "ok");
     let pid = fx.pid.take().expect("pid");
@@ -419,11 +450,9 @@ fn another_users_process_is_refused_the_channel_and_served_through_fuse() {
     let fx = Fx::new(&["--allow-other"]);
     fs::set_permissions(&fx.mnt, fs::Permissions::from_mode(0o777)).expect("chmod");
     let before = fx.io_calls();
-    let o = Command::new(BIN)
-        .arg("exec")
-        .arg(&fx.mnt)
+    let o = fx
+        .exec()
         .args([
-            "--",
             "setpriv",
             "--reuid",
             "65534",

@@ -483,6 +483,58 @@ promoting!(flistxattr(fd: c_int, l: *mut c_char, s: size_t) -> ssize_t, -1);
 promoting!(fremovexattr(fd: c_int, n: *const c_char) -> c_int, -1);
 promoting!(dup(fd: c_int) -> c_int, -1);
 
+/// The largest private mapping of a virtual descriptor made from a copy (larger ones promote).
+const PRIVATE_COPY_LIMIT: size_t = 16 << 20;
+
+/// A private mapping of a virtual descriptor, as a copy: anonymous memory with the file's
+/// bytes read into it (what a `MAP_PRIVATE` mapping shows until the file changes, which POSIX
+/// leaves unspecified for private mappings anyway). git maps every file it hashes this way:
+/// a promotion (a kernel open) each time cost more than the FUSE path. None: not such a
+/// mapping (the caller promotes).
+fn private_copy(
+    a: *mut c_void,
+    l: size_t,
+    p: c_int,
+    f: c_int,
+    fd: c_int,
+    o: off_t,
+) -> Option<*mut c_void> {
+    let private = f & (libc::MAP_SHARED | libc::MAP_PRIVATE) == libc::MAP_PRIVATE;
+    if !private || l == 0 || l > PRIVATE_COPY_LIMIT || o < 0 || o % 4096 != 0 {
+        return None;
+    }
+    let v = fds::get(fd)?;
+    if v.flags & libc::O_ACCMODE == libc::O_WRONLY {
+        set_errno(libc::EACCES);
+        return Some(libc::MAP_FAILED);
+    }
+    outside(|| {
+        let map = real!(mmap: fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void);
+        let flags = f | libc::MAP_ANONYMOUS;
+        // SAFETY: an anonymous private mapping where the program asked for one (its address
+        // and MAP_FIXED as given); nothing else refers to it yet.
+        let m = unsafe { map(a, l, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        if m == libc::MAP_FAILED {
+            return Some(m);
+        }
+        if let Err(e) = read_at(&v, m, l, o as u64) {
+            // SAFETY: the mapping just made.
+            unsafe { libc::munmap(m, l) };
+            set_errno(e);
+            return Some(libc::MAP_FAILED);
+        }
+        // SAFETY: the protection the program asked for, on the mapping just made.
+        if unsafe { libc::mprotect(m, l, p) } != 0 {
+            let e = errno();
+            // SAFETY: the mapping just made.
+            unsafe { libc::munmap(m, l) };
+            set_errno(e);
+            return Some(libc::MAP_FAILED);
+        }
+        Some(m)
+    })
+}
+
 /// # Safety
 /// C's `mmap`.
 #[no_mangle]
@@ -494,6 +546,9 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     o: off_t,
 ) -> *mut c_void {
+    if let Some(m) = private_copy(a, l, p, f, fd, o) {
+        return m;
+    }
     if promoted(fd).is_some() {
         return libc::MAP_FAILED;
     }
@@ -516,6 +571,9 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     o: off_t,
 ) -> *mut c_void {
+    if let Some(m) = private_copy(a, l, p, f, fd, o) {
+        return m;
+    }
     if promoted(fd).is_some() {
         return libc::MAP_FAILED;
     }
@@ -1505,6 +1563,56 @@ pub unsafe extern "C" fn renameat2(
     // SAFETY: the C library's renameat2.
     unsafe {
         real!(renameat2: fn(c_int, *const c_char, c_int, *const c_char, c_uint) -> c_int)(
+            d1, a, d2, b, f,
+        )
+    }
+}
+
+fn link_call(d1: c_int, a: *const c_char, d2: c_int, b: *const c_char) -> Option<c_int> {
+    outside(|| {
+        // SAFETY: the program's NUL-terminated paths.
+        let (ua, ub) = unsafe { (paths::under(d1, a)?, paths::under(d2, b)?) };
+        if ua.mount != ub.mount {
+            return None;
+        }
+        let m = mounts().get(ua.mount)?;
+        let req = Req::Link {
+            from: &ua.rel,
+            to: &ub.rel,
+        };
+        answer(m.call(&req, &[], &mut []), |_| 0)
+    })
+}
+
+/// # Safety
+/// C's `link`.
+#[no_mangle]
+pub unsafe extern "C" fn link(a: *const c_char, b: *const c_char) -> c_int {
+    if let Some(r) = link_call(libc::AT_FDCWD, a, libc::AT_FDCWD, b) {
+        return r;
+    }
+    // SAFETY: the C library's link.
+    unsafe { real!(link: fn(*const c_char, *const c_char) -> c_int)(a, b) }
+}
+
+/// # Safety
+/// C's `linkat` (with flags: the kernel's).
+#[no_mangle]
+pub unsafe extern "C" fn linkat(
+    d1: c_int,
+    a: *const c_char,
+    d2: c_int,
+    b: *const c_char,
+    f: c_int,
+) -> c_int {
+    if f == 0 {
+        if let Some(r) = link_call(d1, a, d2, b) {
+            return r;
+        }
+    }
+    // SAFETY: the C library's linkat.
+    unsafe {
+        real!(linkat: fn(c_int, *const c_char, c_int, *const c_char, c_int) -> c_int)(
             d1, a, d2, b, f,
         )
     }

@@ -122,6 +122,13 @@ pub enum Req<'a> {
         /// The new path.
         to: &'a [u8],
     },
+    /// `link`: a new name `to` for the node `from` names (a final symbolic link not followed).
+    Link {
+        /// The existing path.
+        from: &'a [u8],
+        /// The new path.
+        to: &'a [u8],
+    },
     /// `fchmod`, `fchown`, `futimens` (by node, `path` empty) or `utimensat`, `chmod`,
     /// `chown` (by path, a final symbolic link followed only when `follow`).
     Setattr {
@@ -234,6 +241,7 @@ const OP_RMDIR: u8 = 11;
 const OP_MKDIR: u8 = 12;
 const OP_RENAME: u8 = 13;
 const OP_SETATTR: u8 = 14;
+const OP_LINK: u8 = 15;
 
 /// Bytes of a setattr's fixed tail (uid, gid, atime, mtime) before its path.
 const SET_TAIL: usize = 24;
@@ -412,9 +420,13 @@ impl<'a> Req<'a> {
                 },
                 &[path],
             ),
-            Req::Rename { from, to } => (
+            Req::Rename { from, to } | Req::Link { from, to } => (
                 Head {
-                    op: OP_RENAME,
+                    op: if matches!(self, Req::Link { .. }) {
+                        OP_LINK
+                    } else {
+                        OP_RENAME
+                    },
                     x: from.len() as u32,
                     ..Head::default()
                 },
@@ -504,12 +516,16 @@ impl<'a> Req<'a> {
                 mode: x,
                 umask: y,
             },
-            OP_RENAME => {
+            OP_RENAME | OP_LINK => {
                 let (from, to) = tail.split_at_checked(x as usize)?;
                 if from.contains(&0) || to.contains(&0) {
                     return None;
                 }
-                Req::Rename { from, to }
+                if op == OP_LINK {
+                    Req::Link { from, to }
+                } else {
+                    Req::Rename { from, to }
+                }
             }
             OP_SETATTR => {
                 let (t, path) = tail.split_at_checked(SET_TAIL)?;
@@ -700,6 +716,7 @@ mod tests {
                 umask: 0o77,
             },
             Req::Rename { from: p, to: q },
+            Req::Link { from: q, to: p },
             Req::Setattr {
                 ino: n,
                 path: p,

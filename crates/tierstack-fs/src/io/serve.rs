@@ -443,6 +443,25 @@ impl Server<'_> {
                 self.inval_entry(tdir.ino, tname);
                 Rep::Done
             }
+            Req::Link { from, to } => {
+                let a = self.node(from, false)?;
+                if a.kind == Kind::Dir {
+                    return Err(Stop::Err(libc::EPERM));
+                }
+                let (dir, name) = self.entry(to)?;
+                let out = self.op(Op::Link {
+                    ino: a.ino,
+                    newparent: dir.ino,
+                    newname: name,
+                })?;
+                self.inval_entry(dir.ino, name);
+                // Its link count and change time.
+                self.inval_inode(a.ino, -1, 0);
+                match out {
+                    Out::Entry(a) => Rep::Attr(wire_attr(&a)),
+                    _ => Rep::Done,
+                }
+            }
             Req::Setattr { ino, path, set } => {
                 let a = if path.is_empty() {
                     core.getattr(ino)?
