@@ -10,7 +10,10 @@
 //!   region's lock, so other faults proceed meanwhile.
 //! - Pages that came in on a read fault are write-protected before the faulting thread wakes:
 //!   the first write is a write-protect fault that marks the page dirty. Clean pages are
-//!   dropped on eviction without a write; all-zero pages are never written.
+//!   dropped on eviction without a write; all-zero pages are never written. Where the kernel
+//!   has async write-protect, `PAGEMAP_SCAN` and `UFFDIO_MOVE` (6.8+), writes take no fault
+//!   to the pager and eviction finds written pages in batches instead ([`DirtyTracking`];
+//!   `TIERSTACK_MEM_WP=fault|async` chooses).
 //! - The evictor keeps resident bytes under the high watermark (the budget less a slack of 1 %
 //!   of it, at least four prefetch windows, at most a tenth), evicting in clock (FIFO) order
 //!   down to the low watermark (two slacks under the budget): dirty victims are write-protected
