@@ -92,8 +92,47 @@ fn userfaultfd() -> Check {
         if dev { "present" } else { "absent" }
     );
     match tierstack_mem::uffd::available() {
-        Ok(()) => check("userfaultfd", Status::Ok, value, "usable by this user: `tierstack run` can page programs' memory; for other users allow it with `sysctl -w vm.unprivileged_userfaultfd=1` or give them access to /dev/userfaultfd (`chmod 0666 /dev/userfaultfd` or a group)"),
+        Ok(_) => check("userfaultfd", Status::Ok, value, "usable by this user: `tierstack run` can page programs' memory; for other users allow it with `sysctl -w vm.unprivileged_userfaultfd=1` or give them access to /dev/userfaultfd (`chmod 0666 /dev/userfaultfd` or a group)"),
         Err(e) => check("userfaultfd", Status::Fail, format!("{value}; userfaultfd(2) fails: {e}"), "`tierstack run` cannot page memory without it: `sysctl -w vm.unprivileged_userfaultfd=1` (persist in /etc/sysctl.d/99-tierstack.conf), or run as root / with CAP_SYS_PTRACE, or grant access to /dev/userfaultfd"),
+    }
+}
+
+/// Which dirty tracking `tierstack run`'s pager uses here (the probe and the choice the
+/// pager itself makes, `TIERSTACK_MEM_WP` included), and whether it moves pages with
+/// `UFFDIO_MOVE`.
+fn dirty_tracking() -> Check {
+    use tierstack_mem::DirtyTracking;
+    let name = "dirty_tracking";
+    let caps = match tierstack_mem::uffd::available() {
+        Ok(c) => c,
+        Err(e) => {
+            return check(
+                name,
+                Status::Warn,
+                format!("no userfaultfd: {e}"),
+                "see the userfaultfd check",
+            )
+        }
+    };
+    let offered = format!(
+        "kernel: async write-protect {}, PAGEMAP_SCAN {}, UFFDIO_MOVE {}",
+        yes(caps.wp_async),
+        yes(caps.pagemap_scan),
+        yes(caps.moves)
+    );
+    match DirtyTracking::chosen(&caps) {
+        Ok(DirtyTracking::Async) => check(name, Status::Ok, format!("run uses async write-protect + PAGEMAP_SCAN, UFFDIO_MOVE at eviction ({offered})"), format!("writes to pages read back take no fault to the pager; `{}=fault` forces the write-protect-fault path (for A/B measurements)", tierstack_mem::WP_ENV)),
+        Ok(DirtyTracking::Fault) if caps.async_dirty_tracking() => check(name, Status::Ok, format!("run uses write-protect faults, UFFDIO_MOVE not used: {}=fault ({offered})", tierstack_mem::WP_ENV), format!("unset {} for async write-protect + PAGEMAP_SCAN (no fault per first write)", tierstack_mem::WP_ENV)),
+        Ok(DirtyTracking::Fault) => check(name, Status::Ok, format!("run uses write-protect faults, UFFDIO_MOVE not used ({offered})"), "Linux 6.8 or newer tracks written pages without a fault per page (async write-protect, PAGEMAP_SCAN, UFFDIO_MOVE)"),
+        Err(e) => check(name, Status::Fail, format!("{e} ({offered})"), format!("unset {} or set it to fault", tierstack_mem::WP_ENV)),
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
     }
 }
 
@@ -556,6 +595,7 @@ pub fn checks(a: &DoctorArgs) -> Vec<Check> {
     let mut out = vec![
         kernel(),
         userfaultfd(),
+        dirty_tracking(),
         fuse_device(),
         fuse_uring(),
         fusermount(),

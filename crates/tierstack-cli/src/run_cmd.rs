@@ -232,8 +232,12 @@ pub fn run(a: RunArgs) -> Result<()> {
         ));
     };
     check_linkage(program)?;
-    if let Err(e) = tierstack_mem::uffd::available() {
-        bail!("userfaultfd is not usable by this user ({e}): run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1` or access to /dev/userfaultfd");
+    match tierstack_mem::uffd::available() {
+        Err(e) => bail!("userfaultfd is not usable by this user ({e}): run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1` or access to /dev/userfaultfd"),
+        // A bad TIERSTACK_MEM_WP is refused here, in one line, not by the shim in the program.
+        Ok(caps) => {
+            tierstack_mem::DirtyTracking::chosen(&caps)?;
+        }
     }
     let vram = match &a.vram {
         Some(v) => {
@@ -613,7 +617,7 @@ fn stats_line(
             .map_or("-".into(), |v| v.to_string())
     };
     format!(
-        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={} compressed_hits={} compressed={} at_peak: {}",
+        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} scanned_written={} moved_out={} move_failed={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={} compressed_hits={} compressed={} at_peak: {}",
         fmt_size(peak_rss),
         fmt_size(st.budget),
         fmt_size(g("peak_resident")),
@@ -624,6 +628,9 @@ fn stats_line(
         g("prefetched"),
         g("prefetch_hits"),
         g("wp_faults"),
+        g("scanned_written"),
+        g("moved_out"),
+        g("move_failed"),
         g("evictions"),
         g("clean_drops"),
         g("sync_evictions"),

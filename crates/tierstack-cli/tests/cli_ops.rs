@@ -231,6 +231,7 @@ fn doctor_reports_checks_as_json() {
     }
     for name in [
         "userfaultfd",
+        "dirty_tracking",
         "fuse_device",
         "fuse_io_uring",
         "transparent_hugepage",

@@ -10,7 +10,10 @@
 //!   region's lock, so other faults proceed meanwhile.
 //! - Pages that came in on a read fault are write-protected before the faulting thread wakes:
 //!   the first write is a write-protect fault that marks the page dirty. Clean pages are
-//!   dropped on eviction without a write; all-zero pages are never written.
+//!   dropped on eviction without a write; all-zero pages are never written. Where the kernel
+//!   has async write-protect, `PAGEMAP_SCAN` and `UFFDIO_MOVE` (6.8+), writes take no fault
+//!   to the pager and eviction finds written pages in batches instead ([`DirtyTracking`];
+//!   `TIERSTACK_MEM_WP=fault|async` chooses).
 //! - The evictor keeps resident bytes under the high watermark (the budget less a slack of 1 %
 //!   of it, at least four prefetch windows, at most a tenth), evicting in clock (FIFO) order
 //!   down to the low watermark (two slacks under the budget): dirty victims are write-protected
@@ -41,9 +44,10 @@ pub mod setup;
 pub mod uffd;
 
 pub use cpu::register_current_thread;
+pub use pager::WP_ENV;
 pub use pager::{
-    default_fault_threads, pager_threads, Pager, PagerOptions, PagerReport, Region, RegionOptions,
-    Reporter,
+    default_fault_threads, pager_threads, DirtyTracking, Pager, PagerOptions, PagerReport, Region,
+    RegionOptions, Reporter,
 };
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -128,6 +132,17 @@ pub struct MemCounters {
     /// Handed faults that another fault thread served after 15 us because
     /// their owner had not taken them.
     pub stolen: AtomicU64,
+    /// Pages `PAGEMAP_SCAN` found written at eviction (async write-protect).
+    pub scanned_written: AtomicU64,
+    /// Pages eviction moved out of the program's mapping with `UFFDIO_MOVE` (async
+    /// write-protect).
+    pub moved_out: AtomicU64,
+    /// Pages `UFFDIO_MOVE` refused as shared with a forked process, made private by a write
+    /// fault that writes nothing (`MADV_POPULATE_WRITE`) and moved then.
+    pub move_unshared: AtomicU64,
+    /// Victims eviction left resident because `UFFDIO_MOVE` would not take them (async
+    /// write-protect: a page still in the program's reach cannot be dropped safely).
+    pub move_failed: AtomicU64,
     /// Highest resident bytes seen.
     pub peak_resident: AtomicU64,
     /// Regions mapped so far.
@@ -167,6 +182,14 @@ pub struct MemStats {
     pub handed_over: u64,
     #[serde(default)]
     pub stolen: u64,
+    #[serde(default)]
+    pub scanned_written: u64,
+    #[serde(default)]
+    pub moved_out: u64,
+    #[serde(default)]
+    pub move_unshared: u64,
+    #[serde(default)]
+    pub move_failed: u64,
     pub peak_resident: u64,
     pub regions: u64,
     #[serde(default)]
@@ -201,6 +224,10 @@ impl MemCounters {
             madvise_calls: self.madvise_calls.load(Relaxed),
             handed_over: self.handed_over.load(Relaxed),
             stolen: self.stolen.load(Relaxed),
+            scanned_written: self.scanned_written.load(Relaxed),
+            moved_out: self.moved_out.load(Relaxed),
+            move_unshared: self.move_unshared.load(Relaxed),
+            move_failed: self.move_failed.load(Relaxed),
             peak_resident: self.peak_resident.load(Relaxed),
             regions: self.regions.load(Relaxed),
             index_bytes: self.index_bytes.load(Relaxed),

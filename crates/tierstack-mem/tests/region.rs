@@ -907,3 +907,103 @@ fn written_pages_come_back_writable_and_readers_write_nothing() {
         "last read-only pass: {evicted} evictions, {out} pages written: {end:?}"
     );
 }
+
+/// Data written under either dirty tracking, forced with `TIERSTACK_MEM_WP`, survives
+/// eviction and reload: pages read back and written again (under async write-protect
+/// without a fault to the pager, found by `PAGEMAP_SCAN` and moved out with `UFFDIO_MOVE`),
+/// pages read back and not written (dropped after their hash matched), and one word per page
+/// written by other threads while eviction takes pages.
+#[test]
+fn writes_survive_eviction_under_both_dirty_trackings() {
+    let Some((_serial, _dir, st)) = setup() else {
+        return;
+    };
+    let caps = tierstack_mem::uffd::available().expect("probe");
+    let mut modes = vec![("fault", tierstack_mem::DirtyTracking::Fault)];
+    if caps.async_dirty_tracking() {
+        modes.push(("async", tierstack_mem::DirtyTracking::Async));
+    } else {
+        eprintln!("SKIP (async half): the kernel lacks it: {caps:?}");
+    }
+    for (name, mode) in modes {
+        // Under the serial lock no other test makes a pager meanwhile.
+        std::env::set_var(tierstack_mem::WP_ENV, name);
+        let pager = pager_of(st.clone(), 4096, 4 << 20, None);
+        std::env::remove_var(tierstack_mem::WP_ENV);
+        assert_eq!(pager.dirty_tracking(), mode);
+        let r = pager.map(16 << 20, 4096).expect("region");
+        let mem = words_of(&r);
+        let wpp = 4096 / 8;
+        let pages = mem.len() / wpp;
+        for (i, w) in mem.iter_mut().enumerate() {
+            *w = i as u64;
+        }
+        let before = pager.counters().snapshot();
+        // Every other page read back from the store and written once more; the others read.
+        for round in 0..3u64 {
+            for p in 0..pages {
+                let w = p * wpp + 5;
+                assert_eq!(
+                    mem[w],
+                    if round == 0 || p % 2 == 1 {
+                        w as u64
+                    } else {
+                        (w as u64) << 8 | (round - 1)
+                    },
+                    "{name}: page {p} round {round}"
+                );
+                if p % 2 == 0 {
+                    mem[w] = (w as u64) << 8 | round;
+                }
+            }
+        }
+        // Threads add to one word per page while the pages move.
+        let base = r.as_ptr() as usize;
+        std::thread::scope(|s| {
+            for t in 0..2usize {
+                s.spawn(move || {
+                    // SAFETY: the region outlives the scope; atomic words.
+                    let a = unsafe { atomics(base, pages * wpp) };
+                    for p in (0..pages).rev() {
+                        a[p * wpp + 100 + t]
+                            .fetch_add(1 << 40, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        for p in 0..pages {
+            let w = p * wpp + 5;
+            let want = if p % 2 == 0 {
+                (w as u64) << 8 | 2
+            } else {
+                w as u64
+            };
+            assert_eq!(mem[w], want, "{name}: page {p}");
+            for t in 0..2 {
+                let w = p * wpp + 100 + t;
+                assert_eq!(mem[w], w as u64 + (1 << 40), "{name}: page {p} thread {t}");
+            }
+        }
+        let c = pager.counters().snapshot();
+        assert!(pager.error().is_none(), "{name}: {:?}", pager.error());
+        assert!(
+            c.evictions - before.evictions > 2 * pages as u64,
+            "{name}: {c:?}"
+        );
+        match mode {
+            tierstack_mem::DirtyTracking::Async => {
+                assert_eq!(c.wp_faults, 0, "{name}: {c:?}");
+                assert!(
+                    c.moved_out > pages as u64 && c.scanned_written > 0,
+                    "{name}: {c:?}"
+                );
+                assert!(c.clean_drops > 0, "{name}: {c:?}");
+            }
+            tierstack_mem::DirtyTracking::Fault => {
+                assert!(c.wp_faults > 0 && c.moved_out == 0, "{name}: {c:?}");
+            }
+        }
+        drop(r);
+        drop(pager);
+    }
+}

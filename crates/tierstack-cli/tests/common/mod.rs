@@ -106,7 +106,7 @@ pub fn root_with_fuse() -> bool {
 /// not).
 pub fn uffd_usable() -> bool {
     match tierstack_mem::uffd::available() {
-        Ok(()) => true,
+        Ok(_) => true,
         Err(e) => {
             eprintln!("SKIP: userfaultfd not usable here ({e})");
             false

@@ -2,10 +2,23 @@
 //! victims in clock (FIFO) order; clean pages are dropped, dirty ones write-protected, written
 //! to the store and released, each batch with one `MADV_DONTNEED` per run of adjacent pages
 //! (one `process_madvise` call for all of them where the kernel has it).
+//!
+//! Under asynchronous write-protect ([`super::DirtyTracking::Async`]) a write-protected page
+//! does not stop a writer, so write protection cannot hold a victim still while it is read
+//! and dropped. There, each run of victims is scanned (`PAGEMAP_SCAN`: which were written)
+//! and then moved out of the program's mapping with
+//! `UFFDIO_MOVE` into a staging slot of the pager's own: from then on a touch of the page is
+//! a missing fault that waits for the eviction, as a write-protect fault does on the other
+//! path. A page found written is written out; any other is compared with the hash of what
+//! the store holds for it, taken from the moved page itself: a write that landed between the
+//! scan and the move is caught by the hash, so a page is never dropped as clean while it
+//! holds data the store lacks. The staging slot is released with one `MADV_DONTNEED`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use super::page::{runs, PageState};
 use super::region::{RegionCore, WRITE_HEAT_MAX};
@@ -145,6 +158,8 @@ impl Inner {
             if batch.is_empty() {
                 return;
             }
+            let evicted = self.counters.evictions.load(Relaxed);
+            let kept = self.counters.move_failed.load(Relaxed);
             // Under steady pressure this loop may run for seconds: the live figures go on.
             self.maybe_report();
             // Group by region, pages in order (for runs of adjacent pages).
@@ -160,6 +175,13 @@ impl Inner {
                 self.evict_pages(&core, &idxs);
                 start = end;
             }
+            // A batch that evicted nothing because its pages could not be moved out (async
+            // write-protect): the next round tries again rather than spinning here on them.
+            if self.counters.evictions.load(Relaxed) == evicted
+                && self.counters.move_failed.load(Relaxed) != kept
+            {
+                return;
+            }
         }
     }
 
@@ -169,47 +191,55 @@ impl Inner {
         let mut clean = Vec::new();
         // Those of them whose contents the store holds (read from it).
         let mut clean_stored = Vec::new();
-        // Dirty victims, with the hash of a hashed one (see `RState::hashes`).
-        let mut dirty: Vec<(usize, Option<u128>)> = Vec::new();
+        // Dirty victims, with the hash of a hashed one (see `RState::hashes`), and the
+        // address their contents are read from.
+        let mut dirty: Vec<(usize, Option<u128>, usize)> = Vec::new();
+        // Async write-protect: the staging slot the victims are moved to (released, zapped,
+        // however this function returns).
+        let slot = self.staging.as_ref().map(|s| s.take());
         {
             let mut st = core.st.lock();
             if st.dead {
                 return;
             }
             core.inflight.fetch_add(1, AcqRel);
-            let mut cand = Vec::new();
-            for &i in idxs {
-                st.queued[i] = false;
-                if st.pages[i] != PageState::Resident {
-                    continue;
-                }
-                if !st.dirty[i] {
-                    st.pages[i] = PageState::Evicting;
-                    clean.push(i);
-                    if st.backed[i] == PageState::Stored {
-                        clean_stored.push(i);
+            if let Some(slot) = &slot {
+                self.take_out(core, &mut st, idxs, slot, &mut dirty);
+            } else {
+                let mut cand = Vec::new();
+                for &i in idxs {
+                    st.queued[i] = false;
+                    if st.pages[i] != PageState::Resident {
+                        continue;
                     }
-                } else {
-                    cand.push(i);
-                }
-            }
-            // Dirty victims are write-protected one run of adjacent pages at a time: one
-            // ioctl (and one TLB shootdown) per run, not per page.
-            for (a, n) in runs(&cand) {
-                let pa = core.base + a * page;
-                if self.uffd.write_protect(pa, n * page).is_ok() {
-                    for i in a..a + n {
+                    if !st.dirty[i] {
                         st.pages[i] = PageState::Evicting;
-                        let h = st.hashes.remove(&(i as u32));
-                        dirty.push((i, h));
+                        clean.push(i);
+                        if st.backed[i] == PageState::Stored {
+                            clean_stored.push(i);
+                        }
+                    } else {
+                        cand.push(i);
                     }
-                } else {
-                    // Cannot stop writers: keep them.
-                    for i in a..a + n {
-                        st.queued[i] = true;
-                        self.clock
-                            .lock()
-                            .push_back((Arc::downgrade(core), i as u32));
+                }
+                // Dirty victims are write-protected one run of adjacent pages at a time: one
+                // ioctl (and one TLB shootdown) per run, not per page.
+                for (a, n) in runs(&cand) {
+                    let pa = core.base + a * page;
+                    if self.uffd.write_protect(pa, n * page).is_ok() {
+                        for i in a..a + n {
+                            st.pages[i] = PageState::Evicting;
+                            let h = st.hashes.remove(&(i as u32));
+                            dirty.push((i, h, core.base + i * page));
+                        }
+                    } else {
+                        // Cannot stop writers: keep them.
+                        for i in a..a + n {
+                            st.queued[i] = true;
+                            self.clock
+                                .lock()
+                                .push_back((Arc::downgrade(core), i as u32));
+                        }
                     }
                 }
             }
@@ -227,14 +257,20 @@ impl Inner {
         let (mut unchanged, mut changed) = (0u32, 0u32);
         // First every page's contents, and whether a hashed one is what the store holds.
         let mut pages: Vec<(usize, Vec<u8>, bool)> = Vec::with_capacity(dirty.len());
-        for &(i, hash) in &dirty {
-            let pa = core.base + i * page;
+        for &(i, hash, from) in &dirty {
             let mut bytes = self.store.page_buf(page);
             bytes.resize(page, 0);
-            // The page is resident and write-protected (state Evicting): no one writes it
-            // and the mapping stays until the region's drop, which marks the state dead
-            // first (checked below before the result is used).
-            self.zapper.read(pa, &mut bytes);
+            if slot.is_some() {
+                // SAFETY: `from` is a page of our staging slot that `take_out` moved a
+                // victim into: present, and nobody else reads or writes the slot.
+                let src = unsafe { std::slice::from_raw_parts(from as *const u8, page) };
+                bytes.copy_from_slice(src);
+            } else {
+                // The page is resident and write-protected (state Evicting): no one writes it
+                // and the mapping stays until the region's drop, which marks the state dead
+                // first (checked below before the result is used).
+                self.zapper.read(from, &mut bytes);
+            }
             let same = hash.is_some_and(|h| super::page::page_hash(&bytes) == h);
             match hash {
                 Some(_) if same => unchanged += 1,
@@ -341,6 +377,18 @@ impl Inner {
                 if s.is_some() {
                     gone.push(i);
                 } else {
+                    if slot.is_some() {
+                        // Moved out: back into the program's mapping, writable and dirty.
+                        if let Some(&(_, _, from)) = dirty.iter().find(|d| d.0 == i) {
+                            // SAFETY: as above: a page of our slot holding the victim.
+                            let src =
+                                unsafe { std::slice::from_raw_parts(from as *const u8, page) };
+                            let _ = self.place(core.base + i * page, src, false);
+                            // A touch meanwhile waits in a missing fault.
+                            let _ = self.uffd.wake(core.base + i * page, page);
+                        }
+                        st.dirty[i] = true;
+                    }
                     st.pages[i] = PageState::Resident;
                     st.queued[i] = true;
                     self.clock
@@ -354,7 +402,12 @@ impl Inner {
             .into_iter()
             .map(|(a, n)| (core.base + a * page, n * page))
             .collect();
-        self.zapper.zap(&ranges);
+        if let Some(slot) = slot {
+            // Already out of the program's mapping: the slot is released instead.
+            drop(slot);
+        } else {
+            self.zapper.zap(&ranges);
+        }
         self.counters.madvise_calls.fetch_add(1, Relaxed);
         {
             let mut st = core.st.lock();
@@ -386,6 +439,268 @@ impl Inner {
         for &(a, n) in &ranges {
             let _ = self.uffd.wake(a, n);
         }
+    }
+}
+
+impl Inner {
+    /// Async write-protect, phase 1 of an eviction (under the region's lock `st`): finds which
+    /// resident victims of `idxs` were written since they were mapped (one `PAGEMAP_SCAN` per
+    /// run; not protecting them again: they leave the mapping next, and a protection would
+    /// only add a TLB flush; a victim that stays keeps its written bit in the page table for
+    /// the next scan, and in `RState::dirty`), moves each run into `slot` (`UFFDIO_MOVE`: out of the
+    /// program's reach, so a touch waits for the eviction), and lists the moved ones in
+    /// `dirty` with the hash to compare (None: written, or no hash: written out
+    /// unconditionally). Victims that could not be moved stay resident and queued.
+    fn take_out(
+        &self,
+        core: &Arc<RegionCore>,
+        st: &mut super::region::RState,
+        idxs: &[usize],
+        slot: &Slot<'_>,
+        dirty: &mut Vec<(usize, Option<u128>, usize)>,
+    ) {
+        let page = self.page;
+        let mut cand = Vec::new();
+        for &i in idxs {
+            st.queued[i] = false;
+            if st.pages[i] == PageState::Resident {
+                cand.push(i);
+            }
+        }
+        let mut written = Vec::new();
+        for (a, n) in runs(&cand) {
+            let pa = core.base + a * page;
+            let scanned = self
+                .pagemap
+                .as_ref()
+                .is_some_and(|pm| pm.written(pa, n * page, false, &mut written).is_ok());
+            if !scanned {
+                // No answer: counted written (the hash is not consulted either).
+                for i in a..a + n {
+                    st.dirty[i] = true;
+                }
+            }
+        }
+        // The written bits into `dirty`, under the lock (the page tables keep theirs).
+        for (addr, len) in written {
+            let first = (addr - core.base) / page;
+            let end = (addr + len - core.base).div_ceil(page).min(st.pages.len());
+            for i in first..end {
+                if st.pages[i] == PageState::Resident && !st.dirty[i] {
+                    st.dirty[i] = true;
+                    self.counters.scanned_written.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        let mut k = 0;
+        for (a, n) in runs(&cand) {
+            let src = core.base + a * page;
+            let dst = slot.addr + k * page;
+            let (moved, split) = self.move_out(src, dst, n * page);
+            for j in 0..n {
+                let i = a + j;
+                if j < moved {
+                    st.pages[i] = PageState::Evicting;
+                    let h = st.hashes.remove(&(i as u32));
+                    let h = if st.dirty[i] { None } else { h };
+                    dirty.push((i, h, dst + j * page));
+                } else {
+                    if j == moved && split {
+                        st.dirty[i] = true;
+                    }
+                    self.counters.move_failed.fetch_add(1, Relaxed);
+                    st.queued[i] = true;
+                    self.clock
+                        .lock()
+                        .push_back((Arc::downgrade(core), i as u32));
+                }
+            }
+            self.counters.moved_out.fetch_add(moved as u64, Relaxed);
+            k += n;
+        }
+    }
+
+    /// Moves `[src, src+len)` (resident pages of a region) to `dst` (a staging slot).
+    /// Returns the whole pages moved, and whether a page after them was put back whole from
+    /// a partial move (it is then writable: counted dirty by the caller). A page shared with
+    /// a forked process (EBUSY) is made private by a write fault that writes nothing
+    /// (`MADV_POPULATE_WRITE`, only on a present page: a missing one would fault to us) and
+    /// moved then. A run `UFFDIO_MOVE` refuses whole is moved one page at a time.
+    fn move_out(&self, src: usize, dst: usize, len: usize) -> (usize, bool) {
+        let page = self.page;
+        let mut done = 0;
+        let mut unshared = 0;
+        // After a refusal of a whole run (it spans two of the program's mappings, say), one
+        // page at a time.
+        let mut by_page = false;
+        let mut unlocked = false;
+        while done < len {
+            let want = if by_page {
+                page.min(len - done)
+            } else {
+                len - done
+            };
+            match self.uffd.move_pages(src + done, dst + done, want) {
+                Ok(n) => done += n,
+                Err((n, e)) => {
+                    done += n;
+                    let at = (src + done) & !4095;
+                    if e.raw_os_error() == Some(libc::EBUSY) && unshared < len / 4096 + 1 {
+                        unshared += 1;
+                        let mut present = 0u8;
+                        // SAFETY: mincore writes one byte for the one page asked about.
+                        let r = unsafe { libc::mincore(at as *mut _, 4096, &mut present) };
+                        if r == 0 && present & 1 == 1 {
+                            // SAFETY: a write fault on a present page of a region's mapping;
+                            // it writes no data (it only breaks the sharing).
+                            let r = unsafe {
+                                libc::madvise(at as *mut _, 4096, libc::MADV_POPULATE_WRITE)
+                            };
+                            if r == 0 {
+                                self.counters.move_unshared.fetch_add(1, Relaxed);
+                                continue;
+                            }
+                        }
+                    } else if n > 0 {
+                        continue;
+                    } else if e.raw_os_error() == Some(libc::EINVAL) && !unlocked {
+                        // The two mappings' flags differ: the program's `mlockall` locked
+                        // the staging area too (the shim unlocks only regions).
+                        unlocked = true;
+                        if let Some(s) = &self.staging {
+                            s.unlock();
+                        }
+                        continue;
+                    } else if !by_page && len - done > page && done % page == 0 {
+                        by_page = true;
+                        continue;
+                    }
+                    break;
+                }
+            }
+        }
+        let whole = done / page;
+        let part = done - whole * page;
+        if part == 0 {
+            return (whole, false);
+        }
+        // Part of one page moved: put that part back where it was (its other part is still
+        // there), unprotected.
+        let back = self
+            .uffd
+            .move_pages(dst + whole * page, src + whole * page, part)
+            .is_ok();
+        if !back {
+            // SAFETY: the part moved into our slot is present there and nobody else uses it.
+            let bytes =
+                unsafe { std::slice::from_raw_parts((dst + whole * page) as *const u8, part) };
+            for off in (0..part).step_by(4096) {
+                let _ = self
+                    .uffd
+                    .copy(&bytes[off..off + 4096], src + whole * page + off, false);
+            }
+        }
+        (whole, true)
+    }
+}
+
+/// The staging area of async write-protect eviction: a mapping of the pager's own, registered
+/// with its userfaultfd for missing faults (`UFFDIO_MOVE` moves only into registered
+/// mappings) and never touched by the program, in slots of [`EVICT_BATCH`] pages, one per
+/// thread that may evict at once.
+pub(super) struct Staging {
+    base: usize,
+    len: usize,
+    slot_bytes: usize,
+    free: Mutex<Vec<usize>>,
+}
+
+/// A slot taken from the [`Staging`] area; dropping it drops what was moved into it and
+/// returns it.
+pub(super) struct Slot<'a> {
+    staging: &'a Staging,
+    addr: usize,
+}
+
+impl Staging {
+    pub(super) fn new(
+        uffd: &crate::uffd::Uffd,
+        page: usize,
+        slots: usize,
+    ) -> crate::Result<Staging> {
+        let slot_bytes = EVICT_BATCH * page;
+        let len = slot_bytes * slots.max(1);
+        // SAFETY: a fresh private anonymous mapping of our own, read-write like the regions
+        // (`UFFDIO_MOVE` wants both sides' flags alike).
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
+            )
+        }
+        .map_err(|e| crate::MemError::Map(e.into()))?;
+        let base = p as usize;
+        // SAFETY: the mapping made above; regions are mapped without huge pages alike.
+        let _ = unsafe { rustix::mm::madvise(p, len, rustix::mm::Advice::LinuxNoHugepage) };
+        if let Err(e) = uffd.register(base, len, crate::uffd::MODE_MISSING) {
+            // SAFETY: unmapping the mapping made above, used by nobody.
+            let _ = unsafe { rustix::mm::munmap(p, len) };
+            return Err(crate::MemError::Uffd {
+                what: "register the staging area",
+                source: e,
+            });
+        }
+        Ok(Staging {
+            base,
+            len,
+            slot_bytes,
+            free: Mutex::new((0..slots.max(1)).map(|s| base + s * slot_bytes).collect()),
+        })
+    }
+
+    /// Unlocks the whole area (which a program's `mlockall(MCL_CURRENT)` locks with the rest
+    /// of the process: `UFFDIO_MOVE` wants both mappings locked alike, and regions are kept
+    /// unlocked).
+    fn unlock(&self) {
+        // SAFETY: munlock of our own staging mapping; it changes no contents.
+        unsafe { libc::munlock(self.base as *const _, self.len) };
+    }
+
+    /// Takes a free slot, waiting for one (each thread that evicts holds at most one).
+    pub(super) fn take(&self) -> Slot<'_> {
+        loop {
+            if let Some(addr) = self.free.lock().pop() {
+                return Slot {
+                    staging: self,
+                    addr,
+                };
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the slot lies in our staging mapping; what was moved into it was saved (or
+        // put back) by the eviction that held it.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                self.addr as *mut _,
+                self.staging.slot_bytes,
+                rustix::mm::Advice::LinuxDontNeed,
+            )
+        };
+        self.staging.free.lock().push(self.addr);
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // SAFETY: the staging mapping, which no slot uses any more (slots borrow it).
+        let _ = unsafe { rustix::mm::munmap(self.base as *mut _, self.len) };
     }
 }
 

@@ -401,6 +401,13 @@ impl Inner {
     /// writable with its hash when `hashed`; counted dirty where the mapping call had to go
     /// 4 KiB at a time.
     pub(super) fn place_clean(&self, pa: usize, data: &[u8], hashed: bool) -> Placed {
+        if self.wp_async {
+            return if self.place_whole(pa, data, true) {
+                Placed::Watched(page_hash(data))
+            } else {
+                Placed::Dirty
+            };
+        }
         match (self.place_whole(pa, data, !hashed), hashed) {
             (true, false) => Placed::Tracked,
             (true, true) => Placed::Hashed(page_hash(data)),
@@ -418,9 +425,9 @@ impl Inner {
     ) {
         st.pages[idx] = PageState::Resident;
         st.backed[idx] = backed;
-        st.dirty[idx] = placed != Placed::Tracked;
+        st.dirty[idx] = !matches!(placed, Placed::Tracked | Placed::Watched(_));
         match placed {
-            Placed::Hashed(h) if backed == PageState::Stored => {
+            Placed::Hashed(h) | Placed::Watched(h) if backed == PageState::Stored => {
                 st.hashes.insert(idx as u32, h);
             }
             _ => {

@@ -30,7 +30,7 @@ use tierstack_store::{TieredStore, MAX_PAGE};
 
 use crate::{MemCounters, MemError, Result};
 
-use evict::{Zapper, EVICT_BATCH};
+use evict::{Staging, Zapper, EVICT_BATCH};
 use fault::Mailbox;
 use readahead::{prefetch_threads, PrefetchJob, PREFETCH_BYTES};
 use region::{map_region, RegionCore};
@@ -65,6 +65,15 @@ pub struct RegionOptions {
 struct Inner {
     prefetch_tx: Mutex<Option<std::sync::mpsc::Sender<PrefetchJob>>>,
     uffd: Uffd,
+    /// Dirty tracking with asynchronous write-protect (see [`DirtyTracking`]): pages read
+    /// from the store are mapped write-protected and hashed (`Placed::Watched`), writes to
+    /// them take no fault to the pager, and eviction finds the written ones with
+    /// `PAGEMAP_SCAN` and takes victims out of the program's reach with `UFFDIO_MOVE`.
+    wp_async: bool,
+    /// `/proc/self/pagemap` (async write-protect only).
+    pagemap: Option<crate::uffd::Pagemap>,
+    /// Where eviction moves its victims (async write-protect only).
+    staging: Option<Staging>,
     page: usize,
     /// One page of zeros (the source of zero fills).
     zeros: Vec<u8>,
@@ -157,10 +166,29 @@ impl Pager {
                 o.budget, o.page
             )));
         }
-        let uffd = Uffd::open(crate::uffd::PAGER_FEATURES).map_err(|e| MemError::Uffd {
+        let caps = crate::uffd::available().map_err(|e| MemError::Uffd {
             what: "cannot create one (run as root, or allow /dev/userfaultfd)",
             source: e,
         })?;
+        let wp_async = DirtyTracking::chosen(&caps)? == DirtyTracking::Async;
+        let features = if wp_async {
+            crate::uffd::FEATURE_WP_ASYNC | crate::uffd::FEATURE_MOVE
+        } else {
+            0
+        };
+        let uffd =
+            Uffd::open(crate::uffd::PAGER_FEATURES | features).map_err(|e| MemError::Uffd {
+                what: "cannot create one (run as root, or allow /dev/userfaultfd)",
+                source: e,
+            })?;
+        let pagemap = if wp_async {
+            Some(crate::uffd::Pagemap::open().map_err(|e| MemError::Uffd {
+                what: "cannot open /proc/self/pagemap for PAGEMAP_SCAN",
+                source: e,
+            })?)
+        } else {
+            None
+        };
         let page = o.page as u64;
         // Watermarks close to the budget: under uniform access the hit rate is the share of
         // the map that is resident, so every idle byte of budget costs faults. While streams
@@ -190,11 +218,20 @@ impl Pager {
         for (i, &c) in pin.iter().enumerate() {
             thread_on_cpu[c] = Some(i);
         }
+        let staging = if wp_async {
+            // One slot per thread that may evict: the evictor and each fault thread.
+            Some(Staging::new(&uffd, o.page, nthreads + 1)?)
+        } else {
+            None
+        };
         let (tx, rx) = std::sync::mpsc::channel::<PrefetchJob>();
         let rx = Arc::new(Mutex::new(rx));
         let inner = Arc::new(Inner {
             prefetch_tx: Mutex::new(Some(tx)),
             uffd,
+            wp_async,
+            pagemap,
+            staging,
             page: o.page,
             zeros: vec![0u8; o.page],
             budget: o.budget,
@@ -294,6 +331,15 @@ impl Pager {
     /// The page size.
     pub fn page(&self) -> usize {
         self.inner.page
+    }
+
+    /// How this pager learns which pages were written.
+    pub fn dirty_tracking(&self) -> DirtyTracking {
+        if self.inner.wp_async {
+            DirtyTracking::Async
+        } else {
+            DirtyTracking::Fault
+        }
     }
 
     /// Its counters.
@@ -424,6 +470,51 @@ impl Inner {
         let r = self.regions.read();
         let (_, c) = r.range(..=addr).next_back()?;
         (addr < c.base + c.len).then(|| c.clone())
+    }
+}
+
+/// How a pager learns which resident pages the program wrote (so that eviction drops the
+/// others without a write).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirtyTracking {
+    /// Userfaultfd write-protect faults: a page read from the store is mapped write-protected
+    /// (or writable and hashed, for regions being written) and its first write is a fault the
+    /// pager serves (lifting the protection costs a TLB shootdown); eviction write-protects
+    /// dirty victims again before writing them out.
+    Fault,
+    /// Asynchronous write-protect (Linux 6.7+): the kernel lifts the protection itself on a
+    /// write, with no fault to the pager; eviction finds the written victims with one
+    /// `PAGEMAP_SCAN` per run (protecting them again in the same call), moves the victims out
+    /// of the program's reach with `UFFDIO_MOVE` (6.8+) and compares the hash of the others.
+    Async,
+}
+
+/// The environment variable that chooses the dirty tracking: `fault` or `async` (default:
+/// `async` where the kernel offers it, see [`crate::uffd::Caps::async_dirty_tracking`]).
+pub const WP_ENV: &str = "TIERSTACK_MEM_WP";
+
+impl DirtyTracking {
+    /// What a pager made now uses, given what the kernel offers: [`WP_ENV`] if set (`async`
+    /// where the kernel lacks it is an error: a forced A/B measurement must not silently
+    /// measure the other path), otherwise async where the kernel offers it.
+    pub fn chosen(caps: &crate::uffd::Caps) -> Result<DirtyTracking> {
+        let v = std::env::var(WP_ENV).unwrap_or_default();
+        match v.trim() {
+            "" | "auto" => Ok(if caps.async_dirty_tracking() {
+                DirtyTracking::Async
+            } else {
+                DirtyTracking::Fault
+            }),
+            "fault" => Ok(DirtyTracking::Fault),
+            "async" if caps.async_dirty_tracking() => Ok(DirtyTracking::Async),
+            "async" => Err(MemError::Config(format!(
+                "{WP_ENV}=async: this kernel lacks userfaultfd async write-protect, \
+                 PAGEMAP_SCAN or UFFDIO_MOVE (Linux 6.8 or newer has them): {caps:?}"
+            ))),
+            other => Err(MemError::Config(format!(
+                "{WP_ENV}={other}: expected fault, async or auto"
+            ))),
+        }
     }
 }
 

@@ -27,6 +27,11 @@ pub(super) enum Placed {
     Tracked,
     /// Writable, with the hash of what the store holds for it (compared at eviction).
     Hashed(u128),
+    /// Under asynchronous write-protect: write-protected (a write lifts the protection in
+    /// the kernel, no fault reaches the pager; `PAGEMAP_SCAN` finds it), with the hash of
+    /// what the store holds for it, which eviction compares to decide unchanged (see
+    /// `evict.rs`: the scan alone cannot say that a page is clean when it leaves).
+    Watched(u128),
     /// Writable and counted written.
     Dirty,
 }

@@ -252,15 +252,19 @@ impl Inner {
             for d in data {
                 run.extend_from_slice(d);
             }
+            // Under async write-protect every page is mapped protected and hashed (`Watched`).
+            let protect = self.wp_async || !hashed;
             if self
                 .uffd
-                .copy(&run, core.base + first * page, !hashed)
+                .copy(&run, core.base + first * page, protect)
                 .is_ok()
             {
                 return data
                     .iter()
                     .map(|d| {
-                        if hashed {
+                        if self.wp_async {
+                            Placed::Watched(page_hash(d))
+                        } else if hashed {
                             Placed::Hashed(page_hash(d))
                         } else {
                             Placed::Tracked

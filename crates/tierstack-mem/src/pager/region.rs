@@ -322,6 +322,13 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
             }
         }
     }
+    if inner.wp_async {
+        // Under async write-protect eviction trusts only a page found written or a hash of
+        // what the store holds, and the child knows neither: each is written out once.
+        for &i in &resident_idx {
+            st.dirty[i] = true;
+        }
+    }
     st.resident = (resident_idx.len() * page) as u64;
     *inner.committed.lock() += len as u64;
     inner.charge(st.resident);
