@@ -900,7 +900,10 @@ impl Daemon {
         let io = match io_notifier {
             Some(n) => {
                 let path = crate::io::io_socket_path(&sock);
-                let owner = rustix::process::geteuid().as_raw();
+                // The buffer's user (the SLURM hooks mount as root for a job's user).
+                let owner = spec
+                    .owner
+                    .map_or_else(|| rustix::process::geteuid().as_raw(), |o| o.0);
                 Some(
                     crate::io::IoServer::start(&path, &mp, io_fs, n, owner, spec.allow_other)
                         .map_err(|e| {
