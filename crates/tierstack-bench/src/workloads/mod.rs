@@ -212,7 +212,7 @@ struct SideRun {
     drained: bool,
     ops: Vec<OpTime>,
     transport: Option<String>,
-    digest: Option<u64>,
+    listing: Option<Vec<String>>,
 }
 
 /// `--dir` and everything under it, removed on every way out (mounts under it first, by
@@ -448,8 +448,16 @@ fn summarise(rep: &mut WorkloadReport, rounds: Vec<(SideRun, SideRun)>, cold: bo
         rep.same_as_plain = Some(
             rounds
                 .iter()
-                .all(|(p, m)| p.digest.is_some() && p.digest == m.digest),
+                .all(|(p, m)| p.listing.is_some() && p.listing == m.listing),
         );
+        for (p, m) in &rounds {
+            if let (Some(a), Some(b)) = (&p.listing, &m.listing) {
+                for d in programs::differences(a, b, 5) {
+                    rep.notes
+                        .push(format!("BACKING differs (- plain, + mount): {d}"));
+                }
+            }
+        }
     }
     if let Some((_, m)) = rounds.last() {
         rep.mount_ops = m.ops.clone();
@@ -476,7 +484,7 @@ fn run_plain(
             phases.extend(programs::run_phases(cfg, inputs, w, root, true, cancel)?);
         }
         let digest = (w == "tree")
-            .then(|| programs::tree_digest(root))
+            .then(|| programs::tree_listing(root))
             .transpose()?;
         Ok(SideRun {
             phases,
@@ -484,7 +492,7 @@ fn run_plain(
             drained: true,
             ops: Vec::new(),
             transport: None,
-            digest,
+            listing: digest,
         })
     })();
     let _ = fs::remove_dir_all(root);
@@ -545,7 +553,7 @@ fn run_mount(
         let transport = m.transport.clone();
         m.close()?;
         let digest = (w == "tree")
-            .then(|| programs::tree_digest(&backing))
+            .then(|| programs::tree_listing(&backing))
             .transpose()?;
         Ok(SideRun {
             phases,
@@ -553,7 +561,7 @@ fn run_mount(
             drained,
             ops,
             transport,
-            digest,
+            listing: digest,
         })
     })();
     // The mount is down (its drop unmounts it on an error); the rest is plain folders.

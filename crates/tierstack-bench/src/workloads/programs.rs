@@ -71,6 +71,12 @@ pub(super) fn program(
         // Fixed dates: the commit is the same object on both sides, so the trees compare.
         .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
         .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
+        // No automatic `git gc`: with the tree's thousands of loose objects, `git commit`
+        // would start one detached, which outlives the phase, runs into the next ones and
+        // leaves the two sides' .git at different stages.
+        .env("GIT_CONFIG_COUNT", "1")
+        .env("GIT_CONFIG_KEY_0", "gc.auto")
+        .env("GIT_CONFIG_VALUE_0", "0")
         .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
         .env("PIP_NO_CACHE_DIR", "1");
     for (k, v) in env {
@@ -545,15 +551,16 @@ fn self_time(f: &Finished, what: &str) -> Result<f64> {
         })
 }
 
-/// A hash of the tree under `root`: every entry's relative path, type, permission bits and
-/// contents (a symbolic link's target), in sorted order; [`NOT_COMPARED`] left out.
-pub(super) fn tree_digest(root: &Path) -> Result<u64> {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    digest_into(root, root, &mut h)?;
-    Ok(h.digest())
+/// The tree under `root`, one line per entry in sorted order: its relative path, type,
+/// permission bits, and size and a hash of its contents (a symbolic link: its target);
+/// [`NOT_COMPARED`] left out.
+pub(super) fn tree_listing(root: &Path) -> Result<Vec<String>> {
+    let mut v = Vec::new();
+    list_into(root, root, &mut v)?;
+    Ok(v)
 }
 
-fn digest_into(root: &Path, d: &Path, h: &mut xxhash_rust::xxh3::Xxh3) -> Result<()> {
+fn list_into(root: &Path, d: &Path, v: &mut Vec<String>) -> Result<()> {
     let mut kids: Vec<PathBuf> = fs::read_dir(d)
         .map_err(io_err("list", d))?
         .filter_map(|e| e.ok())
@@ -574,26 +581,50 @@ fn digest_into(root: &Path, d: &Path, h: &mut xxhash_rust::xxh3::Xxh3) -> Result
             continue;
         }
         let md = fs::symlink_metadata(&k).map_err(io_err("stat", &k))?;
-        h.update(rel.as_bytes());
-        h.update(&[0]);
-        h.update(&(md.permissions().mode() & 0o7777).to_le_bytes());
+        let mode = md.permissions().mode() & 0o7777;
         let ft = md.file_type();
         if ft.is_symlink() {
-            h.update(b"l");
             let t = fs::read_link(&k).map_err(io_err("read link", &k))?;
-            h.update(t.as_os_str().as_encoded_bytes());
+            v.push(format!("{rel} link -> {}", t.display()));
         } else if ft.is_dir() {
-            h.update(b"d");
-            digest_into(root, &k, h)?;
+            v.push(format!("{rel} dir {mode:o}"));
+            list_into(root, &k, v)?;
         } else if ft.is_file() {
-            h.update(b"f");
-            h.update(&md.size().to_le_bytes());
-            h.update(&fs::read(&k).map_err(io_err("read", &k))?);
+            let data = fs::read(&k).map_err(io_err("read", &k))?;
+            let h = xxhash_rust::xxh3::xxh3_64(&data);
+            v.push(format!("{rel} file {mode:o} {} {h:016x}", md.size()));
         } else {
-            h.update(b"o");
+            v.push(format!("{rel} other {mode:o}"));
         }
     }
     Ok(())
+}
+
+/// Up to `max` lines that differ between two listings: `-` only in `a`, `+` only in `b`.
+pub(super) fn differences(a: &[String], b: &[String], max: usize) -> Vec<String> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while out.len() < max && (i < a.len() || j < b.len()) {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x == y => {
+                i += 1;
+                j += 1;
+            }
+            (Some(x), Some(y)) if x < y => {
+                out.push(format!("- {x}"));
+                i += 1;
+            }
+            (Some(x), None) => {
+                out.push(format!("- {x}"));
+                i += 1;
+            }
+            (_, Some(y)) => {
+                out.push(format!("+ {y}"));
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -601,7 +632,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_digest_sees_contents_and_modes_and_skips_the_index() {
+    fn the_listing_sees_contents_and_modes_and_skips_the_index() {
         let t = tempfile::tempdir().expect("tempdir");
         let (a, b) = (t.path().join("a"), t.path().join("b"));
         for r in [&a, &b] {
@@ -611,12 +642,16 @@ mod tests {
         fs::write(a.join(".git/index"), "1").expect("write");
         fs::write(b.join(".git/index"), "2").expect("write");
         fs::write(b.join(".tierstack-tmp.7"), "2").expect("write");
-        assert_eq!(tree_digest(&a).expect("a"), tree_digest(&b).expect("b"));
+        let la = tree_listing(&a).expect("a");
+        assert_eq!(la, tree_listing(&b).expect("b"));
         fs::write(b.join("f"), "y").expect("write");
-        assert_ne!(tree_digest(&a).expect("a"), tree_digest(&b).expect("b"));
+        let d = differences(&la, &tree_listing(&b).expect("b"), 5);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d.iter().any(|l| l.starts_with("- f file ")), "{d:?}");
+        assert!(d.iter().any(|l| l.starts_with("+ f file ")), "{d:?}");
         fs::write(b.join("f"), "x").expect("write");
         fs::set_permissions(b.join("f"), fs::Permissions::from_mode(0o600)).expect("chmod");
-        assert_ne!(tree_digest(&a).expect("a"), tree_digest(&b).expect("b"));
+        assert_ne!(la, tree_listing(&b).expect("b"));
     }
 
     #[test]
