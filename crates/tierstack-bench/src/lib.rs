@@ -14,6 +14,7 @@ pub mod plot;
 pub mod program;
 pub mod table;
 pub mod vram;
+pub mod workloads;
 pub mod zswap;
 
 pub use error::BenchError;

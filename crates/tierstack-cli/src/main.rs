@@ -31,6 +31,7 @@ mod slurm_cmd;
 mod stage_cmd;
 mod top_cmd;
 mod vram_cmd;
+mod workloads_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -198,6 +199,10 @@ enum BenchCmd {
     /// What a scrape of the node's exporter costs per mount: M real mounts of F files each,
     /// their drains running, scraped S times (target <= 5 ms per mount; needs root or FUSE)
     Exporter(exporter_cmd::BenchExporterArgs),
+    /// Real small-file programs (tar + git, pip install + import, h5py, MPI per-rank logs) in
+    /// a plain folder and through a fresh mount at its defaults on the same disk: seconds per
+    /// phase, plain / mount, the drain apart (needs FUSE)
+    Workloads(workloads_cmd::BenchWorkloadsArgs),
     /// Internal: one worker process of `bench meta` (takes its spec as JSON).
     #[command(hide = true)]
     MetaWorker { spec: String },
@@ -311,6 +316,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Cluster(a)) => cluster_cmd::bench(a),
         Cmd::Bench(BenchCmd::Exporter(a)) => exporter_cmd::bench(a),
         Cmd::Bench(BenchCmd::Vram(a)) => vram_cmd::bench(a),
+        Cmd::Bench(BenchCmd::Workloads(a)) => workloads_cmd::bench(a),
         Cmd::Bench(BenchCmd::MetaWorker { spec }) => meta_cmd::worker(&spec),
         Cmd::Run(a) => run_cmd::run(a),
         Cmd::Exec(a) => exec_cmd::exec(a),

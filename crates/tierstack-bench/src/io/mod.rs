@@ -21,7 +21,7 @@
 //! - `report`: the IOR summary table, the grid tables, CSV, and parsing the summary back;
 //! - here: configuration, the sweep, the arithmetic.
 
-mod mpi;
+pub(crate) mod mpi;
 pub use mpi::Launcher;
 mod plot;
 mod report;
