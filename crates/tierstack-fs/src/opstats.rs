@@ -16,6 +16,8 @@ pub struct OpStats {
     hists: Vec<Option<Mutex<Histogram<u64>>>>,
     /// Operations started since the mount started (all kinds).
     started: std::sync::atomic::AtomicU64,
+    /// Of those, operations the interception client's channel asked for (`crate::io`).
+    from_io: std::sync::atomic::AtomicU64,
 }
 
 /// One operation's figures.
@@ -64,6 +66,7 @@ impl Default for OpStats {
         OpStats {
             hists: OpKind::all().map(|_| new_hist().map(Mutex::new)).collect(),
             started: std::sync::atomic::AtomicU64::new(0),
+            from_io: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -83,6 +86,20 @@ impl OpStats {
     /// Operations started since the mount started.
     pub fn started(&self) -> u64 {
         self.started.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes that the next operation started comes from the interception client's channel,
+    /// not from the kernel.
+    pub fn note_io(&self) {
+        self.from_io
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Operations the kernel asked for (over `/dev/fuse` or io_uring) since the mount
+    /// started: what the polling governor of `crate::poll` watches.
+    pub fn started_by_kernel(&self) -> u64 {
+        self.started()
+            .wrapping_sub(self.from_io.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The figures of every operation served at least once.

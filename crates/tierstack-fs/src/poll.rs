@@ -73,7 +73,7 @@ fn govern(fd: OwnedFd, core: &Core) {
         };
         fcntl_setfl(fd.as_fd(), want).is_ok()
     };
-    let mut seen = core.ops().started();
+    let mut seen = core.ops().started_by_kernel();
     let mut looked = Instant::now();
     let mut last_op = looked;
     let mut busy_until = looked;
@@ -88,7 +88,7 @@ fn govern(fd: OwnedFd, core: &Core) {
         };
         std::thread::sleep(wait);
         let now = Instant::now();
-        let started = core.ops().started();
+        let started = core.ops().started_by_kernel();
         let ms = now.duration_since(looked).as_secs_f64() * 1e3;
         let rate = started.wrapping_sub(seen) as f64 / ms.max(1e-3);
         if started != seen {

@@ -73,26 +73,9 @@ macro_rules! fill_fields {
     };
 }
 
-/// The mount's device number as the kernel shows it (st_dev), read once per mount.
+/// The mount's device number as the kernel shows it (st_dev).
 fn dev_of(mount: usize) -> u64 {
-    static DEVS: parking_lot::Mutex<Vec<(usize, u64)>> = parking_lot::Mutex::new(Vec::new());
-    if let Some(d) = DEVS.lock().iter().find(|(m, _)| *m == mount) {
-        return d.1;
-    }
-    let Some(m) = mounts().get(mount) else {
-        return 0;
-    };
-    // SAFETY: an all-zero stat is valid for fstat to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    let fstat = real!(fstat: fn(c_int, *mut libc::stat) -> c_int);
-    // SAFETY: fstat of the mount's O_PATH descriptor into a live local.
-    let dev = if unsafe { fstat(m.root_fd(), &mut st) } == 0 {
-        st.st_dev
-    } else {
-        0
-    };
-    DEVS.lock().push((mount, dev));
-    dev
+    mounts().get(mount).and_then(|m| m.dev()).unwrap_or(0)
 }
 
 unsafe fn put_stat(st: *mut libc::stat, a: &WireAttr, mount: usize) {
@@ -150,6 +133,7 @@ unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint)
         let m = mounts().get(u.mount)?;
         let mode = if flags & libc::O_CREAT != 0 { mode } else { 0 };
         let req = Req::Open {
+            base: u.base,
             path: &u.rel,
             flags,
             mode,
@@ -185,7 +169,6 @@ fn adopt(u: &Under, root_fd: RawFd, fh: u64, ino: u64, flags: c_int) -> c_int {
             flags: flags & keep,
             off: 0,
             cloexec: flags & libc::O_CLOEXEC != 0,
-            path: u.abs.clone(),
         },
     );
     fd
@@ -365,7 +348,18 @@ fn promote(fd: c_int) -> Result<(), i32> {
         fds::insert(fd, v.clone());
         e
     };
-    let path = std::ffi::CString::new(v.path.clone()).map_err(|_| back(libc::EINVAL))?;
+    let m = mounts().get(v.mount).ok_or_else(|| back(libc::EBADF))?;
+    // Its path now (it may have been renamed since its open), from the daemon.
+    let mut rel = vec![0u8; 4096];
+    let n = match m.call(&Req::PathOf { ino: v.ino }, &[], &mut rel) {
+        Ok(Got::Read(n)) => n,
+        Ok(Got::Err(e)) => return Err(back(e)),
+        _ => return Err(back(libc::EIO)),
+    };
+    let mut abs = m.root.clone();
+    abs.push(b'/');
+    abs.extend_from_slice(&rel[..n]);
+    let path = std::ffi::CString::new(abs).map_err(|_| back(libc::EINVAL))?;
     let flags = (v.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC)) | libc::O_CLOEXEC;
     // SAFETY: the C library's open of a NUL-terminated path.
     let nfd =
@@ -1189,6 +1183,7 @@ fn attrs_of(
         let m = mounts().get(u.mount)?;
         match m.call(
             &Req::Stat {
+                base: u.base,
                 path: &u.rel,
                 follow,
             },
@@ -1386,13 +1381,13 @@ pub unsafe extern "C" fn statx(
 fn path_call(
     dirfd: c_int,
     path: *const c_char,
-    req: impl FnOnce(&[u8]) -> Req<'_>,
+    req: impl FnOnce(u64, &[u8]) -> Req<'_>,
 ) -> Option<c_int> {
     outside(|| {
         // SAFETY: the program's NUL-terminated path.
         let u = unsafe { paths::under(dirfd, path) }?;
         let m = mounts().get(u.mount)?;
-        answer(m.call(&req(&u.rel), &[], &mut []), |_| 0)
+        answer(m.call(&req(u.base, &u.rel), &[], &mut []), |_| 0)
     })
 }
 
@@ -1400,7 +1395,8 @@ fn path_call(
 /// C's `access`.
 #[no_mangle]
 pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
-    if let Some(r) = path_call(libc::AT_FDCWD, path, |p| Req::Access {
+    if let Some(r) = path_call(libc::AT_FDCWD, path, |b, p| Req::Access {
+        base: b,
         path: p,
         mask: mode as u32,
     }) {
@@ -1420,7 +1416,8 @@ pub unsafe extern "C" fn faccessat(
     flags: c_int,
 ) -> c_int {
     if flags == 0 {
-        if let Some(r) = path_call(d, path, |p| Req::Access {
+        if let Some(r) = path_call(d, path, |b, p| Req::Access {
+            base: b,
             path: p,
             mask: mode as u32,
         }) {
@@ -1437,7 +1434,10 @@ pub unsafe extern "C" fn faccessat(
 /// C's `unlink`.
 #[no_mangle]
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
-    if let Some(r) = path_call(libc::AT_FDCWD, path, |p| Req::Unlink { path: p }) {
+    if let Some(r) = path_call(libc::AT_FDCWD, path, |b, p| Req::Unlink {
+        base: b,
+        path: p,
+    }) {
         return r;
     }
     // SAFETY: the C library's unlink.
@@ -1448,7 +1448,7 @@ pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
 /// C's `rmdir`.
 #[no_mangle]
 pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
-    if let Some(r) = path_call(libc::AT_FDCWD, path, |p| Req::Rmdir { path: p }) {
+    if let Some(r) = path_call(libc::AT_FDCWD, path, |b, p| Req::Rmdir { base: b, path: p }) {
         return r;
     }
     // SAFETY: the C library's rmdir.
@@ -1461,11 +1461,11 @@ pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
 pub unsafe extern "C" fn unlinkat(d: c_int, path: *const c_char, flags: c_int) -> c_int {
     let dir = flags & libc::AT_REMOVEDIR != 0;
     if flags & !libc::AT_REMOVEDIR == 0 {
-        let r = path_call(d, path, |p| {
+        let r = path_call(d, path, |b, p| {
             if dir {
-                Req::Rmdir { path: p }
+                Req::Rmdir { base: b, path: p }
             } else {
-                Req::Unlink { path: p }
+                Req::Unlink { base: b, path: p }
             }
         });
         if let Some(r) = r {
@@ -1489,7 +1489,8 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn mkdirat(d: c_int, path: *const c_char, mode: mode_t) -> c_int {
     let umask = UMASK.load(std::sync::atomic::Ordering::Relaxed);
-    if let Some(r) = path_call(d, path, |p| Req::Mkdir {
+    if let Some(r) = path_call(d, path, |b, p| Req::Mkdir {
+        base: b,
         path: p,
         mode,
         umask,
@@ -1504,7 +1505,8 @@ fn rename_call(d1: c_int, a: *const c_char, d2: c_int, b: *const c_char) -> Opti
     outside(|| {
         // SAFETY: the program's NUL-terminated paths.
         let (ua, ub) = unsafe { (paths::under(d1, a)?, paths::under(d2, b)?) };
-        if ua.mount != ub.mount {
+        // Both from the root: the daemon walks a rename's two paths from there.
+        if ua.mount != ub.mount || ua.base != 0 || ub.base != 0 {
             return None;
         }
         let m = mounts().get(ua.mount)?;
@@ -1572,7 +1574,8 @@ fn link_call(d1: c_int, a: *const c_char, d2: c_int, b: *const c_char) -> Option
     outside(|| {
         // SAFETY: the program's NUL-terminated paths.
         let (ua, ub) = unsafe { (paths::under(d1, a)?, paths::under(d2, b)?) };
-        if ua.mount != ub.mount {
+        // Both from the root: the daemon walks a rename's two paths from there.
+        if ua.mount != ub.mount || ua.base != 0 || ub.base != 0 {
             return None;
         }
         let m = mounts().get(ua.mount)?;
@@ -1638,8 +1641,8 @@ fn set_call(fd: Option<c_int>, dirfd: c_int, path: *const c_char, set: SetAttr) 
     if empty(path) {
         return None;
     }
-    path_call(dirfd, path, |p| Req::Setattr {
-        ino: 0,
+    path_call(dirfd, path, |b, p| Req::Setattr {
+        ino: b,
         path: p,
         set,
     })

@@ -28,6 +28,7 @@ pub struct Mount {
     root_fd: AtomicI32,
     conn: Mutex<Option<Conn>>,
     dead: AtomicBool,
+    dev: Mutex<Option<u64>>,
 }
 
 struct Conn {
@@ -94,6 +95,7 @@ pub fn mounts() -> &'static [Mount] {
                 root_fd: AtomicI32::new(-1),
                 conn: Mutex::new(None),
                 dead: AtomicBool::new(false),
+                dev: Mutex::new(None),
             });
         }
         // SAFETY: the handlers are plain functions of this library; registering them has
@@ -242,11 +244,7 @@ impl Mount {
         }
         let mut guard = self.conn.lock();
         if guard.is_none() {
-            let root_fd = match self.root_fd.load(Relaxed) {
-                -1 => open_path(&self.root).unwrap_or(-1),
-                fd => fd,
-            };
-            self.root_fd.store(root_fd, Relaxed);
+            let root_fd = self.open_root();
             match connect(&self.sock) {
                 Some((root, c)) if root == self.root && root_fd >= 0 => *guard = Some(c),
                 _ => {
@@ -299,6 +297,46 @@ impl Mount {
             Some(Rep::Written { n, end }) => Got::Written(n, end),
             Some(Rep::Data(_)) | None => Got::Err(libc::EIO),
         })
+    }
+
+    /// The mount's device number (`st_dev` of its root), once connected.
+    pub fn dev(&self) -> Option<u64> {
+        if let Some(d) = *self.dev.lock() {
+            return Some(d);
+        }
+        let fd = self.open_root();
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: an all-zero stat is valid for fstat to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let fstat = crate::real!(fstat: fn(libc::c_int, *mut libc::stat) -> libc::c_int);
+        // SAFETY: fstat of the mount's O_PATH descriptor into a live local.
+        if unsafe { fstat(fd, &mut st) } != 0 {
+            return None;
+        }
+        *self.dev.lock() = Some(st.st_dev);
+        Some(st.st_dev)
+    }
+
+    /// The mount's `O_PATH` descriptor, opened at the first need (-1 if it cannot be).
+    fn open_root(&self) -> RawFd {
+        match self.root_fd.load(Relaxed) {
+            -1 => {
+                let fd = open_path(&self.root).unwrap_or(-1);
+                match self.root_fd.compare_exchange(-1, fd, Relaxed, Relaxed) {
+                    Ok(_) => fd,
+                    Err(other) => {
+                        if fd >= 0 {
+                            // SAFETY: the descriptor just opened, not kept.
+                            unsafe { libc::close(fd) };
+                        }
+                        other
+                    }
+                }
+            }
+            fd => fd,
+        }
     }
 
     /// The mount's `O_PATH` descriptor (-1 before the first connection).

@@ -24,8 +24,6 @@ pub struct VFile {
     pub off: u64,
     /// Whether the program asked for close-on-exec (the reserved number itself always is).
     pub cloexec: bool,
-    /// Its absolute path at the open (for a promotion).
-    pub path: Vec<u8>,
 }
 
 const WORDS: usize = 1024;

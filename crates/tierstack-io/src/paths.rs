@@ -2,9 +2,11 @@
 //!
 //! A path is the program's, made absolute without touching its components: an absolute one
 //! as it is, a relative one after the working folder (kept here, read again after each
-//! `chdir`) or after the folder of a directory descriptor (`/proc/self/fd`). It is under a
-//! mount when it starts with the mountpoint at a component boundary; the rest is what the
-//! daemon walks (`.` and `..` included: a lexical `..` is wrong after a symbolic link, and
+//! `chdir`). It is under a mount when it starts with the mountpoint at a component boundary;
+//! the rest is what the daemon walks. A path relative to a directory descriptor (the `*at`
+//! calls) is under a mount when the descriptor's device is the mount's (`fstat`, which the
+//! kernel answers from its cache): the daemon then walks it from that directory's node, so a
+//! directory renamed since it was opened is still the one meant (`.` and `..` included: a lexical `..` is wrong after a symbolic link, and
 //! the daemon leaves both to the kernel). A mount reached through a symbolic link outside it
 //! is not recognised: the kernel serves those paths, correctly.
 
@@ -37,27 +39,41 @@ fn cwd() -> Option<Vec<u8>> {
     c.clone()
 }
 
-/// The folder a directory descriptor stands for.
-fn dir_of(fd: libc::c_int) -> Option<Vec<u8>> {
-    let link = format!("/proc/self/fd/{fd}\0");
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: readlink of a NUL-terminated path into `buf`, at most its length.
-    let n = unsafe { libc::readlink(link.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n <= 0 || n as usize >= buf.len() {
+/// The mount and node of the directory descriptor `fd`, if it is one of a mount's. Asked
+/// with `AT_STATX_DONT_SYNC`: type, device and inode number never go stale, so the kernel
+/// answers from its cache without a GETATTR round trip (the client's own changes invalidate
+/// the directory's attributes there).
+fn dir_node(fd: libc::c_int) -> Option<(usize, u64)> {
+    // SAFETY: an all-zero statx is valid for statx to fill.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    let statx = crate::real!(statx: fn(libc::c_int, *const libc::c_char, libc::c_int, libc::c_uint, *mut libc::statx) -> libc::c_int);
+    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    // SAFETY: statx of a descriptor with an empty NUL-terminated path into a live local.
+    let rc = unsafe {
+        statx(
+            fd,
+            c"".as_ptr(),
+            flags,
+            libc::STATX_TYPE | libc::STATX_INO,
+            &mut sx,
+        )
+    };
+    if rc != 0 || u32::from(sx.stx_mode) & libc::S_IFMT != libc::S_IFDIR {
         return None;
     }
-    buf.truncate(n as usize);
-    (buf.first() == Some(&b'/')).then_some(buf)
+    let dev = libc::makedev(sx.stx_dev_major, sx.stx_dev_minor);
+    let m = mounts().iter().position(|m| m.dev() == Some(dev))?;
+    Some((m, sx.stx_ino))
 }
 
 /// A path under a mount.
 pub struct Under {
     /// The mount's index.
     pub mount: usize,
-    /// The path from the mount's root, as the daemon walks it.
+    /// The path from `base`, as the daemon walks it.
     pub rel: Vec<u8>,
-    /// The absolute path (to open it through the kernel in a promotion).
-    pub abs: Vec<u8>,
+    /// The directory node it starts from (0: the mount's root).
+    pub base: u64,
 }
 
 /// The mount `abs` lies under, and the rest of it.
@@ -69,7 +85,7 @@ pub fn split(abs: &[u8]) -> Option<Under> {
                 return Some(Under {
                     mount: i,
                     rel: rest.strip_prefix(b"/").unwrap_or(rest).to_vec(),
-                    abs: abs.to_vec(),
+                    base: 0,
                 });
             }
         }
@@ -94,16 +110,19 @@ pub unsafe fn under(dirfd: libc::c_int, path: *const libc::c_char) -> Option<Und
     if p[0] == b'/' {
         return split(p);
     }
-    let base = if dirfd == libc::AT_FDCWD {
-        cwd()?
-    } else {
+    if dirfd != libc::AT_FDCWD {
         if crate::fds::maybe(dirfd) && crate::fds::get(dirfd).is_some() {
             // A file, not a directory: the kernel answers ENOTDIR.
             return None;
         }
-        dir_of(dirfd)?
-    };
-    let mut abs = base;
+        let (mount, base) = dir_node(dirfd)?;
+        return Some(Under {
+            mount,
+            rel: p.to_vec(),
+            base,
+        });
+    }
+    let mut abs = cwd()?;
     if abs.last() != Some(&b'/') {
         abs.push(b'/');
     }

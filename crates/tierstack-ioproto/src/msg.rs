@@ -20,6 +20,9 @@ pub const ATTR_LEN: usize = 80;
 pub enum Req<'a> {
     /// `stat` (follow) or `lstat` of a path.
     Stat {
+        /// The directory `path` is relative to (0: the mount's root; a relative path of an
+        /// `*at` call names its directory's node).
+        base: u64,
         /// The path under the mount.
         path: &'a [u8],
         /// Whether a final symbolic link is followed.
@@ -32,6 +35,9 @@ pub enum Req<'a> {
     },
     /// `access`: `mask` is `R_OK | W_OK | X_OK` or `F_OK`.
     Access {
+        /// The directory `path` is relative to (0: the mount's root; a relative path of an
+        /// `*at` call names its directory's node).
+        base: u64,
         /// The path under the mount.
         path: &'a [u8],
         /// The bits asked.
@@ -40,6 +46,9 @@ pub enum Req<'a> {
     /// `open`/`creat`: answered [`Rep::Opened`], or [`Rep::Fallback`] for what the client
     /// leaves to the kernel (directories, symbolic links, special files).
     Open {
+        /// The directory `path` is relative to (0: the mount's root; a relative path of an
+        /// `*at` call names its directory's node).
+        base: u64,
         /// The path under the mount.
         path: &'a [u8],
         /// `open`'s flags.
@@ -96,18 +105,33 @@ pub enum Req<'a> {
         /// The new size.
         size: u64,
     },
+    /// The path of a node from the mount's root (for a promotion: the file opened again
+    /// through the kernel), answered as data; ENOENT once it has no name.
+    PathOf {
+        /// The node.
+        ino: u64,
+    },
     /// `unlink`.
     Unlink {
+        /// The directory `path` is relative to (0: the mount's root; a relative path of an
+        /// `*at` call names its directory's node).
+        base: u64,
         /// The path under the mount.
         path: &'a [u8],
     },
     /// `rmdir`.
     Rmdir {
+        /// The directory `path` is relative to (0: the mount's root; a relative path of an
+        /// `*at` call names its directory's node).
+        base: u64,
         /// The path under the mount.
         path: &'a [u8],
     },
     /// `mkdir`.
     Mkdir {
+        /// The directory `path` is relative to (0: the mount's root; a relative path of an
+        /// `*at` call names its directory's node).
+        base: u64,
         /// The path under the mount.
         path: &'a [u8],
         /// Its mode.
@@ -242,6 +266,7 @@ const OP_MKDIR: u8 = 12;
 const OP_RENAME: u8 = 13;
 const OP_SETATTR: u8 = 14;
 const OP_LINK: u8 = 15;
+const OP_PATH_OF: u8 = 16;
 
 /// Bytes of a setattr's fixed tail (uid, gid, atime, mtime) before its path.
 const SET_TAIL: usize = 24;
@@ -302,10 +327,11 @@ impl<'a> Req<'a> {
             return Self::encode_setattr(*ino, path, set, out);
         }
         let (h, tail): (Head, &[&[u8]]) = match self {
-            Req::Stat { path, follow } => (
+            Req::Stat { base, path, follow } => (
                 Head {
                     op: OP_STAT,
                     bit: *follow,
+                    ino: *base,
                     ..Head::default()
                 },
                 &[path],
@@ -318,15 +344,17 @@ impl<'a> Req<'a> {
                 },
                 &[],
             ),
-            Req::Access { path, mask } => (
+            Req::Access { base, path, mask } => (
                 Head {
                     op: OP_ACCESS,
                     x: *mask,
+                    ino: *base,
                     ..Head::default()
                 },
                 &[path],
             ),
             Req::Open {
+                base,
                 path,
                 flags,
                 mode,
@@ -336,6 +364,7 @@ impl<'a> Req<'a> {
                     op: OP_OPEN,
                     x: *mode,
                     y: *umask,
+                    ino: *base,
                     off: *flags as u32 as u64,
                     ..Head::default()
                 },
@@ -397,25 +426,41 @@ impl<'a> Req<'a> {
                 },
                 &[],
             ),
-            Req::Unlink { path } => (
+            Req::PathOf { ino } => (
+                Head {
+                    op: OP_PATH_OF,
+                    ino: *ino,
+                    ..Head::default()
+                },
+                &[],
+            ),
+            Req::Unlink { base, path } => (
                 Head {
                     op: OP_UNLINK,
+                    ino: *base,
                     ..Head::default()
                 },
                 &[path],
             ),
-            Req::Rmdir { path } => (
+            Req::Rmdir { base, path } => (
                 Head {
                     op: OP_RMDIR,
+                    ino: *base,
                     ..Head::default()
                 },
                 &[path],
             ),
-            Req::Mkdir { path, mode, umask } => (
+            Req::Mkdir {
+                base,
+                path,
+                mode,
+                umask,
+            } => (
                 Head {
                     op: OP_MKDIR,
                     x: *mode,
                     y: *umask,
+                    ino: *base,
                     ..Head::default()
                 },
                 &[path],
@@ -479,15 +524,18 @@ impl<'a> Req<'a> {
         let path = || (!tail.contains(&0)).then_some(tail);
         Some(match op {
             OP_STAT => Req::Stat {
+                base: ino,
                 path: path()?,
                 follow: bit,
             },
             OP_FSTAT => Req::Fstat { ino },
             OP_ACCESS => Req::Access {
+                base: ino,
                 path: path()?,
                 mask: x,
             },
             OP_OPEN => Req::Open {
+                base: ino,
                 path: path()?,
                 flags: u32::try_from(off).ok()? as i32,
                 mode: x,
@@ -509,9 +557,17 @@ impl<'a> Req<'a> {
             },
             OP_FSYNC => Req::Fsync { ino, datasync: bit },
             OP_TRUNCATE => Req::Truncate { ino, fh, size: off },
-            OP_UNLINK => Req::Unlink { path: path()? },
-            OP_RMDIR => Req::Rmdir { path: path()? },
+            OP_PATH_OF => Req::PathOf { ino },
+            OP_UNLINK => Req::Unlink {
+                base: ino,
+                path: path()?,
+            },
+            OP_RMDIR => Req::Rmdir {
+                base: ino,
+                path: path()?,
+            },
             OP_MKDIR => Req::Mkdir {
+                base: ino,
                 path: path()?,
                 mode: x,
                 umask: y,
@@ -671,15 +727,18 @@ mod tests {
     fn reqs<'a>(p: &'a [u8], q: &'a [u8], d: &'a [u8], n: u64, f: i32) -> Vec<Req<'a>> {
         vec![
             Req::Stat {
+                base: n / 2,
                 path: p,
                 follow: n.is_multiple_of(2),
             },
             Req::Fstat { ino: n },
             Req::Access {
+                base: 0,
                 path: p,
                 mask: n as u32,
             },
             Req::Open {
+                base: n,
                 path: p,
                 flags: f,
                 mode: 0o644,
@@ -708,9 +767,11 @@ mod tests {
                 fh: 2,
                 size: n,
             },
-            Req::Unlink { path: p },
-            Req::Rmdir { path: p },
+            Req::Unlink { base: n, path: p },
+            Req::Rmdir { base: 1, path: p },
+            Req::PathOf { ino: n },
             Req::Mkdir {
+                base: n,
                 path: p,
                 mode: 0o755,
                 umask: 0o77,
@@ -775,7 +836,11 @@ mod tests {
     #[test]
     fn a_path_with_a_nul_or_a_rename_past_its_end_is_refused() {
         let mut buf = Vec::new();
-        Req::Unlink { path: b"a\0b" }.encode(&mut buf);
+        Req::Unlink {
+            base: 0,
+            path: b"a\0b",
+        }
+        .encode(&mut buf);
         assert_eq!(Req::decode(&buf), None);
         Req::Rename {
             from: b"abc",

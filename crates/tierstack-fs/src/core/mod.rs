@@ -746,6 +746,16 @@ impl Core {
     }
 
     /// The paths (from the mount's root) of every name of node `n`.
+    /// The paths (relative to the mount's root) of node `ino`'s names; none for a node the
+    /// namespace does not hold or that has no name left.
+    pub fn paths_of(&self, ino: u64) -> Vec<Vec<u8>> {
+        let ns = self.ns.lock();
+        ns.nodes
+            .get(&ino)
+            .map(|n| Self::link_paths(&ns, n))
+            .unwrap_or_default()
+    }
+
     fn link_paths(ns: &Ns, n: &Node) -> Vec<Vec<u8>> {
         n.links
             .iter()

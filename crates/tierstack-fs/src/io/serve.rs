@@ -195,12 +195,16 @@ impl Server<'_> {
         may(a, self.caller, want, || self.has_acl(a.ino))
     }
 
-    /// The directory that holds the last component of `path`, and that component (None for
-    /// the root itself or a path ending in `..`... which is left to the kernel).
-    fn parent_of<'p>(&self, path: &'p [u8]) -> R<(Attr, Option<&'p [u8]>)> {
+    /// The directory that holds the last component of `path` (walked from node `base`, 0:
+    /// the root), and that component (None for the start itself; a path ending in `..` is
+    /// left to the kernel).
+    fn parent_of<'p>(&self, base: u64, path: &'p [u8]) -> R<(Attr, Option<&'p [u8]>)> {
         let core = &self.fs.core;
         let (parts, _) = components(path);
-        let mut dir = core.getattr(ROOT)?;
+        let mut dir = core.getattr(if base == 0 { ROOT } else { base })?;
+        if dir.kind != Kind::Dir {
+            return Err(Stop::Err(libc::ENOTDIR));
+        }
         let Some((last, walk)) = parts.split_last() else {
             return Ok((dir, None));
         };
@@ -228,8 +232,8 @@ impl Server<'_> {
     }
 
     /// The node `path` names (a final symbolic link followed only by the kernel).
-    fn node(&self, path: &[u8], follow: bool) -> R<Attr> {
-        let (dir, last) = self.parent_of(path)?;
+    fn node(&self, base: u64, path: &[u8], follow: bool) -> R<Attr> {
+        let (dir, last) = self.parent_of(base, path)?;
         let Some(name) = last else {
             return Ok(dir);
         };
@@ -245,14 +249,14 @@ impl Server<'_> {
 
     /// The directory and name of a path that is to be made or removed, with write and search
     /// permission on the directory checked (a sticky directory is left to the kernel).
-    fn entry<'p>(&self, path: &'p [u8]) -> R<(Attr, &'p [u8])> {
+    fn entry<'p>(&self, base: u64, path: &'p [u8]) -> R<(Attr, &'p [u8])> {
         // `.` or `..` last, or the root itself: the kernel's errors (EINVAL, ENOTEMPTY,
         // EBUSY...) differ by call.
         let raw_last = path.split(|&b| b == b'/').rfind(|c| !c.is_empty());
         if matches!(raw_last, None | Some(b".") | Some(b"..")) {
             return Err(Stop::Fallback);
         }
-        let (dir, last) = self.parent_of(path)?;
+        let (dir, last) = self.parent_of(base, path)?;
         let name = last.ok_or(Stop::Err(libc::EBUSY))?;
         if dir.kind != Kind::Dir {
             return Err(Stop::Err(libc::ENOTDIR));
@@ -264,7 +268,19 @@ impl Server<'_> {
         Ok((dir, name))
     }
 
+    /// Releases handle `fh` of `ino` (after the close's answer went back).
+    pub(super) fn release(&self, ino: u64, fh: u64) {
+        if let Err(e) = self.op(Op::Release { ino, fh }) {
+            tracing::warn!(
+                "release of inode {ino} for an io client: {}",
+                std::io::Error::from_raw_os_error(e)
+            );
+        }
+    }
+
     fn op(&self, op: Op<'_>) -> std::result::Result<Out, i32> {
+        // Not the kernel's: the FUSE device's polling does not turn on for these.
+        self.fs.core.ops().note_io();
         let (r, then) = self.fs.answer(op, self.caller);
         self.fs.after_reply(then);
         r
@@ -306,18 +322,29 @@ impl Server<'_> {
     pub(super) fn serve<'b>(&self, req: Req<'_>, data: &'b mut Vec<u8>) -> (Rep<'b>, Handle) {
         let r = match req {
             Req::Open {
+                base,
                 path,
                 flags,
                 mode,
                 umask,
-            } => return self.open(path, flags, mode, umask),
+            } => return self.open(base, path, flags, mode, umask),
             Req::Close { ino, fh } => {
-                let r = self.op(Op::Release { ino, fh }).map(|_| Rep::Done);
+                // The release itself (the inode row, the drain's queue) is made after the
+                // answer (`release`), as the kernel's FUSE close does not wait for it either:
+                // the program goes on meanwhile. Its size and times are the daemon's already,
+                // so the kernel's view is refreshed first.
                 if crate::refresh::may_write(fuser::FileHandle(fh)) {
                     self.drop_kernel_inode(ino);
                 }
-                return (r.unwrap_or_else(Rep::Err), Handle::Closed(ino, fh));
+                return (Rep::Done, Handle::Closed(ino, fh));
             }
+            Req::PathOf { ino } => match self.fs.core.paths_of(ino).into_iter().next() {
+                Some(p) => {
+                    *data = p;
+                    Ok(Rep::Data(data.as_slice()))
+                }
+                None => Err(Stop::Err(libc::ENOENT)),
+            },
             Req::Read { ino, off, len, .. } => match self.op(Op::Read {
                 ino,
                 offset: off,
@@ -345,10 +372,12 @@ impl Server<'_> {
     fn serve_plain(&self, req: Req<'_>) -> R<Rep<'static>> {
         let core = &self.fs.core;
         Ok(match req {
-            Req::Stat { path, follow } => Rep::Attr(wire_attr(&self.node(path, follow)?)),
+            Req::Stat { base, path, follow } => {
+                Rep::Attr(wire_attr(&self.node(base, path, follow)?))
+            }
             Req::Fstat { ino } => Rep::Attr(wire_attr(&core.getattr(ino)?)),
-            Req::Access { path, mask } => {
-                let a = self.node(path, true)?;
+            Req::Access { base, path, mask } => {
+                let a = self.node(base, path, true)?;
                 self.may(&a, mask)?;
                 Rep::Done
             }
@@ -402,9 +431,9 @@ impl Server<'_> {
                     _ => Rep::Done,
                 }
             }
-            Req::Unlink { path } | Req::Rmdir { path } => {
+            Req::Unlink { base, path } | Req::Rmdir { base, path } => {
                 let dir_op = matches!(req, Req::Rmdir { .. });
-                let (dir, name) = self.entry(path)?;
+                let (dir, name) = self.entry(base, path)?;
                 let parent = dir.ino;
                 self.op(if dir_op {
                     Op::Rmdir { parent, name }
@@ -414,8 +443,13 @@ impl Server<'_> {
                 self.inval_entry(parent, name);
                 Rep::Done
             }
-            Req::Mkdir { path, mode, umask } => {
-                let (dir, name) = self.entry(path)?;
+            Req::Mkdir {
+                base,
+                path,
+                mode,
+                umask,
+            } => {
+                let (dir, name) = self.entry(base, path)?;
                 // As the kernel's `vfs_mkdir`: permission bits and the sticky bit only.
                 let out = self.op(Op::Mkdir {
                     parent: dir.ino,
@@ -430,8 +464,8 @@ impl Server<'_> {
                 }
             }
             Req::Rename { from, to } => {
-                let (fdir, fname) = self.entry(from)?;
-                let (tdir, tname) = self.entry(to)?;
+                let (fdir, fname) = self.entry(0, from)?;
+                let (tdir, tname) = self.entry(0, to)?;
                 self.op(Op::Rename {
                     parent: fdir.ino,
                     name: fname,
@@ -444,11 +478,11 @@ impl Server<'_> {
                 Rep::Done
             }
             Req::Link { from, to } => {
-                let a = self.node(from, false)?;
+                let a = self.node(0, from, false)?;
                 if a.kind == Kind::Dir {
                     return Err(Stop::Err(libc::EPERM));
                 }
-                let (dir, name) = self.entry(to)?;
+                let (dir, name) = self.entry(0, to)?;
                 let out = self.op(Op::Link {
                     ino: a.ino,
                     newparent: dir.ino,
@@ -463,10 +497,11 @@ impl Server<'_> {
                 }
             }
             Req::Setattr { ino, path, set } => {
+                // `ino` is the node itself without a path, the path's directory with one.
                 let a = if path.is_empty() {
                     core.getattr(ino)?
                 } else {
-                    self.node(path, set.follow)?
+                    self.node(ino, path, set.follow)?
                 };
                 may_setattr(&a, self.caller, &set, || self.may(&a, W_OK))?;
                 let out = self.op(Op::Setattr {
@@ -485,14 +520,21 @@ impl Server<'_> {
                     _ => Rep::Done,
                 }
             }
-            Req::Open { .. } | Req::Close { .. } | Req::Read { .. } => {
+            Req::Open { .. } | Req::Close { .. } | Req::Read { .. } | Req::PathOf { .. } => {
                 return Err(Stop::Err(libc::EINVAL))
             }
         })
     }
 
-    fn open(&self, path: &[u8], flags: i32, mode: u32, umask: u32) -> (Rep<'static>, Handle) {
-        match self.open_inner(path, flags, mode, umask) {
+    fn open(
+        &self,
+        base: u64,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+        umask: u32,
+    ) -> (Rep<'static>, Handle) {
+        match self.open_inner(base, path, flags, mode, umask) {
             Ok((fh, a)) => (
                 Rep::Opened {
                     fh,
@@ -505,13 +547,20 @@ impl Server<'_> {
         }
     }
 
-    fn open_inner(&self, path: &[u8], flags: i32, mode: u32, umask: u32) -> R<(u64, Attr)> {
+    fn open_inner(
+        &self,
+        base: u64,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+        umask: u32,
+    ) -> R<(u64, Attr)> {
         let core = &self.fs.core;
         // O_PATH, O_TMPFILE and the like are the kernel's.
         if flags & (libc::O_PATH | libc::O_TMPFILE & !libc::O_DIRECTORY) != 0 {
             return Err(Stop::Fallback);
         }
-        let (dir, last) = self.parent_of(path)?;
+        let (dir, last) = self.parent_of(base, path)?;
         let Some(name) = last else {
             return Err(Stop::Fallback);
         };
