@@ -68,6 +68,7 @@ OBJCOPY ?= objcopy
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 BIN ?= $(TARGET_DIR)/release/tierstack
 PRELOAD ?= $(TARGET_DIR)/release/libtierstack_preload.so
+IOLIB ?= $(TARGET_DIR)/release/libtierstack_io.so
 DIST ?= $(TARGET_DIR)/dist
 SLURM_FILES = $(wildcard contrib/slurm/*)
 GRAFANA_FILES = contrib/grafana/tierstack.json
@@ -92,6 +93,11 @@ $(PRELOAD): $(MANIFESTS) $(call cargo_deps,$(basename $(PRELOAD)).d)
 	$(CARGO) build --release
 	touch -c $@
 endif
+ifeq ($(origin IOLIB),file)
+$(IOLIB): $(MANIFESTS) $(call cargo_deps,$(basename $(IOLIB)).d)
+	$(CARGO) build --release
+	touch -c $@
+endif
 
 # The debug info alone (--only-keep-debug), and a stripped copy that names it (.gnu_debuglink,
 # with its CRC); the symbol table stays, so a backtrace names functions without the debug file.
@@ -106,6 +112,11 @@ $(DIST)/libtierstack_preload.so.debug: $(PRELOAD)
 	mkdir -p $(DIST) && $(OBJCOPY) --only-keep-debug $(PRELOAD) $@
 $(DIST)/libtierstack_preload.so: $(PRELOAD) $(DIST)/libtierstack_preload.so.debug
 	$(OBJCOPY) --strip-debug --add-gnu-debuglink=$(DIST)/libtierstack_preload.so.debug $(PRELOAD) $@
+$(DIST)/libtierstack_io.so.debug: $(IOLIB)
+	$(HAVE_OBJCOPY)
+	mkdir -p $(DIST) && $(OBJCOPY) --only-keep-debug $(IOLIB) $@
+$(DIST)/libtierstack_io.so: $(IOLIB) $(DIST)/libtierstack_io.so.debug
+	$(OBJCOPY) --strip-debug --add-gnu-debuglink=$(DIST)/libtierstack_io.so.debug $(IOLIB) $@
 # The pages and completions of this very binary.
 $(DIST)/docs.stamp: $(BIN)
 	rm -rf $(DIST)/man $(DIST)/completions
@@ -118,13 +129,15 @@ $(DIST)/units.stamp: $(UNIT_FILES) Makefile
 	for f in $(UNIT_FILES); do sed 's#@BINDIR@#$(BINDIR)#g' "$$f" >"$(DIST)/systemd/$${f##*/}"; done
 	touch $@
 
-install: $(DIST)/tierstack $(DIST)/libtierstack_preload.so $(DIST)/docs.stamp $(DIST)/units.stamp
+install: $(DIST)/tierstack $(DIST)/libtierstack_preload.so $(DIST)/libtierstack_io.so $(DIST)/docs.stamp $(DIST)/units.stamp
 	@set -e; list=$$(mktemp); trap 'rm -f "$$list"' EXIT; \
 	put() { $(INSTALL) -D -m "$$1" "$$2" "$(DESTDIR)$$3"; echo "$$3" >>"$$list"; echo "  $(DESTDIR)$$3"; }; \
 	put 755 $(DIST)/tierstack "$(BINDIR)/tierstack"; \
 	put 644 $(DIST)/tierstack.debug "$(DEBUGDIR)$(BINDIR)/tierstack.debug"; \
 	put 755 $(DIST)/libtierstack_preload.so "$(LIBDIR)/tierstack/libtierstack_preload.so"; \
 	put 644 $(DIST)/libtierstack_preload.so.debug "$(DEBUGDIR)$(LIBDIR)/tierstack/libtierstack_preload.so.debug"; \
+	put 755 $(DIST)/libtierstack_io.so "$(LIBDIR)/tierstack/libtierstack_io.so"; \
+	put 644 $(DIST)/libtierstack_io.so.debug "$(DEBUGDIR)$(LIBDIR)/tierstack/libtierstack_io.so.debug"; \
 	for f in $(DIST)/man/*.1; do put 644 "$$f" "$(MANDIR)/man1/$${f##*/}"; done; \
 	put 644 $(DIST)/completions/tierstack.bash "$(BASHCOMPDIR)/tierstack"; \
 	put 644 $(DIST)/completions/_tierstack "$(ZSHCOMPDIR)/_tierstack"; \
@@ -182,12 +195,13 @@ deb:
 	install -m 0755 contrib/debian/postinst $(DEB_ROOT)/DEBIAN/postinst
 	dpkg-deb -Z$(DEB_COMPRESS) --build --root-owner-group $(DEB_ROOT) $(DIST)/tierstack_$(VERSION)_$(DEB_ARCH).deb
 
-rpm: $(BIN) $(PRELOAD)
+rpm: $(BIN) $(PRELOAD) $(IOLIB)
 	@command -v rpmbuild >/dev/null || { echo "make rpm: rpmbuild not found (apt-get install rpm, dnf install rpm-build)" >&2; exit 1; }
 	rm -rf $(RPM_TOPDIR)
 	rpmbuild -bb --nodeps --define "_topdir $(abspath $(RPM_TOPDIR))" \
 		--define "tierstack_prebuilt 1" --define "tierstack_srcdir $(CURDIR)" \
 		--define "tierstack_bin $(abspath $(BIN))" --define "tierstack_preload $(abspath $(PRELOAD))" \
+		--define "tierstack_iolib $(abspath $(IOLIB))" \
 		contrib/rpm/tierstack.spec
 	cp $(RPM_TOPDIR)/RPMS/*/tierstack-*.rpm $(DIST)/
 	ls -l $(DIST)/tierstack-*.rpm

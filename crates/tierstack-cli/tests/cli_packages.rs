@@ -198,6 +198,7 @@ fn deb_builds_installs_and_purges() {
     for want in [
         "/usr/bin/tierstack",
         "/usr/lib/tierstack/libtierstack_preload.so",
+        "/usr/lib/tierstack/libtierstack_io.so",
         "/usr/share/man/man1/tierstack.1",
         "/usr/lib/systemd/system/tierstack@.service",
         "/usr/share/tierstack/slurm/prolog.sh",
@@ -373,6 +374,7 @@ fn rpm_spec_builds_the_fhs_layout() {
     for want in [
         "/usr/bin/tierstack".to_string(),
         format!("{libdir}/tierstack/libtierstack_preload.so"),
+        format!("{libdir}/tierstack/libtierstack_io.so"),
         "/usr/share/bash-completion/completions/tierstack".to_string(),
         "/usr/share/zsh/site-functions/_tierstack".to_string(),
         "/usr/share/fish/vendor_completions.d/tierstack.fish".to_string(),

@@ -2,7 +2,7 @@
 //! and a mount's daemon (`tierstack_fs::io`): the messages ([`msg`]) and the shared-memory
 //! slot they travel in ([`chan`]).
 //!
-//! A client process connects to the mount's io socket (`<run dir>/<hash>.io.sock`, beside the
+//! A client process connects to the mount's io socket (`<run dir>/<hash>.io`, beside the
 //! control socket); the daemon checks its credentials (`SO_PEERCRED`), answers with a hello
 //! (the mountpoint it serves) and a memfd holding one [`chan::Slot`]. From then on a call is a
 //! request written into the slot, a state word flipped, and the answer read back from the same

@@ -1,5 +1,5 @@
 //! The interception client's channel into the mount (`libtierstack_io.so`, crate
-//! `tierstack-io`): a Unix socket beside the control socket (`<hash>.io.sock`, see
+//! `tierstack-io`): a Unix socket beside the control socket (`<hash>.io`, see
 //! [`io_socket_path`]), one thread per connected process serving its calls from a shared-memory
 //! slot ([`tierstack_ioproto::Chan`]) through [`serve`], with no FUSE round trip.
 //!
@@ -28,9 +28,10 @@ use crate::fuse::{Caller, Op, TierFs};
 use serve::{Handle, Server};
 
 /// The interception client's socket of a mount whose control socket is `control`: the same
-/// name with `.io.sock` for `.sock`.
+/// name with `.io` for `.sock` (not `*.sock`: `top`, the exporter and `buffers` look for
+/// control sockets by that extension).
 pub fn io_socket_path(control: &Path) -> PathBuf {
-    control.with_extension("io.sock")
+    control.with_extension("io")
 }
 
 /// The listening channel of a mount.
