@@ -59,6 +59,10 @@ pub struct BenchWorkloadsArgs {
     /// report says the drain did not finish).
     #[arg(long, default_value_t = 600)]
     pub drain_timeout: u64,
+    /// The mount side's programs run under the interception client (`tierstack exec`,
+    /// libtierstack_io.so) instead of through FUSE alone.
+    #[arg(long)]
+    pub client: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -81,6 +85,7 @@ pub fn bench(a: BenchWorkloadsArgs) -> Result<()> {
         log_sync_every: a.log_sync_every,
         timeout: Duration::from_secs(a.timeout.max(1)),
         drain_timeout: Duration::from_secs(a.drain_timeout.max(1)),
+        client: a.client,
     };
     let cancel = crate::cancel_flag()?;
     let say = |m: &str| eprintln!("bench workloads: {m}");

@@ -34,6 +34,21 @@ fn every_workload_runs_on_both_sides() {
     if !root_with_fuse() {
         return;
     }
+    every_workload_runs(false);
+}
+
+/// Issue 39: the same real programs (tar, git, pip, python, h5py, mpirun and its ranks) with
+/// the interception client preloaded on the mount's side: they succeed, and the tree the
+/// mount's BACKING holds afterwards is the plain folder's.
+#[test]
+fn every_workload_runs_under_the_interception_client() {
+    if !root_with_fuse() {
+        return;
+    }
+    every_workload_runs(true);
+}
+
+fn every_workload_runs(client: bool) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("wl");
     let args = [
@@ -57,11 +72,16 @@ fn every_workload_runs_on_both_sides() {
         "120",
         "--json",
     ];
+    let mut args = args.to_vec();
+    if client {
+        args.push("--client");
+    }
     let o = ts(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let ws = j["workloads"].as_array().expect("workloads");
     assert_eq!(ws.len(), 4, "{j}");
+    assert_eq!(j["client"], client, "{j}");
     for w in ws {
         let name = w["workload"].as_str().unwrap_or("?");
         if let Some(why) = w["skipped"].as_str() {

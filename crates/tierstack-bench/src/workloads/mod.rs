@@ -116,6 +116,9 @@ pub struct Config {
     pub timeout: Duration,
     /// Bound of one drain wait.
     pub drain_timeout: Duration,
+    /// The mount side's programs run under the interception client (`tierstack exec MNT
+    /// --`, libtierstack_io.so) instead of through FUSE alone.
+    pub client: bool,
 }
 
 /// One phase of one workload: seconds on each side, per round, and their medians.
@@ -201,6 +204,8 @@ pub struct Report {
     pub cold: bool,
     /// The mount's FUSE transport, as its `status` names it.
     pub mount_transport: Option<String>,
+    /// Whether the mount side ran under the interception client (`--client`).
+    pub client: bool,
     /// One entry per workload asked for, in order.
     pub workloads: Vec<WorkloadReport>,
 }
@@ -421,6 +426,7 @@ pub fn run(cfg: &Config, cancel: &AtomicBool, say: &dyn Fn(&str)) -> Result<Repo
         repeat: cfg.repeat,
         cold,
         mount_transport: transport,
+        client: cfg.client,
         workloads: reports,
     })
 }
@@ -478,10 +484,12 @@ fn run_plain(
 ) -> Result<SideRun> {
     fs::create_dir(root).map_err(io_err("create", root))?;
     let r = (|| {
-        let mut phases = programs::run_phases(cfg, inputs, w, root, false, cancel)?;
+        let mut phases = programs::run_phases(cfg, inputs, w, root, false, None, cancel)?;
         programs::sync();
         if cold {
-            phases.extend(programs::run_phases(cfg, inputs, w, root, true, cancel)?);
+            phases.extend(programs::run_phases(
+                cfg, inputs, w, root, true, None, cancel,
+            )?);
         }
         let digest = (w == "tree")
             .then(|| programs::tree_listing(root))
@@ -541,10 +549,13 @@ fn run_mount(
             CheckpointError::Cancelled => WorkloadsError::Cancelled,
             e => e.into(),
         })?;
-        let mut phases = programs::run_phases(cfg, inputs, w, &mnt, false, cancel)?;
+        let via = cfg.client.then_some(mnt.as_path());
+        let mut phases = programs::run_phases(cfg, inputs, w, &mnt, false, via, cancel)?;
         let (mut drain_s, mut drained) = drain(&m, cfg, cancel)?;
         if cold {
-            phases.extend(programs::run_phases(cfg, inputs, w, &mnt, true, cancel)?);
+            phases.extend(programs::run_phases(
+                cfg, inputs, w, &mnt, true, via, cancel,
+            )?);
             let (s, d) = drain(&m, cfg, cancel)?;
             drain_s += s;
             drained &= d;
@@ -601,9 +612,14 @@ fn top_ops(st: &serde_json::Value) -> Vec<OpTime> {
 /// The table: per workload and phase, plain seconds, mount seconds, plain / mount.
 pub fn render(r: &Report) -> String {
     let mut out = format!(
-        "bench workloads: {} round{}, the mount at its defaults against a plain folder on the same disk\n\n",
+        "bench workloads: {} round{}, the mount at its defaults{} against a plain folder on the same disk\n\n",
         r.repeat,
-        if r.repeat == 1 { "" } else { "s" }
+        if r.repeat == 1 { "" } else { "s" },
+        if r.client {
+            " with the interception client (tierstack exec)"
+        } else {
+            ""
+        }
     );
     let header = [
         "workload",
@@ -691,6 +707,7 @@ mod tests {
             log_sync_every: 1,
             timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(10),
+            client: false,
         }
     }
 

@@ -50,6 +50,27 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// `cmd` run under the interception client of the mount at `mnt` (`tierstack exec MNT --
+/// CMD`), with the same working folder and environment.
+fn under_client(cmd: &Command, exe: &Path, mnt: &Path) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("exec")
+        .arg(mnt)
+        .arg("--")
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(d) = cmd.get_current_dir() {
+        c.current_dir(d);
+    }
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
 /// The one place a workload program gets its working folder and environment: every program
 /// of every phase (tar, git, pip, python, mpirun and its ranks) is started through it, so
 /// preloading the interception client (`LD_PRELOAD`) is a change here only.
@@ -400,12 +421,14 @@ type Step<'a> = (&'a str, Command, Vec<(&'a str, OsString)>, bool);
 
 /// Runs `w`'s writing phases (`cold` false) or its cold phases (`cold` true; the kernel's
 /// caches dropped before each) in `root`: each phase's name and seconds.
+/// `via`: the mount whose interception client the phases' programs run under.
 pub(super) fn run_phases(
     cfg: &Config,
     inputs: &Inputs,
     w: &str,
     root: &Path,
     cold: bool,
+    via: Option<&Path>,
     cancel: &AtomicBool,
 ) -> Result<Vec<(String, f64)>> {
     let py = || Command::new(python());
@@ -509,6 +532,9 @@ pub(super) fn run_phases(
         }
         let what = format!("{w}: {phase}");
         let mut cmd = program(cmd, root, &inputs.home, &env);
+        if let Some(mnt) = via {
+            cmd = under_client(&cmd, &cfg.exe, mnt);
+        }
         let t = Instant::now();
         let f = run_bounded(&mut cmd, &what, Some(cancel), cfg.timeout).map_err(cancelled)?;
         let wall = t.elapsed().as_secs_f64();
