@@ -138,6 +138,15 @@ fn system_time(t: Time) -> Option<Option<std::time::SystemTime>> {
     }
 }
 
+/// The answer for a result: the errno or "fallback" of a stop.
+fn rep_of(r: R<Rep<'_>>) -> Rep<'_> {
+    match r {
+        Ok(rep) => rep,
+        Err(Stop::Err(e)) => Rep::Err(e),
+        Err(Stop::Fallback) => Rep::Fallback,
+    }
+}
+
 /// The permission `open`'s flags need.
 pub(super) fn open_wants(flags: i32) -> u32 {
     let acc = match flags & libc::O_ACCMODE {
@@ -360,11 +369,7 @@ impl Server<'_> {
             other => self.serve_plain(other),
         };
         (
-            match r {
-                Ok(rep) => rep,
-                Err(Stop::Err(e)) => Rep::Err(e),
-                Err(Stop::Fallback) => Rep::Fallback,
-            },
+            rep_of(r),
             Handle::None,
         )
     }
@@ -542,8 +547,7 @@ impl Server<'_> {
                 },
                 Handle::Opened(a.ino, fh),
             ),
-            Err(Stop::Err(e)) => (Rep::Err(e), Handle::None),
-            Err(Stop::Fallback) => (Rep::Fallback, Handle::None),
+            Err(stop) => (rep_of(Err(stop)), Handle::None),
         }
     }
 
