@@ -368,10 +368,7 @@ impl Server<'_> {
             },
             other => self.serve_plain(other),
         };
-        (
-            rep_of(r),
-            Handle::None,
-        )
+        (rep_of(r), Handle::None)
     }
 
     fn serve_plain(&self, req: Req<'_>) -> R<Rep<'static>> {
