@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: build test lint fuzz demo churn install uninstall deb rpm
+.PHONY: build test lint fuzz demo churn churn-client install uninstall deb rpm
 
 build:
 	$(CARGO) build --release
@@ -29,6 +29,12 @@ fuzz:
 # TIERSTACK_CHURN_OPS, _KILLS, _SEED, _WORKERS). Needs root and /dev/fuse.
 churn: build
 	$(CARGO) test --release -p tierstack-cli --test cli_churn -- --ignored --nocapture churn_long_with_kills
+
+# The same long round with every worker's calls made through the interception client
+# (`tierstack exec`, issue 39): 20,000 operations, five kill -9 of the daemon.
+churn-client: build
+	TIERSTACK_CHURN_OPS=$${TIERSTACK_CHURN_OPS:-20000} TIERSTACK_CHURN_KILLS=$${TIERSTACK_CHURN_KILLS:-5} \
+	  $(CARGO) test --release -p tierstack-cli --test cli_churn -- --exact --nocapture churn_under_the_interception_client
 
 # ---- make install / make uninstall (issue 38) ----------------------------------------------
 # make install [PREFIX=/usr/local] [DESTDIR=]: the stripped binary and shim, their debug info

@@ -861,7 +861,10 @@ fn blocks_close(a: u64, b: u64) -> bool {
 /// A backing directory, a mountpoint, a fast tier folder, the plain folder and a runtime
 /// folder under one temporary directory; on drop the mount is detached and its daemon killed.
 struct Bed {
-    _tmp: tempfile::TempDir,
+    /// The temporary directory, owned by this bed (None: a bed made by the parent process
+    /// of a client round, [`Bed::at`]).
+    _tmp: Option<tempfile::TempDir>,
+    root: PathBuf,
     backing: PathBuf,
     mnt: PathBuf,
     fast: PathBuf,
@@ -887,13 +890,34 @@ impl Bed {
         std::env::set_var("TIERSTACK_RUN_DIR", &run);
         Bed {
             fast: tmp.path().join("fast"),
-            _tmp: tmp,
+            root: tmp.path().to_path_buf(),
+            _tmp: Some(tmp),
             backing,
             mnt,
             plain,
             run,
             pid: None,
         }
+    }
+
+    /// The bed another process made under `root` and mounted (the parent of a client
+    /// round); its daemon's pid from `status`.
+    fn at(root: &Path) -> Bed {
+        let run = root.join("run");
+        // SAFETY: setenv before any thread of this test reads the environment.
+        std::env::set_var("TIERSTACK_RUN_DIR", &run);
+        let mut b = Bed {
+            _tmp: None,
+            root: root.to_path_buf(),
+            backing: root.join("backing"),
+            mnt: root.join("mnt"),
+            fast: root.join("fast"),
+            plain: root.join("plain"),
+            run,
+            pid: None,
+        };
+        b.pid = Some(b.status()["pid"].as_u64().expect("pid") as u32);
+        b
     }
 
     fn mount(&mut self) {
@@ -932,16 +956,10 @@ impl Drop for Bed {
         // TIERSTACK_CHURN_KEEP=1: a failed round's folders (BACKING, plain folder, fast
         // tier with its database, daemon logs) stay for a post-mortem.
         if std::thread::panicking() && std::env::var_os("TIERSTACK_CHURN_KEEP").is_some() {
-            let dir = self._tmp.path().to_path_buf();
-            let tmp = std::mem::replace(
-                &mut self._tmp,
-                tempfile::Builder::new()
-                    .prefix("ts-churn-")
-                    .tempdir_in("/tmp")
-                    .expect("tempdir"),
-            );
-            let _ = tmp.keep();
-            eprintln!("churn: kept {}", dir.display());
+            if let Some(tmp) = self._tmp.take() {
+                let _ = tmp.keep();
+            }
+            eprintln!("churn: kept {}", self.root.display());
         }
     }
 }
@@ -1060,9 +1078,25 @@ fn churn(default_ops: u64, default_kills: u64) {
     let ops = env_u64("TIERSTACK_CHURN_OPS", default_ops);
     let kills = env_u64("TIERSTACK_CHURN_KILLS", default_kills);
     let workers = env_u64("TIERSTACK_CHURN_WORKERS", 4).max(1) as usize;
-    eprintln!("churn: seed {seed}, {workers} workers, {ops} operations in all, {kills} kill(s)");
-    let mut bed = Bed::new();
-    bed.mount();
+    // A client round's child (see `churn_under_the_interception_client`): the bed is the
+    // parent's, mounted, and this process runs with the client preloaded.
+    let child = std::env::var_os(CHILD_BED).map(PathBuf::from);
+    eprintln!(
+        "churn: seed {seed}, {workers} workers, {ops} operations in all, {kills} kill(s){}",
+        if child.is_some() {
+            ", under the interception client"
+        } else {
+            ""
+        }
+    );
+    let mut bed = match &child {
+        Some(root) => Bed::at(root),
+        None => {
+            let mut b = Bed::new();
+            b.mount();
+            b
+        }
+    };
     let mut models: Vec<Model> = (0..workers).map(|w| Model::new(&format!("p{w}"))).collect();
     for m in &models {
         for side in [&bed.plain, &bed.mnt] {
@@ -1194,6 +1228,15 @@ fn churn(default_ops: u64, default_kills: u64) {
         );
     }
     let st = bed.status();
+    if child.is_some() {
+        // The round went through the client, not only through FUSE.
+        let calls = st["io_calls"].as_u64().unwrap_or(0);
+        eprintln!("churn: {calls} calls served by the interception client");
+        assert!(
+            calls > ops,
+            "churn (seed {seed}): the interception client served {calls} calls for {ops} operations: the round did not go through it"
+        );
+    }
     // Unmount (drains everything), then BACKING is the same tree.
     let t1 = Instant::now();
     let o = ts(&["umount", s(&bed.mnt), "--timeout", "10m"]);
@@ -1247,6 +1290,64 @@ fn churn(default_ops: u64, default_kills: u64) {
 fn churn_matches_a_plain_folder_and_drains_exactly() {
     let _g = common::serial();
     churn(2_400, 0);
+}
+
+/// The variable that makes a test process the child of a client round: the bed's folder.
+const CHILD_BED: &str = "TIERSTACK_CHURN_CLIENT_BED";
+
+/// The churn with every worker's calls on the mount made through the interception client
+/// (`tierstack exec MNT -- <this test binary>`), kill -9 of the daemon included: the client
+/// must give the plain folder's outcomes, keep what was fsync'd, and come back to the
+/// daemon mounted again (its old handles failing, as FUSE descriptors of a dead mount do).
+/// 4 workers, 2,000 operations, 2 kills here; `TIERSTACK_CHURN_*` as for the other rounds
+/// (`make churn-client` runs a long one).
+#[test]
+fn churn_under_the_interception_client() {
+    let _g = common::serial();
+    if std::env::var_os(CHILD_BED).is_some() || !root_with_fuse() {
+        return;
+    }
+    let mut bed = Bed::new();
+    bed.mount();
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut cmd = Command::new(common::BIN);
+    cmd.args(["exec", s(&bed.mnt), "--"])
+        .arg(&exe)
+        .args([
+            "--exact",
+            "churn_client_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_BED, &bed.root)
+        .env("TIERSTACK_RUN_DIR", &bed.run);
+    for (k, d) in [
+        ("TIERSTACK_CHURN_OPS", "2000"),
+        ("TIERSTACK_CHURN_KILLS", "2"),
+    ] {
+        if std::env::var_os(k).is_none() {
+            cmd.env(k, d);
+        }
+    }
+    let st = cmd.status().expect("run the churn under tierstack exec");
+    // The child unmounted (or its daemon is gone): nothing of it is left to detach.
+    bed.pid = None;
+    assert!(
+        st.success(),
+        "churn under the interception client failed (its output is above)"
+    );
+}
+
+/// The child of [`churn_under_the_interception_client`] (does nothing in a plain run).
+#[test]
+fn churn_client_child() {
+    if std::env::var_os(CHILD_BED).is_none() {
+        return;
+    }
+    // The client is loaded in this process; the commands it runs (`tierstack mount`,
+    // `drain`, `cp -a`) get none, as a user's shell would not give the daemon one.
+    std::env::remove_var("LD_PRELOAD");
+    churn(2_000, 2);
 }
 
 /// The long round (`make churn`): 20,000 operations with kill -9 at five random moments, or

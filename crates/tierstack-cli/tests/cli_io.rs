@@ -491,3 +491,86 @@ fn exec_names_what_is_wrong_in_one_line() {
     let e = fails(&["exec", t.path().to_str().expect("utf8"), "--", "true"]);
     assert!(e.contains("no tierstack mount"), "{e}");
 }
+
+/// How many `op` requests the daemon has served through FUSE (`status --json`'s `ops`).
+fn fuse_ops(fx: &Fx, op: &str) -> u64 {
+    fx.status()["ops"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|o| o["op"] == op)
+        .and_then(|o| o["count"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Directory streams (`opendir`, `readdir`, `readdir_r`, `telldir`/`seekdir`, `rewinddir`,
+/// `dirfd`) and `getxattr`/`lgetxattr` of a C program under the client answer as in a plain
+/// folder (names, types, errors, sizes, ERANGE, ENODATA), and the kernel's OPENDIR and
+/// GETXATTR reach the daemon only where the client leaves the call to it: the listing of a
+/// symbolic link to a directory and the stream's `dirfd` (a real descriptor), and a
+/// `getxattr` that follows a symbolic link.
+#[test]
+fn directory_streams_and_xattrs_under_the_client_answer_as_a_plain_folder() {
+    if can_run().is_none() {
+        return;
+    }
+    let fx = Fx::new(&[]);
+    let bin = fx._tmp.path().join("dirs_xattrs");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/dirs_xattrs.c");
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc {} failed", src.display());
+    let plain = fx._tmp.path().join("plain");
+    fs::create_dir(&plain).expect("mkdir plain");
+    let out = |c: &mut Command| -> String {
+        let o = c.output().expect("run the program");
+        assert!(
+            o.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let want = out(Command::new(&bin).arg(&plain));
+    assert!(want.contains("list d: ..:4 .:4 f10:8"), "{want}");
+    // The OPENDIR and GETXATTR requests the kernel sends for a run (the kernel itself also
+    // asks for the ACLs of the directories it checks permissions in).
+    let requests = |run: &mut dyn FnMut() -> String| -> (String, u64, u64) {
+        let (o, g) = (fuse_ops(&fx, "opendir"), fuse_ops(&fx, "getxattr"));
+        let text = run();
+        (
+            text,
+            fuse_ops(&fx, "opendir") - o,
+            fuse_ops(&fx, "getxattr") - g,
+        )
+    };
+    let (got, c_open, c_getx) = requests(&mut || out(fx.exec().arg(&bin).arg(&fx.mnt)));
+    assert_eq!(
+        got, want,
+        "under the client (left) and in a plain folder (right)"
+    );
+    // The same program through FUSE alone, in a folder of its own.
+    let again = fx.mnt.join("again");
+    fs::create_dir(&again).expect("mkdir");
+    let (fused, f_open, f_getx) = requests(&mut || out(Command::new(&bin).arg(&again)));
+    assert_eq!(
+        fused, want,
+        "through FUSE (left) and in a plain folder (right)"
+    );
+    // Under the client, only `ls` (a link to a directory) and `dirfd` open a directory
+    // through the kernel; of the program's 7 attribute reads that FUSE gets (the kernel
+    // answers the rest itself), only the one that follows a link goes through it.
+    assert!(
+        c_open <= 2 && f_open >= c_open + 3,
+        "OPENDIR through FUSE: {c_open} under the client, {f_open} without it"
+    );
+    assert!(
+        f_getx >= c_getx + 5,
+        "GETXATTR through FUSE: {c_getx} under the client, {f_getx} without it"
+    );
+}

@@ -7,8 +7,6 @@
 //! variadic integer argument is passed where a fixed one would be, and it is read only when
 //! the call has it (`O_CREAT`/`O_TMPFILE` for the mode; the commands that take one).
 
-use std::os::fd::RawFd;
-
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, mode_t, off_t, size_t, ssize_t};
 use tierstack_ioproto::chan::MAX_DATA;
 use tierstack_ioproto::{Req, SetAttr, Time, WireAttr};
@@ -140,7 +138,7 @@ unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint)
             umask: UMASK.load(std::sync::atomic::Ordering::Relaxed),
         };
         answer(m.call(&req, &[], &mut []), |g| match g {
-            Got::Opened(fh, attr) => adopt(&u, m.root_fd(), fh, attr.ino, flags),
+            Got::Opened(fh, attr) => adopt(&u, fh, attr.ino, flags),
             _ => fail(libc::EIO),
         })
     })
@@ -148,10 +146,10 @@ unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint)
 
 /// A descriptor number for the handle `fh` the daemon opened (a duplicate of the mount's
 /// `O_PATH` descriptor), entered in the table.
-fn adopt(u: &Under, root_fd: RawFd, fh: u64, ino: u64, flags: c_int) -> c_int {
-    let fcntl = real!(fcntl: fn(c_int, c_int, c_ulong) -> c_int);
-    // SAFETY: F_DUPFD_CLOEXEC of a descriptor this library holds.
-    let fd = unsafe { fcntl(root_fd, libc::F_DUPFD_CLOEXEC, 0) };
+fn adopt(u: &Under, fh: u64, ino: u64, flags: c_int) -> c_int {
+    let (fd, epoch) = mounts()
+        .get(u.mount)
+        .map_or((-1, 0), |m| (m.open_root(), m.epoch()));
     if fd < 0 {
         let e = errno();
         if let Some(m) = mounts().get(u.mount) {
@@ -169,6 +167,7 @@ fn adopt(u: &Under, root_fd: RawFd, fh: u64, ino: u64, flags: c_int) -> c_int {
             flags: flags & keep,
             off: 0,
             cloexec: flags & libc::O_CLOEXEC != 0,
+            epoch,
         },
     );
     fd
@@ -307,16 +306,20 @@ fn close_virtual(fd: c_int) -> Option<c_int> {
     }
     outside(|| {
         let v = fds::remove(fd)?;
-        let r = mounts().get(v.mount).map(|m| {
-            m.call(
-                &Req::Close {
-                    ino: v.ino,
-                    fh: v.fh,
-                },
-                &[],
-                &mut [],
-            )
-        });
+        // A handle of a daemon that has gone is only dropped here (nothing to close).
+        let r = mounts()
+            .get(v.mount)
+            .filter(|m| m.epoch() == v.epoch)
+            .map(|m| {
+                m.call(
+                    &Req::Close {
+                        ino: v.ino,
+                        fh: v.fh,
+                    },
+                    &[],
+                    &mut [],
+                )
+            });
         // SAFETY: closes the reserved number this library made.
         unsafe { real!(close: fn(c_int) -> c_int)(fd) };
         Some(match r {
@@ -351,7 +354,7 @@ fn promote(fd: c_int) -> Result<(), i32> {
     let m = mounts().get(v.mount).ok_or_else(|| back(libc::EBADF))?;
     // Its path now (it may have been renamed since its open), from the daemon.
     let mut rel = vec![0u8; 4096];
-    let n = match m.call(&Req::PathOf { ino: v.ino }, &[], &mut rel) {
+    let n = match m.call_on(v.epoch, &Req::PathOf { ino: v.ino }, &[], &mut rel) {
         Ok(Got::Read(n)) => n,
         Ok(Got::Err(e)) => return Err(back(e)),
         _ => return Err(back(libc::EIO)),
@@ -393,7 +396,7 @@ fn promote(fd: c_int) -> Result<(), i32> {
     if r < 0 {
         return Err(back(e));
     }
-    if let Some(m) = mounts().get(v.mount) {
+    if let Some(m) = mounts().get(v.mount).filter(|m| m.epoch() == v.epoch) {
         let _ = m.call(
             &Req::Close {
                 ino: v.ino,
@@ -473,6 +476,102 @@ promoting!(fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE, std::ptr::
 promoting!(ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int, -1);
 promoting!(fsetxattr(fd: c_int, n: *const c_char, v: *const c_void, s: size_t, f: c_int) -> c_int, -1);
 promoting!(fgetxattr(fd: c_int, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t, -1);
+
+thread_local! {
+    /// Where an extended attribute's value comes in (one per thread, made once).
+    static XATTR_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `getxattr` (`follow`) or `lgetxattr` of a path under a mount, answered by the daemon
+/// (`ls -l` asks two or three per file); None for the kernel.
+fn getxattr_call(
+    path: *const c_char,
+    name: *const c_char,
+    value: *mut c_void,
+    size: size_t,
+    follow: bool,
+) -> Option<ssize_t> {
+    if name.is_null() {
+        return None;
+    }
+    outside(|| {
+        // SAFETY: the program's NUL-terminated path.
+        let u = unsafe { paths::under(libc::AT_FDCWD, path) }?;
+        let m = mounts().get(u.mount)?;
+        // SAFETY: the program's NUL-terminated name.
+        let n = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+        if n.is_empty() || n.len() > 255 {
+            return None;
+        }
+        let req = Req::GetXattr {
+            base: u.base,
+            path: &u.rel,
+            name: n,
+            follow,
+        };
+        XATTR_BUF
+            .try_with(|b| {
+                let mut buf = b.borrow_mut();
+                buf.resize(tierstack_ioproto::msg::XATTR_MAX, 0);
+                match m.call(&req, &[], &mut buf) {
+                    Ok(Got::Read(len)) if size == 0 => Some(len as ssize_t),
+                    Ok(Got::Read(len)) if len > size => Some(fail(libc::ERANGE)),
+                    Ok(Got::Read(len)) => {
+                        // SAFETY: the program's buffer holds `size` >= `len` bytes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(buf.as_ptr(), value.cast::<u8>(), len)
+                        };
+                        Some(len as ssize_t)
+                    }
+                    Ok(Got::Err(e)) => Some(fail(e)),
+                    Ok(_) => Some(fail(libc::EIO)),
+                    Err(_) => None,
+                }
+            })
+            .ok()
+            .flatten()
+    })
+}
+
+/// # Safety
+/// C's `getxattr`.
+#[no_mangle]
+pub unsafe extern "C" fn getxattr(
+    path: *const c_char,
+    name: *const c_char,
+    value: *mut c_void,
+    size: size_t,
+) -> ssize_t {
+    if let Some(r) = getxattr_call(path, name, value, size, true) {
+        return r;
+    }
+    // SAFETY: the C library's getxattr with the program's arguments.
+    unsafe {
+        real!(getxattr: fn(*const c_char, *const c_char, *mut c_void, size_t) -> ssize_t)(
+            path, name, value, size,
+        )
+    }
+}
+
+/// # Safety
+/// C's `lgetxattr`.
+#[no_mangle]
+pub unsafe extern "C" fn lgetxattr(
+    path: *const c_char,
+    name: *const c_char,
+    value: *mut c_void,
+    size: size_t,
+) -> ssize_t {
+    if let Some(r) = getxattr_call(path, name, value, size, false) {
+        return r;
+    }
+    // SAFETY: the C library's lgetxattr with the program's arguments.
+    unsafe {
+        real!(lgetxattr: fn(*const c_char, *const c_char, *mut c_void, size_t) -> ssize_t)(
+            path, name, value, size,
+        )
+    }
+}
 promoting!(flistxattr(fd: c_int, l: *mut c_char, s: size_t) -> ssize_t, -1);
 promoting!(fremovexattr(fd: c_int, n: *const c_char) -> c_int, -1);
 promoting!(dup(fd: c_int) -> c_int, -1);
@@ -826,7 +925,7 @@ fn read_at(v: &VFile, buf: *mut c_void, n: size_t, off: u64) -> Result<(usize, u
             off,
             len: len as u32,
         };
-        match m.call(&req, &[], &mut out[done..done + len]) {
+        match m.call_on(v.epoch, &req, &[], &mut out[done..done + len]) {
             Ok(Got::Read(k)) => {
                 done += k;
                 off += k as u64;
@@ -863,7 +962,7 @@ fn write_at(v: &VFile, buf: *const c_void, n: size_t, off: u64) -> Result<(usize
             append,
             data: &[],
         };
-        match m.call(&req, chunk, &mut []) {
+        match m.call_on(v.epoch, &req, chunk, &mut []) {
             Ok(Got::Written(k, end)) => {
                 done += k as usize;
                 off = end;
@@ -881,7 +980,7 @@ fn write_at(v: &VFile, buf: *const c_void, n: size_t, off: u64) -> Result<(usize
             ino: v.ino,
             datasync: v.flags & libc::O_SYNC == 0,
         };
-        if let Ok(Got::Err(e)) = m.call(&req, &[], &mut []) {
+        if let Ok(Got::Err(e)) = m.call_on(v.epoch, &req, &[], &mut []) {
             return Err(e);
         }
     }
@@ -1040,7 +1139,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) 
 
 fn fstat_attr(v: &VFile) -> Result<WireAttr, i32> {
     let m = mounts().get(v.mount).ok_or(libc::EBADF)?;
-    match m.call(&Req::Fstat { ino: v.ino }, &[], &mut []) {
+    match m.call_on(v.epoch, &Req::Fstat { ino: v.ino }, &[], &mut []) {
         Ok(Got::Attr(a)) => Ok(a),
         Ok(Got::Err(e)) => Err(e),
         _ => Err(libc::EIO),
@@ -1099,7 +1198,7 @@ fn sync_virtual(fd: c_int, datasync: bool) -> Option<c_int> {
             ino: v.ino,
             datasync,
         };
-        answer(m.call(&req, &[], &mut []), |_| 0)
+        answer(m.call_on(v.epoch, &req, &[], &mut []), |_| 0)
     })
 }
 
@@ -1140,7 +1239,7 @@ fn truncate_virtual(fd: c_int, len: off_t) -> Option<c_int> {
             fh: v.fh,
             size,
         };
-        answer(m.call(&req, &[], &mut []), |_| 0)
+        answer(m.call_on(v.epoch, &req, &[], &mut []), |_| 0)
     })
 }
 
@@ -1634,7 +1733,7 @@ fn set_call(fd: Option<c_int>, dirfd: c_int, path: *const c_char, set: SetAttr) 
                 path: b"",
                 set,
             };
-            answer(m.call(&req, &[], &mut []), |_| 0)
+            answer(m.call_on(v.epoch, &req, &[], &mut []), |_| 0)
         });
     }
     // An empty path would name the node by number.

@@ -5,10 +5,14 @@
 //! the mount costs the daemon nothing): the daemon answers with the mountpoint it serves
 //! (which must be the one named) and the shared slot. A forked child connects again at its
 //! first call (the parent's slot is the parent's); a mount whose daemon has gone is marked
-//! dead and its calls go through the kernel.
+//! dead and its calls go through the kernel. A dead mount is tried again at most once a
+//! second ([`RETRY_MS`]): a daemon mounted again at the same place (after a crash, a
+//! restart) serves the process again. Each connection has an epoch; a handle opened under an
+//! earlier one belongs to a daemon that has gone, and its calls fail with EIO (as a FUSE
+//! descriptor of a dead mount does) instead of naming another file's handle.
 
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -23,12 +27,24 @@ pub struct Mount {
     /// Its mountpoint, canonical, without a trailing `/`.
     pub root: Vec<u8>,
     sock: Vec<u8>,
-    /// An `O_PATH` descriptor of the mountpoint (close-on-exec), opened at the first
-    /// connection: what virtual descriptors duplicate.
-    root_fd: AtomicI32,
     conn: Mutex<Option<Conn>>,
-    dead: AtomicBool,
+    /// When the mount was last found dead (ms on the monotonic clock, 0: alive).
+    dead_at: AtomicU64,
+    /// The connection's epoch: raised at every connection made (see [`Mount::epoch`]).
+    epoch: AtomicU32,
     dev: Mutex<Option<u64>>,
+}
+
+/// How long a dead mount is left alone before the next call tries to connect again.
+pub const RETRY_MS: u64 = 1000;
+
+/// The monotonic clock in ms (never 0).
+fn now_ms() -> u64 {
+    // SAFETY: an all-zero timespec is valid for clock_gettime to fill.
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime writes one timespec, a live local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000).max(1)
 }
 
 struct Conn {
@@ -92,9 +108,9 @@ pub fn mounts() -> &'static [Mount] {
             out.push(Mount {
                 root,
                 sock: sock.to_vec(),
-                root_fd: AtomicI32::new(-1),
                 conn: Mutex::new(None),
-                dead: AtomicBool::new(false),
+                dead_at: AtomicU64::new(0),
+                epoch: AtomicU32::new(0),
                 dev: Mutex::new(None),
             });
         }
@@ -223,6 +239,14 @@ fn recv_hello(fd: std::os::fd::BorrowedFd<'_>) -> Option<(Vec<u8>, OwnedFd)> {
     Some((buf, memfd))
 }
 
+/// Closes a descriptor this library opened (nothing for -1).
+fn close_raw(fd: RawFd) {
+    if fd >= 0 {
+        // SAFETY: the C library's close of a descriptor this library opened and owns.
+        unsafe { crate::real!(close: fn(libc::c_int) -> libc::c_int)(fd) };
+    }
+}
+
 /// Whether the peer of `fd` hung up (a look, never a wait).
 fn hung_up(fd: RawFd) -> bool {
     let mut p = libc::pollfd {
@@ -239,19 +263,70 @@ impl Mount {
     /// Makes `req` (with `data` after its head for a write), reading a data answer into
     /// `into`.
     pub fn call(&self, req: &Req<'_>, data: &[u8], into: &mut [u8]) -> Result<Got, Miss> {
-        if self.dead.load(Relaxed) {
-            return Err(Miss::Dead);
+        self.call_in(None, req, data, into)
+    }
+
+    /// As [`Mount::call`], for a handle opened under connection `epoch`: a handle of a
+    /// daemon that has gone gets EIO (its number may name another file in the new daemon).
+    pub fn call_on(
+        &self,
+        epoch: u32,
+        req: &Req<'_>,
+        data: &[u8],
+        into: &mut [u8],
+    ) -> Result<Got, Miss> {
+        self.call_in(Some(epoch), req, data, into)
+    }
+
+    /// The epoch of the current connection (the one a handle opened now belongs to).
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Relaxed)
+    }
+
+    fn mark_dead(&self) {
+        self.dead_at.store(now_ms(), Relaxed);
+    }
+
+    fn call_in(
+        &self,
+        epoch: Option<u32>,
+        req: &Req<'_>,
+        data: &[u8],
+        into: &mut [u8],
+    ) -> Result<Got, Miss> {
+        let dead = self.dead_at.load(Relaxed);
+        if dead != 0 && now_ms().saturating_sub(dead) < RETRY_MS {
+            return match epoch {
+                Some(_) => Ok(Got::Err(libc::EIO)),
+                None => Err(Miss::Dead),
+            };
         }
         let mut guard = self.conn.lock();
         if guard.is_none() {
+            if self.dead_at.load(Relaxed) != 0 {
+                // A daemon mounted here again is another mount: its root, its device.
+                self.reopen_root();
+            }
             let root_fd = self.open_root();
+            let reachable = root_fd >= 0;
+            close_raw(root_fd);
             match connect(&self.sock) {
-                Some((root, c)) if root == self.root && root_fd >= 0 => *guard = Some(c),
+                Some((root, c)) if root == self.root && reachable => {
+                    *guard = Some(c);
+                    self.epoch.fetch_add(1, Relaxed);
+                    self.dead_at.store(0, Relaxed);
+                }
                 _ => {
-                    self.dead.store(true, Relaxed);
-                    return Err(Miss::Dead);
+                    self.mark_dead();
+                    return match epoch {
+                        Some(_) => Ok(Got::Err(libc::EIO)),
+                        None => Err(Miss::Dead),
+                    };
                 }
             }
+        }
+        if epoch.is_some_and(|e| e != self.epoch.load(Relaxed)) {
+            return Ok(Got::Err(libc::EIO));
         }
         let Some(c) = guard.as_mut() else {
             return Err(Miss::Dead);
@@ -268,13 +343,16 @@ impl Mount {
             Err(tierstack_ioproto::ChanError::Timeout(_)) => {
                 // Its answer may still come: this connection is not to be used again.
                 *guard = None;
-                self.dead.store(true, Relaxed);
+                self.mark_dead();
                 return Ok(Got::Err(libc::EIO));
             }
             Err(_) => {
                 *guard = None;
-                self.dead.store(true, Relaxed);
-                return Err(Miss::Dead);
+                self.mark_dead();
+                return match epoch {
+                    Some(_) => Ok(Got::Err(libc::EIO)),
+                    None => Err(Miss::Dead),
+                };
             }
         }
         let mut head = [0u8; REP_HEAD];
@@ -311,37 +389,27 @@ impl Mount {
         // SAFETY: an all-zero stat is valid for fstat to fill.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         let fstat = crate::real!(fstat: fn(libc::c_int, *mut libc::stat) -> libc::c_int);
-        // SAFETY: fstat of the mount's O_PATH descriptor into a live local.
-        if unsafe { fstat(fd, &mut st) } != 0 {
+        // SAFETY: fstat of the O_PATH descriptor just opened, into a live local.
+        let rc = unsafe { fstat(fd, &mut st) };
+        close_raw(fd);
+        if rc != 0 {
             return None;
         }
         *self.dev.lock() = Some(st.st_dev);
         Some(st.st_dev)
     }
 
-    /// The mount's `O_PATH` descriptor, opened at the first need (-1 if it cannot be).
-    fn open_root(&self) -> RawFd {
-        match self.root_fd.load(Relaxed) {
-            -1 => {
-                let fd = open_path(&self.root).unwrap_or(-1);
-                match self.root_fd.compare_exchange(-1, fd, Relaxed, Relaxed) {
-                    Ok(_) => fd,
-                    Err(other) => {
-                        if fd >= 0 {
-                            // SAFETY: the descriptor just opened, not kept.
-                            unsafe { libc::close(fd) };
-                        }
-                        other
-                    }
-                }
-            }
-            fd => fd,
-        }
+    /// A new `O_PATH | O_CLOEXEC` descriptor of the mountpoint, the caller's to close (-1
+    /// if it cannot be opened). A virtual descriptor is one: `umount` sees the mount busy
+    /// while the program holds a file open, and only then (the client keeps no descriptor
+    /// of its own on the mount).
+    pub fn open_root(&self) -> RawFd {
+        open_path(&self.root).unwrap_or(-1)
     }
 
-    /// The mount's `O_PATH` descriptor (-1 before the first connection).
-    pub fn root_fd(&self) -> RawFd {
-        self.root_fd.load(Relaxed)
+    /// Forgets the mount's device (the mount it named has gone).
+    fn reopen_root(&self) {
+        *self.dev.lock() = None;
     }
 
     /// Holds this mount's connection across a fork (see `before_fork`).

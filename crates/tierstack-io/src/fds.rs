@@ -24,6 +24,8 @@ pub struct VFile {
     pub off: u64,
     /// Whether the program asked for close-on-exec (the reserved number itself always is).
     pub cloexec: bool,
+    /// The connection it was opened under ([`crate::conn::Mount::epoch`]).
+    pub epoch: u32,
 }
 
 const WORDS: usize = 1024;

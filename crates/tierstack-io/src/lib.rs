@@ -7,7 +7,7 @@
 //! - [`conn`]: the mounts named by `TIERSTACK_IO` (their io sockets, `:`-separated) and one
 //!   connection per mount and process, made at the first call and again in a forked child.
 //! - [`fds`]: the descriptors the client serves ("virtual" ones). Each holds a real
-//!   descriptor number: a duplicate of an `O_PATH` descriptor of the mount's root, so the
+//!   descriptor number: an `O_PATH` descriptor of the mount's root (opened for it), so the
 //!   number is the program's, the mount is busy while it is open (`umount` says so), and a
 //!   call the client does not know fails with EBADF instead of touching another file.
 //!   Wherever a real descriptor is needed (`mmap`, locks, `dup`, `fdopen`, `exec` and
@@ -26,6 +26,7 @@
 
 mod calls;
 mod conn;
+mod dirs;
 mod fds;
 mod paths;
 

@@ -111,6 +111,33 @@ pub enum Req<'a> {
         /// The node.
         ino: u64,
     },
+    /// A directory's entries from position `pos` (0: `.`, 1: `..`, then its children), for
+    /// `opendir`: answered as data, entries in [`put_entry`]'s form, as many as fit; none
+    /// at the end. ENOTDIR for another kind; [`Rep::Fallback`] for a symbolic link on the
+    /// way.
+    List {
+        /// The directory `path` is relative to (0: the mount's root; a relative path of an
+        /// `*at` call names its directory's node).
+        base: u64,
+        /// The path under the mount.
+        path: &'a [u8],
+        /// The first position wanted.
+        pos: u64,
+    },
+    /// `getxattr` (`follow`) or `lgetxattr` of a path: the value as data (the client
+    /// answers a size query from its length), ENODATA when there is none, [`Rep::Fallback`]
+    /// for a name whose rules only the kernel keeps (`trusted.`, unknown namespaces).
+    GetXattr {
+        /// The directory `path` is relative to (0: the mount's root; a relative path of an
+        /// `*at` call names its directory's node).
+        base: u64,
+        /// The path under the mount.
+        path: &'a [u8],
+        /// The attribute's name.
+        name: &'a [u8],
+        /// Whether a final symbolic link is followed.
+        follow: bool,
+    },
     /// `unlink`.
     Unlink {
         /// The directory `path` is relative to (0: the mount's root; a relative path of an
@@ -267,6 +294,14 @@ const OP_RENAME: u8 = 13;
 const OP_SETATTR: u8 = 14;
 const OP_LINK: u8 = 15;
 const OP_PATH_OF: u8 = 16;
+const OP_LIST: u8 = 17;
+const OP_GETXATTR: u8 = 18;
+
+/// The largest extended attribute value (the kernel's `XATTR_SIZE_MAX`).
+pub const XATTR_MAX: usize = 64 << 10;
+
+/// The most bytes of entries one [`Req::List`] answer holds.
+pub const LIST_MAX: usize = 64 << 10;
 
 /// Bytes of a setattr's fixed tail (uid, gid, atime, mtime) before its path.
 const SET_TAIL: usize = 24;
@@ -434,6 +469,15 @@ impl<'a> Req<'a> {
                 },
                 &[],
             ),
+            Req::List { base, path, pos } => (
+                Head {
+                    op: OP_LIST,
+                    ino: *base,
+                    off: *pos,
+                    ..Head::default()
+                },
+                &[path],
+            ),
             Req::Unlink { base, path } => (
                 Head {
                     op: OP_UNLINK,
@@ -476,6 +520,21 @@ impl<'a> Req<'a> {
                     ..Head::default()
                 },
                 &[from, to],
+            ),
+            Req::GetXattr {
+                base,
+                path,
+                name,
+                follow,
+            } => (
+                Head {
+                    op: OP_GETXATTR,
+                    bit: *follow,
+                    ino: *base,
+                    x: path.len() as u32,
+                    ..Head::default()
+                },
+                &[path, name],
             ),
             Req::Setattr { .. } => return,
         };
@@ -558,6 +617,11 @@ impl<'a> Req<'a> {
             OP_FSYNC => Req::Fsync { ino, datasync: bit },
             OP_TRUNCATE => Req::Truncate { ino, fh, size: off },
             OP_PATH_OF => Req::PathOf { ino },
+            OP_LIST => Req::List {
+                base: ino,
+                path: path()?,
+                pos: off,
+            },
             OP_UNLINK => Req::Unlink {
                 base: ino,
                 path: path()?,
@@ -572,6 +636,18 @@ impl<'a> Req<'a> {
                 mode: x,
                 umask: y,
             },
+            OP_GETXATTR => {
+                let (path, name) = tail.split_at_checked(x as usize)?;
+                if path.contains(&0) || name.contains(&0) {
+                    return None;
+                }
+                Req::GetXattr {
+                    base: ino,
+                    path,
+                    name,
+                    follow: bit,
+                }
+            }
             OP_RENAME | OP_LINK => {
                 let (from, to) = tail.split_at_checked(x as usize)?;
                 if from.contains(&0) || to.contains(&0) {
@@ -719,6 +795,63 @@ impl<'a> Rep<'a> {
     }
 }
 
+/// Bytes of an entry's head in a [`Req::List`] answer (node, next position, type, name
+/// length).
+pub const ENTRY_HEAD: usize = 8 + 8 + 1 + 2;
+
+/// One directory entry of a [`Req::List`] answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// Its node.
+    pub ino: u64,
+    /// The position of the entry after it (a `telldir` cookie).
+    pub next: u64,
+    /// Its `DT_*` type.
+    pub kind: u8,
+    /// Its name (1 to 255 bytes, no `/` or NUL).
+    pub name: &'a [u8],
+}
+
+/// Appends `e` to `out` unless that would make it longer than `max` bytes (false then).
+pub fn put_entry(out: &mut Vec<u8>, e: &Entry<'_>, max: usize) -> bool {
+    let Ok(len) = u16::try_from(e.name.len()) else {
+        return false;
+    };
+    if out.len() + ENTRY_HEAD + e.name.len() > max {
+        return false;
+    }
+    out.extend_from_slice(&e.ino.to_le_bytes());
+    out.extend_from_slice(&e.next.to_le_bytes());
+    out.push(e.kind);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(e.name);
+    true
+}
+
+/// The entries of a [`Req::List`] answer, in order; None at the first malformed one (a
+/// short head, a name past the end, an empty name or one with `/` or NUL).
+pub fn entries(mut b: &[u8]) -> Option<Vec<Entry<'_>>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let ino = u64_at(b, 0)?;
+        let next = u64_at(b, 8)?;
+        let kind = *b.get(16)?;
+        let len = u16::from_le_bytes(b.get(17..19)?.try_into().ok()?) as usize;
+        let name = b.get(ENTRY_HEAD..ENTRY_HEAD + len)?;
+        if name.is_empty() || name.iter().any(|&c| c == 0 || c == b'/') {
+            return None;
+        }
+        out.push(Entry {
+            ino,
+            next,
+            kind,
+            name,
+        });
+        b = &b[ENTRY_HEAD + len..];
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -770,6 +903,17 @@ mod tests {
             Req::Unlink { base: n, path: p },
             Req::Rmdir { base: 1, path: p },
             Req::PathOf { ino: n },
+            Req::List {
+                base: n,
+                path: p,
+                pos: n >> 2,
+            },
+            Req::GetXattr {
+                base: n,
+                path: p,
+                name: q,
+                follow: f > 0,
+            },
             Req::Mkdir {
                 base: n,
                 path: p,
@@ -813,6 +957,30 @@ mod tests {
         fn arbitrary_bytes_never_panic_the_decoders(b in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Req::decode(&b);
             let _ = Rep::decode(&b);
+            let _ = entries(&b);
+        }
+
+        #[test]
+        fn listed_entries_decode_to_themselves_and_stop_at_the_bound(
+            names in proptest::collection::vec(proptest::collection::vec(1u8..=255, 1..40), 0..30),
+            max in 0usize..600,
+        ) {
+            let names: Vec<Vec<u8>> = names.into_iter()
+                .map(|n| n.into_iter().map(|c| if c == b'/' { b'x' } else { c }).collect())
+                .collect();
+            let want: Vec<Entry<'_>> = names.iter().enumerate()
+                .map(|(i, n)| Entry { ino: i as u64 * 7, next: i as u64 + 3, kind: (i % 12) as u8, name: n })
+                .collect();
+            let mut out = Vec::new();
+            let mut fitted = 0;
+            for e in &want {
+                if !put_entry(&mut out, e, max) {
+                    break;
+                }
+                fitted += 1;
+            }
+            prop_assert!(out.len() <= max);
+            prop_assert_eq!(entries(&out), Some(want[..fitted].to_vec()));
         }
 
         #[test]

@@ -20,6 +20,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use fuser::{INodeNo, Notifier};
+use tierstack_ioproto::msg::{put_entry, Entry};
 use tierstack_ioproto::{Rep, Req, SetAttr, Time, WireAttr};
 
 use crate::attr::{Attr, Kind};
@@ -185,6 +186,27 @@ pub(super) fn wire_attr(a: &Attr) -> WireAttr {
     }
 }
 
+/// The `DT_*` type of a node of kind `k` (a directory entry's `d_type`).
+fn dt_of(k: Kind) -> u8 {
+    match k {
+        Kind::File => libc::DT_REG,
+        Kind::Dir => libc::DT_DIR,
+        Kind::Symlink => libc::DT_LNK,
+        Kind::Fifo => libc::DT_FIFO,
+        Kind::Socket => libc::DT_SOCK,
+        Kind::CharDev => libc::DT_CHR,
+        Kind::BlockDev => libc::DT_BLK,
+    }
+}
+
+/// What [`Server::entry`] expects of the name: to be made, to be removed, either.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    New,
+    Old,
+    Any,
+}
+
 /// One client's view of the mount: what it needs to serve a request.
 pub(super) struct Server<'a> {
     pub(super) fs: &'a TierFs,
@@ -257,8 +279,11 @@ impl Server<'_> {
     }
 
     /// The directory and name of a path that is to be made or removed, with write and search
-    /// permission on the directory checked (a sticky directory is left to the kernel).
-    fn entry<'p>(&self, base: u64, path: &'p [u8]) -> R<(Attr, &'p [u8])> {
+    /// permission on the directory checked (a sticky directory is left to the kernel). The
+    /// name is looked up first, as the kernel does before it checks the directory's write
+    /// permission (or the node's kind): a name to be made that exists is EEXIST, a name to
+    /// be removed that does not is ENOENT.
+    fn entry<'p>(&self, base: u64, path: &'p [u8], want: Want) -> R<(Attr, &'p [u8])> {
         // `.` or `..` last, or the root itself: the kernel's errors (EINVAL, ENOTEMPTY,
         // EBUSY...) differ by call.
         let raw_last = path.split(|&b| b == b'/').rfind(|c| !c.is_empty());
@@ -269,6 +294,11 @@ impl Server<'_> {
         let name = last.ok_or(Stop::Err(libc::EBUSY))?;
         if dir.kind != Kind::Dir {
             return Err(Stop::Err(libc::ENOTDIR));
+        }
+        match (want, self.fs.core.lookup(dir.ino, name)) {
+            (Want::New, Ok(_)) => return Err(Stop::Err(libc::EEXIST)),
+            (Want::Old, Err(e)) => return Err(Stop::Err(e)),
+            _ => {}
         }
         self.may(&dir, W_OK | X_OK)?;
         if dir.mode & libc::S_ISVTX != 0 && self.caller.uid != 0 {
@@ -347,6 +377,19 @@ impl Server<'_> {
                 }
                 return (Rep::Done, Handle::Closed(ino, fh));
             }
+            Req::GetXattr {
+                base,
+                path,
+                name,
+                follow,
+            } => self.getxattr(base, path, name, follow).map(|v| {
+                *data = v;
+                Rep::Data(data.as_slice())
+            }),
+            Req::List { base, path, pos } => self.list(base, path, pos).map(|v| {
+                *data = v;
+                Rep::Data(data.as_slice())
+            }),
             Req::PathOf { ino } => match self.fs.core.paths_of(ino).into_iter().next() {
                 Some(p) => {
                     *data = p;
@@ -369,6 +412,53 @@ impl Server<'_> {
             other => self.serve_plain(other),
         };
         (rep_of(r), Handle::None)
+    }
+
+    /// The entries of directory `path` from position `pos`, as many as an answer holds
+    /// (`opendir` and `readdir` of the client: the kernel's read permission on the
+    /// directory, search permission on the way).
+    fn list(&self, base: u64, path: &[u8], pos: u64) -> R<Vec<u8>> {
+        let a = self.node(base, path, true)?;
+        if a.kind != Kind::Dir {
+            return Err(Stop::Err(libc::ENOTDIR));
+        }
+        self.may(&a, R_OK)?;
+        let ents = self.fs.core.readdir(a.ino, pos)?;
+        let mut out = Vec::new();
+        for ((ino, kind, name), next) in ents.iter().zip(pos + 1..) {
+            let e = Entry {
+                ino: *ino,
+                next,
+                kind: dt_of(*kind),
+                name,
+            };
+            if !put_entry(&mut out, &e, tierstack_ioproto::msg::LIST_MAX) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The value of extended attribute `name` of `path`, with the kernel's rules for
+    /// reading it (`xattr_permission`): `user.` names only on files and directories (ENODATA
+    /// elsewhere) and with read permission; `security.` names and the POSIX ACLs to anyone
+    /// who reaches the node; any other namespace is the kernel's.
+    fn getxattr(&self, base: u64, path: &[u8], name: &[u8], follow: bool) -> R<Vec<u8>> {
+        let a = self.node(base, path, follow)?;
+        if name.starts_with(b"user.") {
+            if !matches!(a.kind, Kind::File | Kind::Dir) {
+                return Err(Stop::Err(libc::ENODATA));
+            }
+            self.may(&a, R_OK)?;
+        } else if !(name.starts_with(b"security.")
+            || name == b"system.posix_acl_access"
+            || name == b"system.posix_acl_default")
+        {
+            return Err(Stop::Fallback);
+        }
+        // The core's own answer (not `TierFs::answer`): the FUSE request counters of
+        // `status` then count only what the kernel asked, as for listings.
+        Ok(self.fs.core.getxattr(a.ino, name)?)
     }
 
     fn serve_plain(&self, req: Req<'_>) -> R<Rep<'static>> {
@@ -435,7 +525,7 @@ impl Server<'_> {
             }
             Req::Unlink { base, path } | Req::Rmdir { base, path } => {
                 let dir_op = matches!(req, Req::Rmdir { .. });
-                let (dir, name) = self.entry(base, path)?;
+                let (dir, name) = self.entry(base, path, Want::Old)?;
                 let parent = dir.ino;
                 self.op(if dir_op {
                     Op::Rmdir { parent, name }
@@ -451,7 +541,7 @@ impl Server<'_> {
                 mode,
                 umask,
             } => {
-                let (dir, name) = self.entry(base, path)?;
+                let (dir, name) = self.entry(base, path, Want::New)?;
                 // As the kernel's `vfs_mkdir`: permission bits and the sticky bit only.
                 let out = self.op(Op::Mkdir {
                     parent: dir.ino,
@@ -466,8 +556,17 @@ impl Server<'_> {
                 }
             }
             Req::Rename { from, to } => {
-                let (fdir, fname) = self.entry(0, from)?;
-                let (tdir, tname) = self.entry(0, to)?;
+                let (fdir, fname) = self.entry(0, from, Want::Old)?;
+                let (tdir, tname) = self.entry(0, to, Want::Any)?;
+                // A directory renamed, or a name renamed over one: the kernel's checks of
+                // ancestry come first (a directory into itself is EINVAL, over one of its
+                // ancestors ENOTEMPTY, whatever the kinds), and only the kernel sees them all.
+                let core = &self.fs.core;
+                let dir_at =
+                    |d: &Attr, n: &[u8]| core.lookup(d.ino, n).is_ok_and(|a| a.kind == Kind::Dir);
+                if dir_at(&fdir, fname) || dir_at(&tdir, tname) {
+                    return Err(Stop::Fallback);
+                }
                 self.op(Op::Rename {
                     parent: fdir.ino,
                     name: fname,
@@ -481,10 +580,10 @@ impl Server<'_> {
             }
             Req::Link { from, to } => {
                 let a = self.node(0, from, false)?;
+                let (dir, name) = self.entry(0, to, Want::New)?;
                 if a.kind == Kind::Dir {
                     return Err(Stop::Err(libc::EPERM));
                 }
-                let (dir, name) = self.entry(0, to)?;
                 let out = self.op(Op::Link {
                     ino: a.ino,
                     newparent: dir.ino,
@@ -522,9 +621,12 @@ impl Server<'_> {
                     _ => Rep::Done,
                 }
             }
-            Req::Open { .. } | Req::Close { .. } | Req::Read { .. } | Req::PathOf { .. } => {
-                return Err(Stop::Err(libc::EINVAL))
-            }
+            Req::Open { .. }
+            | Req::Close { .. }
+            | Req::Read { .. }
+            | Req::PathOf { .. }
+            | Req::List { .. }
+            | Req::GetXattr { .. } => return Err(Stop::Err(libc::EINVAL)),
         })
     }
 
