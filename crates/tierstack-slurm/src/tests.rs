@@ -1,6 +1,6 @@
 //! Unit tests of the hooks' pieces that need no SLURM: the job state file, job ids, quoting
 //! for the files `install` writes, the `scontrol show job` field, `install`/`uninstall` in a
-//! temporary configuration folder. The hooks against a real SLURM are tested through the
+//! temporary configuration folder, what the TaskProlog prints for a task's environment. The hooks against a real SLURM are tested through the
 //! binary (crates/tierstack-cli/tests/cli_slurm.rs).
 
 use std::path::PathBuf;
@@ -162,37 +162,34 @@ fn task_prolog_exports_for_a_live_buffer_only() {
     ] {
         assert_eq!(exports(&env, never_socket, never_lib), Ok(None), "{env:?}");
     }
-    // A live buffer: both variables, the client first, what the task had kept after it.
-    for off in [None, Some("0"), Some("")] {
-        let text = exports(&job(Some("/f/jobs/7/mnt"), off), live, lib).unwrap();
-        assert_eq!(
-            String::from_utf8(text.unwrap()).unwrap(),
-            "export LD_PRELOAD=/usr/lib/libtierstack_io.so\n\
-             export TIERSTACK_IO=/f/jobs/7/mnt=/run/tierstack/ab12.io\n"
-        );
-    }
-    let env = TaskEnv {
-        preload: Some("/opt/x.so".into()),
-        io: Some("/other=/run/o.io".into()),
-        ..job(Some("/f/jobs/7/mnt"), None)
+    // A live buffer: both variables, the client first, what the task had kept after it; not
+    // added again to a task started from one already under the client (srun in the batch
+    // script).
+    let printed = |off: Option<&str>, preload: Option<&str>, io: Option<&str>| {
+        let env = TaskEnv {
+            preload: preload.map(Into::into),
+            io: io.map(Into::into),
+            ..job(Some("/f/jobs/7/mnt"), off)
+        };
+        String::from_utf8(exports(&env, live, lib).unwrap().unwrap()).unwrap()
     };
-    let text = String::from_utf8(exports(&env, live, lib).unwrap().unwrap()).unwrap();
+    let alone = "export LD_PRELOAD=/usr/lib/libtierstack_io.so\n\
+                 export TIERSTACK_IO=/f/jobs/7/mnt=/run/tierstack/ab12.io\n";
+    for off in [None, Some("0"), Some("")] {
+        assert_eq!(printed(off, None, None), alone);
+    }
     assert_eq!(
-        text,
+        printed(None, Some("/opt/x.so"), Some("/other=/run/o.io")),
         "export LD_PRELOAD=/usr/lib/libtierstack_io.so:/opt/x.so\n\
          export TIERSTACK_IO=/f/jobs/7/mnt=/run/tierstack/ab12.io:/other=/run/o.io\n"
     );
-    // A task started from one already under the client (srun in the batch script): unchanged.
-    let env = TaskEnv {
-        preload: Some("/usr/lib/libtierstack_io.so".into()),
-        io: Some("/f/jobs/7/mnt=/run/tierstack/ab12.io".into()),
-        ..job(Some("/f/jobs/7/mnt"), None)
-    };
-    let again = String::from_utf8(exports(&env, live, lib).unwrap().unwrap()).unwrap();
     assert_eq!(
-        again,
-        "export LD_PRELOAD=/usr/lib/libtierstack_io.so\n\
-         export TIERSTACK_IO=/f/jobs/7/mnt=/run/tierstack/ab12.io\n"
+        printed(
+            None,
+            Some("/usr/lib/libtierstack_io.so"),
+            Some("/f/jobs/7/mnt=/run/tierstack/ab12.io")
+        ),
+        alone
     );
     // Problems are warnings (stderr), never lines: a dead mount, no library, a path the
     // variables cannot carry.

@@ -93,35 +93,41 @@ mod tests {
 
     #[test]
     fn env_puts_the_client_first_once() {
-        let (lib, mp, sock) = (
-            Path::new("/l/libtierstack_io.so"),
-            Path::new("/m"),
-            Path::new("/run/x.io"),
-        );
-        let [(k1, v1), (k2, v2)] = client_env(lib, mp, sock, None, Some(OsStr::new("")));
-        assert_eq!(
-            (k1, v1.to_str()),
-            ("LD_PRELOAD", Some("/l/libtierstack_io.so"))
-        );
-        assert_eq!((k2, v2.to_str()), ("TIERSTACK_IO", Some("/m=/run/x.io")));
-        let [(_, v1), (_, v2)] = client_env(
-            lib,
-            mp,
-            sock,
-            Some(OsStr::new("/other.so")),
-            Some(OsStr::new("/n=/run/y.io")),
-        );
-        assert_eq!(v1, "/l/libtierstack_io.so:/other.so");
-        assert_eq!(v2, "/m=/run/x.io:/n=/run/y.io");
-        // Already there (a task of a step started under the client): unchanged.
-        let [(_, v1), (_, v2)] = client_env(
-            lib,
-            mp,
-            sock,
-            Some(OsStr::new("/a.so /l/libtierstack_io.so")),
-            Some(OsStr::new("/n=/run/y.io:/m=/run/x.io")),
-        );
-        assert_eq!(v1, "/a.so /l/libtierstack_io.so");
-        assert_eq!(v2, "/n=/run/y.io:/m=/run/x.io");
+        // The two values for a given LD_PRELOAD and TIERSTACK_IO.
+        let env = |preload: Option<&str>, io: Option<&str>| {
+            let [(k1, v1), (k2, v2)] = client_env(
+                Path::new("/l/libtierstack_io.so"),
+                Path::new("/m"),
+                Path::new("/run/x.io"),
+                preload.map(OsStr::new),
+                io.map(OsStr::new),
+            );
+            assert_eq!((k1, k2), ("LD_PRELOAD", "TIERSTACK_IO"));
+            (v1.into_string().unwrap(), v2.into_string().unwrap())
+        };
+        let cases = [
+            // Nothing there: the client alone.
+            (None, Some(""), "/l/libtierstack_io.so", "/m=/run/x.io"),
+            // Others there: the client first.
+            (
+                Some("/other.so"),
+                Some("/n=/run/y.io"),
+                "/l/libtierstack_io.so:/other.so",
+                "/m=/run/x.io:/n=/run/y.io",
+            ),
+            // Already there (a task of a step started under the client): unchanged.
+            (
+                Some("/a.so /l/libtierstack_io.so"),
+                Some("/n=/run/y.io:/m=/run/x.io"),
+                "/a.so /l/libtierstack_io.so",
+                "/n=/run/y.io:/m=/run/x.io",
+            ),
+        ];
+        for (preload, io, want_preload, want_io) in cases {
+            assert_eq!(
+                env(preload, io),
+                (want_preload.to_string(), want_io.to_string())
+            );
+        }
     }
 }
