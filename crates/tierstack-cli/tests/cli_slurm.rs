@@ -1496,6 +1496,17 @@ fn slurm_task_prolog_puts_tasks_under_the_io_client() {
     }
     let s = Slurm::start();
     let home = s.root.join("home");
+    // A bad io= is refused at submission, in one line.
+    let bad = s.script(
+        "io-bad.sh",
+        "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1G io=maybe\ntrue\n",
+    );
+    let o = s.user(&format!("sbatch -o /dev/null {}", bad.display()));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("io=maybe is unknown: use io=on or io=off"),
+        "sbatch said: {err}"
+    );
     // The program writes and reads back its files, then asks the mount's status while it is
     // still connected (`during`, its clients). The daemon adds a client's calls to io_calls
     // when it goes: `after` is the status once no client is left (bounded), asked from
