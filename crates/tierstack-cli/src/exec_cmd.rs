@@ -21,26 +21,10 @@ pub struct ExecArgs {
     pub cmd: Vec<OsString>,
 }
 
-/// The environment variable that lists the mounts and their io sockets
-/// (`MOUNTPOINT=SOCKET`, `:`-separated).
-const IO_VAR: &str = "TIERSTACK_IO";
-
-/// `value` with `first` put before it, `:`-separated (an empty `value`: `first` alone).
-fn prepend(first: &OsString, value: Option<OsString>) -> OsString {
-    let mut out = first.clone();
-    if let Some(v) = value.filter(|v| !v.is_empty()) {
-        out.push(":");
-        out.push(v);
-    }
-    out
-}
-
-/// The client's entry for the mount at `mp` served at `sock`.
-pub fn io_entry(mp: &std::path::Path, sock: &std::path::Path) -> OsString {
-    let mut e = mp.as_os_str().to_os_string();
-    e.push("=");
-    e.push(sock);
-    e
+/// The interception client's library (`TIERSTACK_IO_LIB`, else beside the binary as
+/// [`crate::run_cmd::find_lib`] looks).
+pub fn io_lib() -> Result<PathBuf> {
+    crate::run_cmd::find_lib("libtierstack_io.so", "TIERSTACK_IO_LIB")
 }
 
 /// Runs the command under the client; returns only on error.
@@ -51,30 +35,22 @@ pub fn exec(a: ExecArgs) -> Result<()> {
             a.mount.display()
         );
     }
-    let mp = tierstack_fs::mount::canonical_mountpoint(&a.mount)?;
-    let sock = tierstack_fs::io::io_socket_path(&tierstack_fs::mount::socket_path(&mp));
-    if !sock.exists() {
-        bail!(
-            "no tierstack mount at {} serves io clients (no {}): mount it with `tierstack mount`, or see `tierstack status {}`",
-            mp.display(),
-            sock.display(),
-            mp.display()
-        );
-    }
-    let lib = crate::run_cmd::find_lib("libtierstack_io.so", "TIERSTACK_IO_LIB")?;
+    let (mp, sock) = tierstack_fs::io::client_socket(&a.mount)?;
+    let lib = io_lib()?;
     let Some((program, args)) = a.cmd.split_first() else {
         usage_bail!("no command given: tierstack exec MOUNT -- CMD [ARGS...]");
     };
+    let preload = std::env::var_os(tierstack_fs::io::PRELOAD_VAR);
+    let io = std::env::var_os(tierstack_fs::io::IO_VAR);
     let err = std::process::Command::new(program)
         .args(args)
-        .env(
-            "LD_PRELOAD",
-            prepend(&lib.into_os_string(), std::env::var_os("LD_PRELOAD")),
-        )
-        .env(
-            IO_VAR,
-            prepend(&io_entry(&mp, &sock), std::env::var_os(IO_VAR)),
-        )
+        .envs(tierstack_fs::io::client_env(
+            &lib,
+            &mp,
+            &sock,
+            preload.as_deref(),
+            io.as_deref(),
+        ))
         .exec();
     bail!("cannot run {}: {err}", program.to_string_lossy())
 }

@@ -7,8 +7,8 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use tierstack_slurm::{
     data_in, data_out, epilog, get_status, install, job_process, node_drain, paths, pools,
-    post_run, pre_run, prolog, setup, teardown, uninstall, user_check, user_clean, InstallSettings,
-    SlurmError,
+    post_run, pre_run, prolog, setup, task_prolog, teardown, uninstall, user_check, user_clean,
+    InstallSettings, SlurmError,
 };
 
 #[derive(Args, Clone)]
@@ -153,6 +153,12 @@ pub enum SlurmCmd {
         #[command(flatten)]
         common: CommonArgs,
     },
+    /// SLURM TaskProlog (as the job's user, before each task): prints the `export` lines that
+    /// preload the interception client (`libtierstack_io.so`) for the job's buffer
+    /// (`$TIERSTACK_DIR`), unless the job has `#BB_LUA io=off` or `TIERSTACK_IO_OFF=1`. Never
+    /// fails: problems go to stderr and the task runs without the client.
+    #[command(hide = true)]
+    TaskProlog,
     /// Internal: the Epilog's background drain of one job's node-local buffer.
     #[command(hide = true)]
     NodeDrain {
@@ -265,6 +271,10 @@ fn hook(c: SlurmCmd) -> tierstack_slurm::Result<()> {
         SlurmCmd::GetStatus { args: _, common } => get_status(&common.settings()?),
         SlurmCmd::Prolog { common } => prolog(&common.settings()?),
         SlurmCmd::Epilog { wait, common } => epilog(&common.settings()?, wait),
+        SlurmCmd::TaskProlog => {
+            task_prolog(|| crate::exec_cmd::io_lib().map_err(|e| e.to_string()));
+            Ok(())
+        }
         SlurmCmd::NodeDrain { job_id, common } => node_drain(&job_id, &common.settings()?),
         SlurmCmd::UserCheck { read, write } => user_check(&read, &write),
         SlurmCmd::UserClean { dir } => user_clean(&dir),

@@ -710,6 +710,10 @@ fn check_slurm_install(bin: &Path, tmp: &Path) {
             "tierstack_epilog.sh",
             format!("exec '{}' slurm epilog ", installed.display()),
         ),
+        (
+            "tierstack_task_prolog.sh",
+            format!("'{}' slurm task-prolog", installed.display()),
+        ),
         ("burst_buffer.lua", format!("\"{}\"", installed.display())),
     ] {
         let text = std::fs::read_to_string(conf.join(file)).expect("written");
@@ -749,6 +753,7 @@ fn make_install_then_uninstall() {
         "slurm/job_submit.lua",
         "slurm/prolog.sh",
         "slurm/epilog.sh",
+        "slurm/task_prolog.sh",
         "grafana/tierstack.json",
     ] {
         assert!(

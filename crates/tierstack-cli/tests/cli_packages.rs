@@ -202,6 +202,7 @@ fn deb_builds_installs_and_purges() {
         "/usr/share/man/man1/tierstack.1",
         "/usr/lib/systemd/system/tierstack@.service",
         "/usr/share/tierstack/slurm/prolog.sh",
+        "/usr/share/tierstack/slurm/task_prolog.sh",
         "/usr/lib/debug/usr/bin/tierstack.debug",
         "/usr/lib/sysusers.d/tierstack.conf",
         "/usr/lib/tmpfiles.d/tierstack.conf",

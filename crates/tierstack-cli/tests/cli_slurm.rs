@@ -167,7 +167,8 @@ ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobac
 AccountingStorageType=accounting_storage/none\nSchedulerType=sched/backfill\nSchedulerParameters=bf_interval=1\n\
 SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nReturnToService=2\nMailProg=/bin/true\n\
 BurstBufferType=burst_buffer/lua\nDebugFlags=BurstBuffer\nMpiDefault=none\n\
-JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tierstack_epilog.sh\n{node_lines}",
+JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tierstack_epilog.sh\n\
+TaskProlog={r}/etc/tierstack_task_prolog.sh\n{node_lines}",
             port + 1
         );
         fs::write(root.join("etc/slurm.conf"), conf).expect("write slurm.conf");
@@ -179,8 +180,8 @@ JobSubmitPlugins=lua\nProlog={r}/etc/tierstack_prolog.sh\nEpilog={r}/etc/tiersta
             node_ns: Vec::new(),
             _serial: serial,
         };
-        // The installer under test writes burst_buffer.lua and .conf, job_submit.lua and the
-        // Prolog/Epilog that slurm.conf above names.
+        // The installer under test writes burst_buffer.lua and .conf, job_submit.lua, the
+        // Prolog/Epilog and the TaskProlog that slurm.conf above names.
         let text = s.install(&[]);
         assert!(
             text.contains("has BurstBufferType=burst_buffer/lua and the rest"),
@@ -1302,6 +1303,10 @@ fn install_and_uninstall() {
         "JobSubmitPlugins=lua".to_string(),
         format!("Prolog={}", conf.join("tierstack_prolog.sh").display()),
         format!("Epilog={}", conf.join("tierstack_epilog.sh").display()),
+        format!(
+            "TaskProlog={}",
+            conf.join("tierstack_task_prolog.sh").display()
+        ),
     ] {
         assert!(
             text.lines()
@@ -1315,11 +1320,23 @@ fn install_and_uninstall() {
         "job_submit.lua",
         "tierstack_prolog.sh",
         "tierstack_epilog.sh",
+        "tierstack_task_prolog.sh",
     ];
     let lua = fs::read_to_string(conf.join("burst_buffer.lua")).expect("lua");
     assert!(lua.contains(BIN) && lua.contains("2147483648") && !lua.contains('@'));
     let prolog = fs::read_to_string(conf.join("tierstack_prolog.sh")).expect("prolog");
     assert!(prolog.contains(BIN) && prolog.contains("slurm prolog") && !prolog.contains('@'));
+    let task = fs::read_to_string(conf.join("tierstack_task_prolog.sh")).expect("task prolog");
+    assert!(task.contains(BIN) && task.contains("slurm task-prolog") && !task.contains('@'));
+    // Whatever happens, the TaskProlog exits 0 and prints no line to the task.
+    for dir in ["", "/nonexistent", "/"] {
+        let o = Command::new("sh")
+            .arg(conf.join("tierstack_task_prolog.sh"))
+            .env("TIERSTACK_DIR", dir)
+            .output()
+            .expect("task prolog");
+        assert!(o.status.success() && o.stdout.is_empty(), "{dir}: {o:?}");
+    }
     let mode = fs::metadata(conf.join("tierstack_epilog.sh"))
         .expect("epilog")
         .permissions()
@@ -1338,9 +1355,10 @@ fn install_and_uninstall() {
     fs::write(
         conf.join("slurm.conf"),
         format!(
-            "ClusterName=x\nBurstBufferType=burst_buffer/lua\nJobSubmitPlugins=lua\nProlog={}\nEpilog={}\n",
+            "ClusterName=x\nBurstBufferType=burst_buffer/lua\nJobSubmitPlugins=lua\nProlog={}\nEpilog={}\ntaskprolog={}\n",
             conf.join("tierstack_prolog.sh").display(),
-            conf.join("tierstack_epilog.sh").display()
+            conf.join("tierstack_epilog.sh").display(),
+            conf.join("tierstack_task_prolog.sh").display()
         ),
     )
     .expect("slurm.conf");
@@ -1453,4 +1471,167 @@ fn bench_io_ranks_as_a_job_step() {
         "{text}"
     );
     assert_eq!(rows[0]["read_errors"], 0, "{text}");
+}
+
+/// The content of file `i` that the io jobs write (and the test checks at stage_out).
+fn io_file(i: usize) -> Vec<u8> {
+    (0..(i + 1) * 300_000)
+        .map(|j| ((j * 7 + i) % 251) as u8)
+        .collect()
+}
+
+/// The TaskProlog puts every task of a job with a buffer under the interception client: the
+/// batch script and an srun task get `LD_PRELOAD` (once) and `TIERSTACK_IO` for the buffer, a
+/// Python program's files go through the client (the mount counts its clients and calls) and
+/// reach the stage_out destination intact. `#BB_LUA io=off` leaves the tasks alone.
+#[test]
+fn slurm_task_prolog_puts_tasks_under_the_io_client() {
+    if let Err(why) = ensure_slurm() {
+        skip(&why);
+        return;
+    }
+    if !sh("command -v python3").status.success() {
+        skip("no python3");
+        return;
+    }
+    let s = Slurm::start();
+    let home = s.root.join("home");
+    // A bad io= is refused at submission, in one line.
+    let bad = s.script(
+        "io-bad.sh",
+        "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1G io=maybe\ntrue\n",
+    );
+    let o = s.user(&format!("sbatch -o /dev/null {}", bad.display()));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("io=maybe is unknown: use io=on or io=off"),
+        "sbatch said: {err}"
+    );
+    // The program writes and reads back its files, then asks the mount's status while it is
+    // still connected (`during`, its clients). The daemon adds a client's calls to io_calls
+    // when it goes: `after` is the status once no client is left (bounded), asked from
+    // outside the client.
+    let status = |name: &str| {
+        format!(
+            "def status(name):\n\
+             \x20   env = dict(os.environ)\n\
+             \x20   env.pop('LD_PRELOAD', None)\n\
+             \x20   out = subprocess.run(['{BIN}', 'status', os.environ['TIERSTACK_DIR'], '--json'], env=env, check=True, stdout=subprocess.PIPE).stdout\n\
+             \x20   with open('{}-%s.json' % name, 'wb') as f:\n\
+             \x20       f.write(out)\n\
+             \x20   return json.loads(out)\n",
+            home.join(format!("status-{name}")).display()
+        )
+    };
+    for (name, io) in [("on", ""), ("off", " io=off")] {
+        let dst = home.join(format!("dst-{name}"));
+        let prog = home.join(format!("prog-{name}.py"));
+        fs::write(
+            &prog,
+            format!(
+                "import json, os, subprocess\n{}\
+                 d = os.environ['TIERSTACK_DIR']\n\
+                 os.mkdir(d + '/sub')\n\
+                 for i in range(4):\n\
+                 \x20   data = bytes((j * 7 + i) % 251 for j in range((i + 1) * 300000))\n\
+                 \x20   with open(d + '/sub/f%d.bin' % i, 'wb') as f:\n\
+                 \x20       f.write(data)\n\
+                 \x20   with open(d + '/sub/f%d.bin' % i, 'rb') as f:\n\
+                 \x20       assert f.read() == data\n\
+                 status('during')\n",
+                status(name)
+            ),
+        )
+        .expect("write program");
+        let after = home.join(format!("after-{name}.py"));
+        fs::write(
+            &after,
+            format!(
+                "import json, os, subprocess, time\n{}\
+                 for _ in range(100):\n\
+                 \x20   if status('after')['io_clients'] == 0:\n\
+                 \x20       break\n\
+                 \x20   time.sleep(0.1)\n",
+                status(name)
+            ),
+        )
+        .expect("write program");
+        let job = s.script(
+            &format!("io-{name}.sh"),
+            &format!(
+                "#!/bin/bash\n#BB_LUA pool=tierstack capacity=1G stage_out={dst}{io}\nset -e\n\
+                 echo \"batch LD_PRELOAD=$LD_PRELOAD\"\necho \"batch TIERSTACK_IO=$TIERSTACK_IO\"\n\
+                 echo \"batch TIERSTACK_IO_OFF=$TIERSTACK_IO_OFF\"\n\
+                 srun -n1 bash -c 'echo \"step LD_PRELOAD=$LD_PRELOAD\"'\n\
+                 python3 {prog}\nenv -u LD_PRELOAD python3 {after}\necho job-ok\n",
+                dst = dst.display(),
+                prog = prog.display(),
+                after = after.display()
+            ),
+        );
+        let (o, outs) = s.submit_wait(&format!("io-{name}"), "", &job);
+        let out = outs.join("\n");
+        assert!(
+            o.status.success() && out.contains("job-ok"),
+            "job io={name}: {} {}\n{out}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+            s.logs()
+        );
+        let read = |when: &str| -> serde_json::Value {
+            let p = home.join(format!("status-{name}-{when}.json"));
+            let text = fs::read_to_string(&p).expect("status written by the job");
+            serde_json::from_str(&text).expect("status JSON")
+        };
+        let clients = read("during")["io_clients"].as_u64();
+        let calls = read("after")["io_calls"].as_u64();
+        let line = |prefix: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (batch, step) = (line("batch LD_PRELOAD="), line("step LD_PRELOAD="));
+        println!(
+            "io={name}: io_clients {clients:?} while the program ran, io_calls {calls:?} after; \
+             batch LD_PRELOAD '{batch}', step '{step}'"
+        );
+        if name == "on" {
+            assert!(
+                clients.is_some_and(|c| c > 0) && calls.is_some_and(|c| c > 10),
+                "no io through the client:\n{out}"
+            );
+            for v in [&batch, &step] {
+                assert_eq!(
+                    v.matches("libtierstack_io.so").count(),
+                    1,
+                    "LD_PRELOAD of a task: {out}"
+                );
+            }
+            let io = line("batch TIERSTACK_IO=");
+            assert!(
+                io.starts_with(&format!("{}/", s.fast.join("jobs").display()))
+                    && io.contains("/mnt=")
+                    && io.ends_with(".io"),
+                "{out}"
+            );
+        } else {
+            assert_eq!((clients, calls), (Some(0), Some(0)), "io=off:\n{out}");
+            assert!(
+                !batch.contains("libtierstack_io") && !step.contains("libtierstack_io"),
+                "{out}"
+            );
+            assert_eq!(line("batch TIERSTACK_IO_OFF="), "1", "{out}");
+        }
+        for i in 0..4 {
+            let got = fs::read(dst.join(format!("sub/f{i}.bin"))).unwrap_or_default();
+            assert!(
+                got == io_file(i),
+                "io={name}: DST/sub/f{i}.bin has {} bytes, not what the job wrote{}",
+                got.len(),
+                s.logs()
+            );
+        }
+    }
+    s.no_buffers_left();
 }

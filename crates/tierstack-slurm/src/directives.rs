@@ -30,6 +30,9 @@ pub struct Request {
     pub manifest: Option<PathBuf>,
     /// `node_local=SIZE`: a buffer of SIZE on each of the job's nodes, made by the Prolog.
     pub node_local: Option<u64>,
+    /// `io=on|off`: whether the TaskProlog puts the job's tasks under the interception
+    /// client (none given: on).
+    pub io: Option<bool>,
 }
 
 /// Splits a directive line into words; a word may be written in double quotes (`\"`, `\\`).
@@ -73,7 +76,7 @@ pub(crate) fn words(line: &str) -> Result<Vec<String>, String> {
 /// Parses the `#BB_LUA` lines of a job script: they come after the `#!` line, among the
 /// leading comment lines (SLURM ignores those after the first command). Each is a list of
 /// `KEY=VALUE` words: `pool=tierstack capacity=SIZE [stage_in=SRC]... [stage_out=DST]...
-/// [mode=sync|async] [manifest=FILE]`. Errors name the line and the fix.
+/// [mode=sync|async] [manifest=FILE] [io=on|off]`. Errors name the line and the fix.
 pub fn parse_directives(script: &str) -> Result<Request, String> {
     let mut r = Request::default();
     for (i, raw) in script.lines().enumerate() {
@@ -144,15 +147,11 @@ pub fn parse_directives(script: &str) -> Result<Request, String> {
                 "stage_out" => r.stage_out.push(abs(n, k, v)?),
                 "mode" => {
                     once(r.mode.is_some())?;
-                    r.mode = Some(match v {
-                        "sync" => Mode::Sync,
-                        "async" => Mode::Async,
-                        _ => {
-                            return Err(format!(
-                                "#BB_LUA on line {n}: mode={v} is unknown: use mode=sync or mode=async"
-                            ))
-                        }
-                    });
+                    r.mode = Some(choice(n, k, v, [("sync", Mode::Sync), ("async", Mode::Async)])?);
+                }
+                "io" => {
+                    once(r.io.is_some())?;
+                    r.io = Some(choice(n, k, v, [("on", true), ("off", false)])?);
                 }
                 "manifest" => {
                     once(r.manifest.is_some())?;
@@ -160,7 +159,7 @@ pub fn parse_directives(script: &str) -> Result<Request, String> {
                 }
                 _ => {
                     return Err(format!(
-                        "#BB_LUA on line {n}: unknown key '{k}': use pool, capacity, node_local, stage_in, stage_out, mode or manifest"
+                        "#BB_LUA on line {n}: unknown key '{k}': use pool, capacity, node_local, stage_in, stage_out, mode, manifest or io"
                     ))
                 }
             }
@@ -191,6 +190,17 @@ pub fn parse_directives(script: &str) -> Result<Request, String> {
         );
     }
     Ok(r)
+}
+
+/// The value of the word `v` among the two `choices` of key `k`; an unknown word names both.
+fn choice<T: Copy>(n: usize, k: &str, v: &str, choices: [(&str, T); 2]) -> Result<T, String> {
+    match choices.iter().find(|(w, _)| *w == v) {
+        Some((_, t)) => Ok(*t),
+        None => Err(format!(
+            "#BB_LUA on line {n}: {k}={v} is unknown: use {k}={} or {k}={}",
+            choices[0].0, choices[1].0
+        )),
+    }
 }
 
 pub(crate) fn abs(n: usize, k: &str, v: &str) -> Result<PathBuf, String> {
@@ -233,6 +243,11 @@ mod tests {
         let r = parse_directives("#BB_LUA node_local=2G stage_out=/o\n#BB_LUA mode=async").unwrap();
         assert_eq!(r.node_local, Some(2 << 30));
         assert_eq!(r.capacity, None);
+        assert_eq!(r.io, None);
+        let r = parse_directives("#BB_LUA pool=tierstack capacity=1G io=off").unwrap();
+        assert_eq!(r.io, Some(false));
+        let r = parse_directives("#BB_LUA node_local=1G\n#BB_LUA io=on").unwrap();
+        assert_eq!(r.io, Some(true));
     }
 
     #[test]
@@ -256,6 +271,14 @@ mod tests {
             ),
             ("#BB_LUA node_local=0", "node_local=0"),
             ("#BB_LUA pool=tierstack capacity=1G mode=fast", "mode=fast"),
+            (
+                "#BB_LUA pool=tierstack capacity=1G io=no",
+                "use io=on or io=off",
+            ),
+            (
+                "#BB_LUA pool=tierstack capacity=1G io=on io=off",
+                "io= is given twice",
+            ),
             (
                 "#BB_LUA pool=tierstack capacity=1G manifest=/m",
                 "exactly one stage_in",

@@ -18,7 +18,7 @@ use crate::directives::{read_request, Mode, Request};
 use crate::state::{
     job_dir, jobs_dir, load_state, load_state_at, node_common, save_state, set_state, JobState,
 };
-use crate::{Common, POOL};
+use crate::{Common, IO_OFF_VAR, POOL};
 
 // ---------------------------------------------------------------------------------------------
 // Hooks
@@ -318,17 +318,26 @@ pub fn data_in(id: &str, c: &Common) -> Result<()> {
     Ok(())
 }
 
-/// `paths`: writes `TIERSTACK_DIR=<mount>` into SLURM's path file (the job's environment).
+/// `paths`: writes `TIERSTACK_DIR=<mount>` into SLURM's path file (the job's environment),
+/// and `TIERSTACK_IO_OFF=1` for a job with `#BB_LUA io=off` (the TaskProlog reads both).
 pub fn paths(id: &str, script: &Path, path_file: &Path, c: &Common) -> Result<()> {
     let mut dir = job_dir(c, id)?;
-    if !dir.join("state.json").exists() {
-        if read_request(script)?.node_local.is_none() {
+    let r = if dir.join("state.json").exists() {
+        // The buffer is made: a script unreadable now leaves the client on, the default.
+        read_request(script).unwrap_or_default()
+    } else {
+        let r = read_request(script)?;
+        if r.node_local.is_none() {
             return Ok(());
         }
         // The Prolog mounts each node's buffer at the same path.
         dir = job_dir(&node_common(c), id)?;
+        r
+    };
+    let mut line = format!("TIERSTACK_DIR={}\n", dir.join("mnt").display());
+    if r.io == Some(false) {
+        line += &format!("{IO_OFF_VAR}=1\n");
     }
-    let line = format!("TIERSTACK_DIR={}\n", dir.join("mnt").display());
     let mut f = fs::OpenOptions::new()
         .append(true)
         .create(true)

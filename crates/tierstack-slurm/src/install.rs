@@ -10,7 +10,7 @@ use crate::creds::invoked_exe;
 use crate::state::write_atomic;
 use crate::{
     CONF_TEMPLATE, EPILOG_TEMPLATE, JOB_SUBMIT_TEMPLATE, LUA_TEMPLATE, MARKER, POOL,
-    PROLOG_TEMPLATE,
+    PROLOG_TEMPLATE, TASK_PROLOG_TEMPLATE,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -52,12 +52,36 @@ pub struct Settings<'a> {
 }
 
 /// The files `install` writes into the configuration folder, by name.
-const FILES: [&str; 5] = [
+const FILES: [&str; 6] = [
     "burst_buffer.lua",
     "burst_buffer.conf",
     "job_submit.lua",
     "tierstack_prolog.sh",
     "tierstack_epilog.sh",
+    "tierstack_task_prolog.sh",
+];
+
+/// The slurm.conf keys that name a script `install` writes: the key, the script, what it is
+/// for and how a site's own script must run it when the key names another one.
+const SCRIPT_KEYS: [(&str, &str, &str, &str); 3] = [
+    (
+        "Prolog",
+        "tierstack_prolog.sh",
+        "for node_local= buffers",
+        "with SLURM's environment",
+    ),
+    (
+        "Epilog",
+        "tierstack_epilog.sh",
+        "for node_local= buffers",
+        "with SLURM's environment",
+    ),
+    (
+        "TaskProlog",
+        "tierstack_task_prolog.sh",
+        "for the io client in the jobs' tasks",
+        "with the task's environment, printing what it prints",
+    ),
 ];
 
 /// The slurm.conf settings (key and value, lower case) found in `text`, comments dropped.
@@ -71,8 +95,8 @@ fn conf_settings(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `tierstack slurm install`: writes the Lua script, burst_buffer.conf, job_submit.lua and
-/// the Prolog/Epilog into SLURM's configuration folder.
+/// `tierstack slurm install`: writes the Lua script, burst_buffer.conf, job_submit.lua, the
+/// Prolog/Epilog and the TaskProlog into SLURM's configuration folder.
 pub fn install(a: &Settings) -> Result<()> {
     let (conf, fast, pool) = (a.conf, a.fast, a.pool);
     let pool_bytes = crate::pool_bytes(pool)?;
@@ -129,6 +153,7 @@ pub fn install(a: &Settings) -> Result<()> {
         JOB_SUBMIT_TEMPLATE.to_string(),
         shell(PROLOG_TEMPLATE),
         shell(EPILOG_TEMPLATE),
+        shell(TASK_PROLOG_TEMPLATE),
     ];
     let mut files: Vec<(std::path::PathBuf, String)> = Vec::new();
     // Refuse before writing anything if a file is someone else's; a site's own
@@ -202,22 +227,19 @@ pub fn install(a: &Settings) -> Result<()> {
     {
         missing.push("JobSubmitPlugins=lua".to_string());
     }
-    for (key, name) in [
-        ("prolog", "tierstack_prolog.sh"),
-        ("epilog", "tierstack_epilog.sh"),
-    ] {
+    for (key, name, purpose, how) in SCRIPT_KEYS {
         let want = conf.join(name);
-        let key_cap = if key == "prolog" { "Prolog" } else { "Epilog" };
-        match get(key) {
+        // slurm.conf keys are case-blind: `conf_settings` lowers them.
+        match get(&key.to_ascii_lowercase()) {
             Some(v) if Path::new(&v) == want => {}
             Some(v) => {
                 notes += 1;
                 println!(
-                    "slurm.conf has {key_cap}={v}: for node_local= buffers, run {} from it (with SLURM's environment)",
+                    "slurm.conf has {key}={v}: {purpose}, run {} from it ({how})",
                     want.display()
                 )
             }
-            None => missing.push(format!("{key_cap}={}", want.display())),
+            None => missing.push(format!("{key}={}", want.display())),
         }
     }
     if missing.is_empty() && notes == 0 {
@@ -252,7 +274,7 @@ pub fn uninstall(conf: &Path) -> Result<()> {
         }
     }
     println!(
-        "removed {removed} file(s) from {}; remove BurstBufferType=burst_buffer/lua, JobSubmitPlugins=lua and the Prolog/Epilog lines naming tierstack_prolog.sh/tierstack_epilog.sh from slurm.conf and restart slurmctld and slurmd",
+        "removed {removed} file(s) from {}; remove BurstBufferType=burst_buffer/lua, JobSubmitPlugins=lua and the Prolog/Epilog/TaskProlog lines naming tierstack_prolog.sh/tierstack_epilog.sh/tierstack_task_prolog.sh from slurm.conf and restart slurmctld and slurmd",
         conf.display()
     );
     Ok(())

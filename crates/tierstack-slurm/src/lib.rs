@@ -13,7 +13,8 @@
 //!   fast tier in `FAST/jobs/JOBID/tier`.
 //! - `data-in JOBID SCRIPT`: `tierstack stage in` of every source into the mount, run as the
 //!   job's user.
-//! - `paths JOBID SCRIPT PATH_FILE`: writes `TIERSTACK_DIR=<mount>` for the job's environment.
+//! - `paths JOBID SCRIPT PATH_FILE`: writes `TIERSTACK_DIR=<mount>` for the job's environment
+//!   (and `TIERSTACK_IO_OFF=1` for a job with `#BB_LUA io=off`).
 //! - `pre-run`, `post-run`: check that the mount is up / fsync the outputs and start the drain.
 //! - `data-out JOBID SCRIPT`: `tierstack umount` (drains everything to the first stage_out
 //!   destination; a mount whose daemon died is mounted again over its fast tier and the drain
@@ -25,6 +26,8 @@
 //!   each job's state and its stage-in progress.
 //! - `prolog`, `epilog` (SLURM's Prolog/Epilog on each compute node): node-local buffers
 //!   for `#BB_LUA node_local=SIZE` (node.rs).
+//! - `task-prolog` (SLURM's TaskProlog, as the job's user before each task): puts the task
+//!   under the interception client (`libtierstack_io.so`) for the job's buffer (task.rs).
 //!
 //! Hooks run as SlurmUser (root); everything that touches the job's files runs in a child
 //! process with the job's uid, gid and groups.
@@ -35,7 +38,7 @@
 //! and answers the status queries; `creds.rs` runs work as the job's user (uid, gid, groups)
 //! with a time bound; `hooks.rs` holds the job's hooks (setup, data in, pre/post run, data
 //! out, teardown); `install.rs` installs and removes the Slurm plugin files; `node.rs` holds the
-//! node-local mode (Prolog/Epilog).
+//! node-local mode (Prolog/Epilog); `task.rs` the TaskProlog.
 
 use std::path::PathBuf;
 
@@ -45,6 +48,7 @@ pub use hooks::{data_in, data_out, job_process, paths, post_run, pre_run, setup,
 pub use install::{install, uninstall, Settings as InstallSettings};
 pub use node::{epilog, node_drain, prolog};
 pub use state::{get_status, pools};
+pub use task::task_prolog;
 
 #[macro_use]
 mod error;
@@ -54,9 +58,14 @@ mod hooks;
 mod install;
 mod node;
 mod state;
+mod task;
 
 /// The pool name that job scripts must give with `capacity=`.
 pub const POOL: &str = "tierstack";
+
+/// Set to `1` in a job's environment (by the paths hook for `#BB_LUA io=off`, or by the
+/// user) to keep the TaskProlog from putting its tasks under the interception client.
+pub const IO_OFF_VAR: &str = "TIERSTACK_IO_OFF";
 
 /// Pool granularity reported to SLURM. Measured on 22.05: with a granularity above 1 SLURM no
 /// longer holds jobs back when `quantity` bytes are taken (two 1500M jobs ran at once in a 2G
@@ -75,6 +84,8 @@ const JOB_SUBMIT_TEMPLATE: &str = include_str!("../../../contrib/slurm/job_submi
 const PROLOG_TEMPLATE: &str = include_str!("../../../contrib/slurm/prolog.sh");
 
 const EPILOG_TEMPLATE: &str = include_str!("../../../contrib/slurm/epilog.sh");
+
+const TASK_PROLOG_TEMPLATE: &str = include_str!("../../../contrib/slurm/task_prolog.sh");
 
 /// What every hook is given (`tierstack slurm HOOK --fast-dir … --pool-size … --timeout …`).
 #[derive(Clone, Debug)]

@@ -1,6 +1,6 @@
 //! Unit tests of the hooks' pieces that need no SLURM: the job state file, job ids, quoting
 //! for the files `install` writes, the `scontrol show job` field, `install`/`uninstall` in a
-//! temporary configuration folder. The hooks against a real SLURM are tested through the
+//! temporary configuration folder, what the TaskProlog prints for a task's environment. The hooks against a real SLURM are tested through the
 //! binary (crates/tierstack-cli/tests/cli_slurm.rs).
 
 use std::path::PathBuf;
@@ -135,4 +135,74 @@ fn install_refuses_bad_settings_and_writes_nothing() {
     let rel = crate::install(&settings(conf.path(), std::path::Path::new("rel"), "2G"));
     assert!(rel.unwrap_err().to_string().contains("is not absolute"));
     assert_eq!(std::fs::read_dir(conf.path()).unwrap().count(), 0);
+}
+
+/// What the TaskProlog prints for a task's environment, without a mount or SLURM.
+#[test]
+fn task_prolog_exports_for_a_live_buffer_only() {
+    use crate::task::{exports, TaskEnv};
+    use std::path::Path;
+    let live = |d: &Path| -> Result<(PathBuf, PathBuf), String> {
+        Ok((d.to_path_buf(), PathBuf::from("/run/tierstack/ab12.io")))
+    };
+    let lib = || -> Result<PathBuf, String> { Ok(PathBuf::from("/usr/lib/libtierstack_io.so")) };
+    let never_socket = |_: &Path| -> Result<(PathBuf, PathBuf), String> { panic!("asked") };
+    let never_lib = || -> Result<PathBuf, String> { panic!("asked") };
+    let job = |dir: Option<&str>, off: Option<&str>| TaskEnv {
+        dir: dir.map(Into::into),
+        off: off.map(Into::into),
+        ..TaskEnv::default()
+    };
+    // No buffer, an empty one, or the job opted out: nothing, nothing looked up.
+    for env in [
+        job(None, None),
+        job(Some(""), None),
+        job(Some("/f/jobs/7/mnt"), Some("1")),
+        job(Some("/f/jobs/7/mnt"), Some("yes")),
+    ] {
+        assert_eq!(exports(&env, never_socket, never_lib), Ok(None), "{env:?}");
+    }
+    // A live buffer: both variables, the client first, what the task had kept after it; not
+    // added again to a task started from one already under the client (srun in the batch
+    // script).
+    let printed = |off: Option<&str>, preload: Option<&str>, io: Option<&str>| {
+        let env = TaskEnv {
+            preload: preload.map(Into::into),
+            io: io.map(Into::into),
+            ..job(Some("/f/jobs/7/mnt"), off)
+        };
+        String::from_utf8(exports(&env, live, lib).unwrap().unwrap()).unwrap()
+    };
+    let alone = "export LD_PRELOAD=/usr/lib/libtierstack_io.so\n\
+                 export TIERSTACK_IO=/f/jobs/7/mnt=/run/tierstack/ab12.io\n";
+    for off in [None, Some("0"), Some("")] {
+        assert_eq!(printed(off, None, None), alone);
+    }
+    assert_eq!(
+        printed(None, Some("/opt/x.so"), Some("/other=/run/o.io")),
+        "export LD_PRELOAD=/usr/lib/libtierstack_io.so:/opt/x.so\n\
+         export TIERSTACK_IO=/f/jobs/7/mnt=/run/tierstack/ab12.io:/other=/run/o.io\n"
+    );
+    assert_eq!(
+        printed(
+            None,
+            Some("/usr/lib/libtierstack_io.so"),
+            Some("/f/jobs/7/mnt=/run/tierstack/ab12.io")
+        ),
+        alone
+    );
+    // Problems are warnings (stderr), never lines: a dead mount, no library, a path the
+    // variables cannot carry.
+    let env = job(Some("/f/jobs/7/mnt"), None);
+    let dead = |_: &Path| -> Result<(PathBuf, PathBuf), String> { Err("no mount".into()) };
+    assert_eq!(exports(&env, dead, never_lib), Err("no mount".into()));
+    let nolib = || -> Result<PathBuf, String> { Err("no lib".into()) };
+    assert_eq!(exports(&env, live, nolib), Err("no lib".into()));
+    let e = exports(&job(Some("/f/a:b"), None), live, lib).unwrap_err();
+    assert!(e.contains("the mountpoint /f/a:b"), "{e}");
+    let env = TaskEnv {
+        preload: Some("/a.so\nexport X=1".into()),
+        ..job(Some("/f/jobs/7/mnt"), None)
+    };
+    assert!(exports(&env, live, lib).unwrap_err().contains("line break"));
 }
