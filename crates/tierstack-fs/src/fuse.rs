@@ -93,17 +93,23 @@ impl TierFs {
         };
         let (r, then) = match d.request {
             wire::Request::Serve(op) if !self.serves(h.uid, &op) => (Err(libc::EACCES), None),
-            wire::Request::Serve(op) => self.answer(
-                op,
-                Caller {
-                    uid: h.uid,
-                    gid: h.gid,
-                },
-            ),
+            wire::Request::Serve(op) => {
+                let making = self.core.kernel_refs().begin();
+                let (r, then) = self.answer(
+                    op,
+                    Caller {
+                        uid: h.uid,
+                        gid: h.gid,
+                    },
+                );
+                making.done(entries_given(&r));
+                (r, then)
+            }
             wire::Request::Answer(0) => (Ok(Out::Empty), None),
             wire::Request::Answer(e) => (Err(e), None),
             wire::Request::Forget(inos) => {
-                for ino in inos {
+                for (ino, n) in inos {
+                    self.core.kernel_refs().forget(ino, n);
                     self.core.forget_kernel_copy(ino);
                 }
                 return None;
@@ -135,7 +141,9 @@ impl TierFs {
     /// pending release holds the inode, which would then outlive its entries with the
     /// open's mtime.
     pub fn after_reply(&self, then: Option<u64>) {
-        if let Some(ino) = then {
+        // Entries of a node the kernel holds no count of are not in its caches: nothing to
+        // drop (a file a program under the interception client wrote).
+        if let Some(ino) = then.filter(|&i| self.core.kernel_refs().may_hold(i)) {
             self.refresh.drop_entries(ino);
         }
     }
@@ -436,6 +444,20 @@ impl TierFs {
             Op::Removexattr { ino, name } => core.setxattr(ino, name, None, 0).map(|()| Out::Empty),
         };
         (r, None)
+    }
+}
+
+/// The nodes an answer gives the kernel an entry of (each adds one to the node's lookup
+/// count: see [`crate::kernel_refs`]); `.` and `..` of a listing add none.
+fn entries_given(r: &Answer) -> Vec<u64> {
+    match r {
+        Ok(Out::Entry(a)) | Ok(Out::Created(a, ..)) => vec![a.ino],
+        Ok(Out::DirPlus(v)) => v
+            .iter()
+            .filter(|(_, _, name)| name != b"." && name != b"..")
+            .map(|(a, ..)| a.ino)
+            .collect(),
+        _ => Vec::new(),
     }
 }
 

@@ -30,6 +30,7 @@ mod error;
 pub mod fuse;
 pub mod intent;
 pub mod io;
+pub mod kernel_refs;
 pub mod mount;
 pub mod notify;
 pub mod ops;

@@ -1847,9 +1847,14 @@ pub unsafe extern "C" fn fchmodat(
     mode: mode_t,
     flags: c_int,
 ) -> c_int {
-    if flags == 0 {
+    // AT_SYMLINK_NOFOLLOW too (`tar` sets its folders' modes so): the C library would
+    // open the path with O_PATH and change `/proc/self/fd/N`, a walk and a SETATTR
+    // through the kernel; the daemon refuses a symbolic link as the kernel does
+    // (EOPNOTSUPP).
+    if flags & !libc::AT_SYMLINK_NOFOLLOW == 0 {
         let set = SetAttr {
             mode: Some(mode & 0o7777),
+            follow: flags == 0,
             ..no_change()
         };
         if let Some(r) = set_call(None, d, path, set) {

@@ -229,6 +229,8 @@ pub struct Core {
     replaying: AtomicBool,
     /// Counts and latencies of the FUSE operations served.
     ops: crate::opstats::OpStats,
+    /// Which nodes the kernel may hold (FUSE lookup counts).
+    kernel_refs: crate::kernel_refs::KernelRefs,
     /// How often (ns) a loaded directory's folder in BACKING is looked at again for other
     /// writers' names (0: never; see `refresh_dir`).
     coherence_ns: std::sync::atomic::AtomicI64,
@@ -314,6 +316,7 @@ impl Core {
             force_stop: AtomicBool::new(false),
             replaying: AtomicBool::new(false),
             ops: Default::default(),
+            kernel_refs: Default::default(),
             coherence_ns: std::sync::atomic::AtomicI64::new(0),
             generation,
         };

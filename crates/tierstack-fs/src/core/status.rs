@@ -96,6 +96,11 @@ impl Core {
         &self.backing
     }
 
+    /// Which nodes the kernel may hold (see [`crate::kernel_refs`]).
+    pub fn kernel_refs(&self) -> &crate::kernel_refs::KernelRefs {
+        &self.kernel_refs
+    }
+
     /// Counts and latencies of the FUSE operations served.
     pub fn ops(&self) -> &OpStats {
         &self.ops

@@ -328,6 +328,10 @@ impl Server<'_> {
     /// The kernel forgets `name` in `parent` (a negative entry included) and the
     /// directory's attributes (its times and link count changed).
     fn inval_entry(&self, parent: u64, name: &[u8]) {
+        // A directory the kernel holds no count of has no entries cached under it.
+        if !self.fs.core.kernel_refs().may_hold(parent) {
+            return;
+        }
         if let Some(n) = self.notifier {
             let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
             let _ = n.inval_inode(INodeNo(parent), -1, 0);
@@ -342,15 +346,25 @@ impl Server<'_> {
     /// through the kernel shows the client's size once those handles close (close-to-open,
     /// as NFS gives).
     fn drop_kernel_inode(&self, ino: u64) {
+        let refs = self.fs.core.kernel_refs();
+        if !refs.may_hold(ino) {
+            // Not in the kernel's inode cache, so none of its names are either.
+            return;
+        }
         self.inval_inode(ino, -1, 0);
         for (parent, name) in self.fs.core.links_of(ino) {
-            if let Some(n) = self.notifier {
+            if let Some(n) = self.notifier.filter(|_| refs.may_hold(parent)) {
                 let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
             }
         }
     }
 
+    /// Drops `len` bytes at `off` of `ino` from the kernel's page cache (-1, 0: its
+    /// attributes), unless the kernel holds no copy of the node.
     fn inval_inode(&self, ino: u64, off: i64, len: i64) {
+        if !self.fs.core.kernel_refs().may_hold(ino) {
+            return;
+        }
         if let Some(n) = self.notifier {
             let _ = n.inval_inode(INodeNo(ino), off, len);
         }
@@ -604,6 +618,10 @@ impl Server<'_> {
                 } else {
                     self.node(ino, path, set.follow)?
                 };
+                if a.kind == Kind::Symlink && set.mode.is_some() {
+                    // `fchmodat(AT_SYMLINK_NOFOLLOW)` of a link: Linux has no link modes.
+                    return Err(Stop::Err(libc::EOPNOTSUPP));
+                }
                 may_setattr(&a, self.caller, &set, || self.may(&a, W_OK))?;
                 let out = self.op(Op::Setattr {
                     ino: a.ino,

@@ -128,8 +128,9 @@ pub enum Request<'a> {
     Serve(Op<'a>),
     /// Answer at once: 0 (done) or an errno, with nothing in the answer.
     Answer(i32),
-    /// The kernel dropped its copies of these inodes (FORGET, BATCH_FORGET): no answer.
-    Forget(Vec<u64>),
+    /// The kernel dropped its copies of these inodes (FORGET, BATCH_FORGET), each with the
+    /// lookup count it drops: no answer.
+    Forget(Vec<(u64, u64)>),
     /// Nothing to do and no answer (INTERRUPT: every operation here runs to its end).
     Silent,
 }
@@ -361,9 +362,10 @@ pub fn decode<'a>(h: &Header, arg: &'a [u8], payload: &'a [u8]) -> Result<Decode
                 limit,
             })
         }
+        // struct fuse_forget_in: the lookup count to drop.
         FORGET => {
             return Ok(Decoded {
-                request: Request::Forget(vec![ino]),
+                request: Request::Forget(vec![(ino, u64_at(arg, 0).unwrap_or(0))]),
                 limit,
             })
         }
@@ -377,7 +379,7 @@ pub fn decode<'a>(h: &Header, arg: &'a [u8], payload: &'a [u8]) -> Result<Decode
                 payload
             };
             let inos = (0..count)
-                .map_while(|i| u64_at(ones, i * 16).ok())
+                .map_while(|i| Some((u64_at(ones, i * 16).ok()?, u64_at(ones, i * 16 + 8).ok()?)))
                 .collect();
             return Ok(Decoded {
                 request: Request::Forget(inos),
@@ -809,17 +811,17 @@ mod tests {
     #[test]
     fn forgets_and_interrupts_take_no_answer() {
         let d = decode(&hdr(opcode::FORGET), &[1, 0, 0, 0, 0, 0, 0, 0], b"").expect("forget");
-        assert!(matches!(d.request, Request::Forget(ref v) if v == &[1]));
+        assert!(matches!(d.request, Request::Forget(ref v) if v == &[(1, 1)]));
         // fuse_batch_forget_in (count 2), then two fuse_forget_one, as /dev/fuse delivers them.
         let mut body = vec![0u8; 8];
         body[0..4].copy_from_slice(&2u32.to_le_bytes());
         for ino in [7u64, 9] {
             body.extend_from_slice(&ino.to_le_bytes());
-            body.extend_from_slice(&1u64.to_le_bytes());
+            body.extend_from_slice(&(ino - 5).to_le_bytes());
         }
         let (arg, payload) = split(opcode::BATCH_FORGET, &body);
         let d = decode(&hdr(opcode::BATCH_FORGET), arg, payload).expect("batch forget");
-        assert!(matches!(d.request, Request::Forget(ref v) if v == &[7, 9]));
+        assert!(matches!(d.request, Request::Forget(ref v) if v == &[(7, 2), (9, 4)]));
         // A count larger than what follows forgets what is there.
         body[0..4].copy_from_slice(&5u32.to_le_bytes());
         let d = decode(&hdr(opcode::BATCH_FORGET), &body, b"").expect("short batch");
