@@ -309,6 +309,9 @@ pub struct Db {
     pub conn: Connection,
     /// Since when a group transaction has been open (see [`Db::begin_group`]).
     group: Option<std::time::Instant>,
+    /// The journal's last `seq` when the open group began: rows after it are the group's
+    /// own, not committed, unseen by the drainer (see [`Db::own_last_row`]).
+    group_seq: i64,
     /// Where the database is (for [`Db::reader`]).
     path: PathBuf,
 }
@@ -406,6 +409,7 @@ impl Db {
         Ok(Db {
             conn,
             group: None,
+            group_seq: i64::MAX,
             path: path.to_path_buf(),
         })
     }
@@ -680,6 +684,10 @@ impl Db {
             return Ok(false);
         }
         self.conn.execute_batch("BEGIN")?;
+        self.group_seq = self
+            .conn
+            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM journal")?
+            .query_row([], |r| r.get(0))?;
         self.group = Some(std::time::Instant::now());
         Ok(true)
     }
@@ -689,6 +697,7 @@ impl Db {
         if self.group.is_some() {
             self.conn.execute_batch("COMMIT")?;
             self.group = None;
+            self.group_seq = i64::MAX;
         }
         Ok(())
     }
@@ -718,6 +727,22 @@ impl Db {
         self.conn.prepare_cached("RELEASE op")?.execute([])?;
         undo.1 = true;
         Ok(v)
+    }
+
+    /// The journal's last row (kind, node, path) if the open group wrote it: not committed,
+    /// so the drainer has not read it and will apply it after whatever the group does next.
+    pub fn own_last_row(&self) -> Result<Option<(OpKind, u64, Vec<u8>)>> {
+        if self.group.is_none() {
+            return Ok(None);
+        }
+        let row: Option<(i64, i64, i64, Vec<u8>)> = self
+            .conn
+            .prepare_cached("SELECT seq, kind, ino, p1 FROM journal ORDER BY seq DESC LIMIT 1")?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .optional()?;
+        Ok(row
+            .filter(|(seq, ..)| *seq > self.group_seq)
+            .and_then(|(_, k, ino, p1)| Some((OpKind::from_i64(k)?, ino as u64, p1))))
     }
 
     /// How long the open group transaction has been open.
@@ -882,6 +907,44 @@ mod tests {
             assert_eq!((newer.table, newer.seq, newer.rows), (table, 7, 1));
             assert!(e.to_string().contains("upgrade"), "{e}");
         }
+    }
+
+    /// Only a row the open group wrote is its own: none before a group, none of an earlier
+    /// (committed) group, none once the group's last row was deleted again.
+    #[test]
+    fn the_last_row_is_the_groups_own_only_until_it_commits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut db = Db::open(&dir.path().join("j.db")).expect("open");
+        assert_eq!(db.own_last_row().expect("read"), None);
+        db.begin_group().expect("begin");
+        assert_eq!(db.own_last_row().expect("read"), None);
+        db.in_savepoint(|tx| push_op(tx, OpKind::Create, 2, b"a", b""))
+            .expect("op");
+        assert_eq!(
+            db.own_last_row().expect("read"),
+            Some((OpKind::Create, 2, b"a".to_vec()))
+        );
+        db.commit_group().expect("commit");
+        assert_eq!(db.own_last_row().expect("read"), None);
+        db.begin_group().expect("begin");
+        assert_eq!(
+            db.own_last_row().expect("read"),
+            None,
+            "the last group's row"
+        );
+        db.in_savepoint(|tx| push_op(tx, OpKind::SetAttr, 3, b"b", b""))
+            .expect("op");
+        assert_eq!(
+            db.own_last_row().expect("read"),
+            Some((OpKind::SetAttr, 3, b"b".to_vec()))
+        );
+        let seq: i64 = db
+            .conn
+            .query_row("SELECT MAX(seq) FROM journal", [], |r| r.get(0))
+            .expect("seq");
+        db.del_op(seq).expect("delete");
+        assert_eq!(db.own_last_row().expect("read"), None, "an older row");
+        db.commit_group().expect("commit");
     }
 
     /// An operation that fails leaves nothing of itself, and the group's earlier operations

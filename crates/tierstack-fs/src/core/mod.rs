@@ -587,6 +587,27 @@ impl Core {
         Ok(v)
     }
 
+    /// Writes `row`, an attribute change of `ino` (at `path`), with its `SetAttr` journal
+    /// row, unless the journal's last row is this group's own `Create` or `SetAttr` of the
+    /// same node at the same path ([`Db::own_last_row`]): the drainer applies a node's
+    /// attributes as they are when it gets to that row, which is after this change, so a
+    /// second row would only repeat it (`tar` sets times, owner and mode of each file it
+    /// makes: one row instead of four, and no barrier for each).
+    fn tx_attrs(&self, ino: u64, path: &[u8], row: &db::InodeRow) -> Result<()> {
+        let mut db = self.db.lock();
+        let repeat = matches!(
+            db.own_last_row()?,
+            Some((OpKind::Create | OpKind::SetAttr, i, p)) if i == ino && p == path
+        );
+        self.tx_in(&mut db, |tx| {
+            db::put_inode(tx, row)?;
+            if !repeat {
+                db::push_op(tx, OpKind::SetAttr, ino, path, &[])?;
+            }
+            Ok(())
+        })
+    }
+
     /// The mount's committer thread: waits for a group transaction to open, lets it gather
     /// the operations of [`GROUP_COMMIT`], and commits it (if an operation has not already).
     /// Returns when the core stops.

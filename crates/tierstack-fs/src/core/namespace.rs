@@ -1051,11 +1051,7 @@ impl Core {
                 let f = n.data.as_ref().map(|d| d.lock());
                 row_of(ino, n, f.as_deref())
             };
-            self.tx(|tx| {
-                db::put_inode(tx, &row)?;
-                db::push_op(tx, OpKind::SetAttr, ino, &path, &[])
-            })
-            .map_err(eio)?;
+            self.tx_attrs(ino, &path, &row).map_err(eio)?;
             self.wake_drainer();
         } else {
             self.persist_node(&ns, ino).map_err(eio)?;
