@@ -25,6 +25,8 @@
 //!   uses directly (array, store, BACKING, operation counters);
 //! * `journal`: the journal's rows as the drainer reads and deletes them, the quarantine;
 //! * `drain_pass`: a file's drain pass ([`DrainPass`]: begin, read the dirty pages, finish);
+//! * `adopt`: a local copy taken in as the clean cache of a file in BACKING (`adopt` on the
+//!   control socket; the decision, [`adopt::decide`], is pure);
 //! * `bpaths`: what namespace rows need in BACKING (attributes, xattrs, backing paths,
 //!   staging files) and the bases pinned before BACKING's copy goes.
 //!
@@ -48,6 +50,7 @@ use crate::backing::Backing;
 use crate::db::{self, Db, InodeRow, OpKind};
 use crate::error::Result;
 
+pub mod adopt;
 mod bpaths;
 mod data;
 mod drain_pass;
