@@ -24,7 +24,8 @@
 //! - `pools`, `get-status`: the `tierstack` pool as SLURM wants it, and a status text with
 //!   each job's state and its stage-in progress.
 //! - `prolog`, `epilog` (SLURM's Prolog/Epilog on each compute node): node-local buffers
-//!   for `#BB_LUA node_local=SIZE` (node.rs).
+//!   for `#BB_LUA node_local=SIZE` (node.rs; on several nodes the inputs are read from the
+//!   shared file system once and fanned out node to node, fanin.rs).
 //!
 //! Hooks run as SlurmUser (root); everything that touches the job's files runs in a child
 //! process with the job's uid, gid and groups.
@@ -50,6 +51,7 @@ pub use state::{get_status, pools};
 mod error;
 mod creds;
 mod directives;
+mod fanin;
 mod hooks;
 mod install;
 mod node;
