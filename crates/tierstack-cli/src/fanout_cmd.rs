@@ -24,7 +24,7 @@ use tierstack_stage::fanout;
 #[derive(Args, Default)]
 pub struct FanoutArgs {
     /// Stage in with the other nodes of the job: NODES (host names or addresses, optionally
-    /// with :PORT, in the same order on every node) run the same command at once; the first
+    /// with :PORT, or NAME@ADDR[:PORT]; in the same order on every node) run the same command at once; the first
     /// reads SRC from the shared file system and the bytes go node to node in a tree. DST
     /// must be inside a tierstack mount whose BACKING is on this node.
     #[arg(long, value_name = "NODES", value_delimiter = ',')]
@@ -102,10 +102,11 @@ pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()
             .map(|h| h.trim().to_string())
             .context("cannot read this node's host name: give --fanout-me")?,
     };
-    let Some(me) = nodes
-        .iter()
-        .position(|n| n == &me_name || n.rsplit_once(':').is_some_and(|(h, _)| h == me_name))
-    else {
+    let Some(me) = nodes.iter().position(|n| {
+        n == &me_name
+            || fanout::entry_name(n) == me_name
+            || n.rsplit_once(':').is_some_and(|(h, _)| h == me_name)
+    }) else {
         usage_bail!(
             "this node ({me_name}) is not in --fanout {}: give --fanout-me with its name there",
             nodes.join(",")

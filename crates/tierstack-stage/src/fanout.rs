@@ -89,7 +89,7 @@ pub struct FanoutSpec {
     /// Where this node's copy goes (as `stage SRC DST` has it), on the node itself.
     pub dst: PathBuf,
     /// The job's nodes, in the same order on every node: a host name or address, optionally
-    /// with `:PORT`. Node 0 reads the shared file system.
+    /// with `:PORT`, or `NAME@ADDR[:PORT]`. Node 0 reads the shared file system.
     pub nodes: Vec<String>,
     /// This node's index in `nodes`.
     pub me: usize,
@@ -165,14 +165,25 @@ fn refused(msg: String) -> StageError {
     StageError::Refused(msg)
 }
 
+/// The address part of a node list entry: `NAME@ADDR` names a node whose address differs
+/// from its name (SLURM's NodeName and NodeAddr), else the entry is both.
+pub fn entry_addr(entry: &str) -> &str {
+    entry.split_once('@').map_or(entry, |(_, a)| a)
+}
+
+/// The name part of a node list entry (see [`entry_addr`]).
+pub fn entry_name(entry: &str) -> &str {
+    entry.split_once('@').map_or(entry, |(n, _)| n)
+}
+
 /// The address of node `i`: its entry with `:PORT`, else with `port`.
 fn addr_of(spec: &FanoutSpec, i: usize) -> Result<SocketAddr, StageError> {
-    let name = &spec.nodes[i];
+    let name = entry_addr(&spec.nodes[i]);
     let with_port = if name
         .rsplit_once(':')
         .is_some_and(|(h, p)| !h.is_empty() && !h.ends_with(':') && p.parse::<u16>().is_ok())
     {
-        name.clone()
+        name.to_string()
     } else {
         format!("{name}:{}", spec.port)
     };
@@ -851,6 +862,18 @@ mod tests {
             }
             let _ = parent.join();
         }
+    }
+
+    #[test]
+    fn an_entry_may_name_its_address_apart() {
+        assert_eq!(entry_addr("n1@10.0.0.1:7711"), "10.0.0.1:7711");
+        assert_eq!(entry_name("n1@10.0.0.1:7711"), "n1");
+        assert_eq!(entry_addr("node3"), "node3");
+        assert_eq!(entry_name("node3:7711"), "node3:7711");
+        let mut s = spec(Path::new("/s"), Path::new("/d"), 0, &[7000], 1);
+        s.nodes = vec!["n1@127.0.0.1:7001".into(), "n2@127.0.0.1".into()];
+        assert_eq!(addr_of(&s, 0).expect("addr").port(), 7001);
+        assert_eq!(addr_of(&s, 1).expect("addr").port(), 1);
     }
 
     #[test]
