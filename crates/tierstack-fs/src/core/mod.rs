@@ -73,6 +73,16 @@ pub use crate::attr::PAGE;
 /// Prefix of the drainer's temporary files in BACKING (hidden from the mount).
 pub const TMP_PREFIX: &[u8] = b".tierstack-tmp.";
 
+/// Names in BACKING that a listing leaves out: the drainer's staging files ([`TMP_PREFIX`])
+/// and the stager's temporary copies (`.NAME.tierstack-stage-PID-N`, renamed into place when
+/// complete): another node's copy being written into a shared folder would otherwise show,
+/// and stay, in this mount (it does not pick up names others remove).
+pub fn transient_name(name: &[u8]) -> bool {
+    const STAGE: &[u8] = b".tierstack-stage-";
+    name.starts_with(TMP_PREFIX)
+        || (name.starts_with(b".") && name.windows(STAGE.len()).any(|w| w == STAGE))
+}
+
 /// The inode number of the mount's root directory (BACKING itself).
 pub const ROOT: u64 = 1;
 
@@ -848,6 +858,15 @@ fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_and_stager_temporary_names_are_transient() {
+        assert!(transient_name(b".tierstack-tmp.42"));
+        assert!(transient_name(b".in0.tierstack-stage-9806-3"));
+        assert!(!transient_name(b"in0.tierstack-stage-9806-3"));
+        assert!(!transient_name(b".bashrc"));
+        assert!(!transient_name(b"in0"));
+    }
 
     #[test]
     fn join_rel_of_root_is_the_name() {
