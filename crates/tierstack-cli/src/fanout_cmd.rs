@@ -175,13 +175,27 @@ pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()
         None => AdoptReport::default(),
     };
     let secs = t.elapsed().as_secs_f64();
+    let node = &spec.nodes[me];
+    print_report(node, &r, &adopted, f.fanout_spool.is_some(), secs, json);
+    Ok(())
+}
+
+/// Prints what this node's part of the fan-out did (one JSON object with `json`).
+fn print_report(
+    node: &str,
+    r: &fanout::FanoutReport,
+    adopted: &AdoptReport,
+    spooled: bool,
+    secs: f64,
+    json: bool,
+) {
     if json {
         println!(
             "{}",
             serde_json::json!({
                 "direction": "in",
                 "fanout": true,
-                "node": spec.nodes[me],
+                "node": node,
                 "parent": r.parent,
                 "files": r.files,
                 "bytes": r.bytes,
@@ -222,7 +236,7 @@ pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()
         for d in &r.children_dropped {
             println!("dropped child {d}");
         }
-        if f.fanout_spool.is_some() {
+        if spooled {
             println!(
                 "adopted {} files ({}) as clean cache; wrote {} files into BACKING; {} left to BACKING, {} copied into the mount",
                 adopted.files,
@@ -236,7 +250,6 @@ pub fn stage_in(src: &Path, dst: &Path, f: &FanoutArgs, json: bool) -> Result<()
             }
         }
     }
-    Ok(())
 }
 
 /// Where the copies of a spooled fan-out go.

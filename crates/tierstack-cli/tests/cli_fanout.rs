@@ -55,17 +55,7 @@ fn mount(backing: &Path, mnt: &Path, fast: &Path) -> bool {
     for d in [mnt, fast] {
         fs::create_dir_all(d).expect("mkdir");
     }
-    let o = ts(&[
-        "mount",
-        s(backing),
-        s(mnt),
-        "--dir",
-        s(fast),
-        "--drive-size",
-        "64M",
-        "--dram",
-        "64M",
-    ]);
+    let o = common::mount_small(backing, mnt, fast);
     if !o.status.success() {
         let err = String::from_utf8_lossy(&o.stderr);
         eprintln!("skipped: tierstack mount failed: {err}");

@@ -15,12 +15,11 @@
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::sync::atomic::Ordering::Relaxed;
 
 use serde::{Deserialize, Serialize};
 use tierstack_store::PageData;
 
-use super::{Core, Kind, Page, PAGE};
+use super::{Core, Kind, PAGE};
 
 /// What the stager says of the copy it hands over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -321,19 +320,7 @@ impl Core {
             h.update(&buf);
             if f.pages.contains_key(&p) {
                 done.held += want as u64;
-            } else if !self.pressure.load(Relaxed)
-                && self.held.load(Relaxed) + want as u64 <= self.limit / 2
-                && self.store.put_shared((obj, p), PageData::new(buf)).is_ok()
-            {
-                f.pages.insert(
-                    p,
-                    Page {
-                        ver: 0,
-                        dirty: false,
-                        len: want as u32,
-                    },
-                );
-                self.held.fetch_add(want as u64, Relaxed);
+            } else if self.cache_clean(obj, &mut f, p, PageData::new(buf)) {
                 taken.push(p);
                 done.bytes += want as u64;
             } else {
