@@ -144,8 +144,10 @@ impl Slurm {
                  PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n"
             )
         } else {
+            // Alloc: every node's Prolog runs at the job's start, together, so that the
+            // stage-in fans out (without it a node's Prolog waits for its first task).
             let mut l = format!(
-                "SlurmdSpoolDir={r}/node/spool\nSlurmdPidFile={r}/node/slurmd.pid\nSlurmdLogFile={r}/node/slurmd.log\n"
+                "SlurmdSpoolDir={r}/node/spool\nSlurmdPidFile={r}/node/slurmd.pid\nSlurmdLogFile={r}/node/slurmd.log\nPrologFlags=Alloc\n"
             );
             for (i, n) in nodes.iter().enumerate() {
                 l += &format!(
@@ -1237,9 +1239,11 @@ fn slurm_node_local_two_nodes() {
         &format!(
             "#!/bin/bash\n#SBATCH -N 2\n#BB_LUA node_local=128M stage_in={src} stage_out={dst}\nset -e\n\
              srun -N2 -n2 bash -c 'cmp \"$TIERSTACK_DIR/in.bin\" {src} && grep -q \" $TIERSTACK_DIR fuse\" /proc/mounts \
-             && hostname > \"$TIERSTACK_DIR/host-$SLURMD_NODENAME.txt\" && echo task on $(hostname) ok'\necho multi-ok\n",
+             && hostname > \"$TIERSTACK_DIR/host-$SLURMD_NODENAME.txt\" \
+             && cp \"$TIERSTACK_DIR/../fanin-0.json\" {home}/fanin-$SLURMD_NODENAME.json && echo task on $(hostname) ok'\necho multi-ok\n",
             src = src.display(),
-            dst = dst.display()
+            dst = dst.display(),
+            home = home.display()
         ),
     );
     let (o, outs) = s.submit_wait("multi", "", &job);
@@ -1271,6 +1275,24 @@ fn slurm_node_local_two_nodes() {
         assert_eq!(got, format!("{n}\n"), "node {n}'s output in DST");
     }
     assert!(fs::read(dst.join("in.bin")).expect("in.bin") == fs::read(&src).expect("src"));
+    // The Prologs staged in by fan-out: n1 read the shared file system, n2 got the bytes from
+    // n1; both buffers adopted the copy as clean cache of stage_out's in.bin, which n1 wrote
+    // there once.
+    let len = fs::metadata(&src).expect("src").len();
+    let fanin = |n: &str| -> serde_json::Value {
+        let p = home.join(format!("fanin-{n}.json"));
+        serde_json::from_str(&fs::read_to_string(&p).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{}: {e}{}", p.display(), s.logs()))
+    };
+    let (a, b) = (fanin("n1"), fanin("n2"));
+    assert_eq!(a["from_shared"], len, "{a}");
+    assert_eq!(a["published_files"], 1, "{a}");
+    assert_eq!(b["from_parent"], len, "{b}");
+    assert_eq!(b["from_shared"], 0, "{b}");
+    for r in [&a, &b] {
+        assert_eq!(r["adopted_files"], 1, "{r}");
+        assert_eq!(r["copied_into_mount"], 0, "{r}");
+    }
     s.no_buffers_left();
     println!("two nodes ok after {:.1} s", t0.elapsed().as_secs_f64());
 }

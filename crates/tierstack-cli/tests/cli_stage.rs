@@ -354,17 +354,7 @@ fn stage_in_into_a_mount_and_out_of_it() {
     for d in [&backing, &mnt, &fast] {
         fs::create_dir_all(d).expect("mkdir");
     }
-    let o = ts(&[
-        "mount",
-        s(&backing),
-        s(&mnt),
-        "--dir",
-        s(&fast),
-        "--drive-size",
-        "64M",
-        "--dram",
-        "64M",
-    ]);
+    let o = common::mount_small(&backing, &mnt, &fast);
     if !o.status.success() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("not built yet"), "mount failed: {err}");

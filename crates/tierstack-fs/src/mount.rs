@@ -3,8 +3,8 @@
 //!
 //! The control socket of a mount is `/run/tierstack/<xxh3-64 of the canonical mountpoint, 16
 //! hex digits>.sock` (`TIERSTACK_RUN_DIR` overrides the folder). It takes one JSON request
-//! per connection (`{"cmd":"status"}`, `{"cmd":"drain"}`, `{"cmd":"shutdown"}`) and answers
-//! one JSON line.
+//! per connection (`{"cmd":"status"}`, `{"cmd":"drain"}`, `{"cmd":"shutdown"}`,
+//! `{"cmd":"adopt",...}`: see [`adopt`]) and answers one JSON line.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -1394,12 +1394,113 @@ fn serve(
                 }
             }
         }
+        Some("adopt") => serve_adopt(&conn, core, &req),
         _ => serde_json::json!({"ok": false, "error": "unknown request"}),
     };
     // One write of the whole line: `Value`'s Display writes token by token, a system call
     // each (about a thousand for a status) straight onto the socket.
     let mut w = &conn;
     let _ = w.write_all(format!("{ans}\n").as_bytes());
+}
+
+/// The `adopt` request: `{"cmd":"adopt","path":REL,"copy":LOCAL,"len":N,"mtime_ns":T,
+/// "xxh3":H}` (see [`crate::core::adopt`]). The copy is opened here (no link followed, no
+/// FIFO waited on) and must belong to the caller, as BACKING's file must, unless the caller
+/// is root.
+fn serve_adopt(conn: &UnixStream, core: &Core, req: &serde_json::Value) -> serde_json::Value {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refused = |e: String, later: bool| serde_json::json!({"ok": false, "error": e, "retry": later, "kind": "request"});
+    let (Some(rel), Some(copy), Ok(claim)) = (
+        req.get("path").and_then(|v| v.as_str()),
+        req.get("copy").and_then(|v| v.as_str()),
+        serde_json::from_value::<crate::core::adopt::Claim>(req.clone()),
+    ) else {
+        return refused(
+            "adopt needs path, copy, len, mtime_ns and xxh3".into(),
+            false,
+        );
+    };
+    let Ok((uid, _)) = crate::io::peer(conn) else {
+        return refused("cannot tell who asks (SO_PEERCRED)".into(), false);
+    };
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(copy)
+    {
+        Ok(f) => f,
+        Err(e) => return refused(format!("cannot open the copy {copy}: {e}"), false),
+    };
+    match core.adopt(rel.as_bytes(), &file, &claim, uid) {
+        Ok(a) => serde_json::json!({"ok": true, "bytes": a.bytes, "held": a.held, "left": a.left}),
+        Err(e) => serde_json::json!({"ok": false, "error": format!("{rel}: {e}"),
+            "retry": e.may_pass_later(), "kind": e.kind()}),
+    }
+}
+
+/// What the daemon answered to an `adopt` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdoptAnswer {
+    /// Taken in as clean cache.
+    Adopted(crate::core::adopt::Adopted),
+    /// Refused, with why, and whether asking again later may succeed (the file is not in
+    /// BACKING or the mount's view yet, or differs from the claim there).
+    Refused {
+        /// Why.
+        why: String,
+        /// Asking again later may succeed.
+        retry: bool,
+        /// Which refusal (`crate::core::adopt::Refusal::kind`; `request` for a request the
+        /// daemon could not take up).
+        kind: String,
+    },
+}
+
+/// Asks the daemon of the mount at `mountpoint` (canonical) to take the local file `copy` in
+/// as the clean cache of the file at `rel` (relative to the mount's root) in BACKING: it does
+/// when BACKING's file has the claim's size and mtime, the mount has not changed it, and the
+/// copy hashes to the claim (nothing is written to BACKING, nothing is drained).
+pub fn adopt(
+    mountpoint: &Path,
+    rel: &Path,
+    copy: &Path,
+    claim: &crate::core::adopt::Claim,
+    timeout: Duration,
+) -> Result<AdoptAnswer> {
+    let (Some(r), Some(c)) = (rel.to_str(), copy.to_str()) else {
+        return Ok(AdoptAnswer::Refused {
+            why: format!("{}: not a UTF-8 path", rel.display()),
+            retry: false,
+            kind: "request".into(),
+        });
+    };
+    let v = request(
+        mountpoint,
+        &serde_json::json!({"cmd": "adopt", "path": r, "copy": c, "len": claim.len,
+            "mtime_ns": claim.mtime_ns, "xxh3": claim.xxh3}),
+        timeout,
+    )?;
+    if v.get("ok").and_then(|x| x.as_bool()) == Some(true) {
+        let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        return Ok(AdoptAnswer::Adopted(crate::core::adopt::Adopted {
+            bytes: n("bytes"),
+            held: n("held"),
+            left: n("left"),
+        }));
+    }
+    Ok(AdoptAnswer::Refused {
+        why: v
+            .get("error")
+            .and_then(|x| x.as_str())
+            .unwrap_or("no reason given")
+            .to_string(),
+        retry: v.get("retry").and_then(|x| x.as_bool()) == Some(true),
+        kind: v
+            .get("kind")
+            .and_then(|x| x.as_str())
+            .unwrap_or("request")
+            .to_string(),
+    })
 }
 
 /// Runs a mount in this process until it is unmounted with `tierstack umount`.

@@ -25,7 +25,8 @@
 //! - `pools`, `get-status`: the `tierstack` pool as SLURM wants it, and a status text with
 //!   each job's state and its stage-in progress.
 //! - `prolog`, `epilog` (SLURM's Prolog/Epilog on each compute node): node-local buffers
-//!   for `#BB_LUA node_local=SIZE` (node.rs).
+//!   for `#BB_LUA node_local=SIZE` (node.rs; on several nodes the inputs are read from the
+//!   shared file system once and fanned out node to node, fanin.rs).
 //! - `task-prolog` (SLURM's TaskProlog, as the job's user before each task): puts the task
 //!   under the interception client (`libtierstack_io.so`) for the job's buffer (task.rs).
 //!
@@ -54,6 +55,7 @@ pub use task::task_prolog;
 mod error;
 mod creds;
 mod directives;
+mod fanin;
 mod hooks;
 mod install;
 mod node;

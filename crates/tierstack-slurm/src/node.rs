@@ -1,6 +1,7 @@
 //! Node-local buffers for multi-node jobs (`#BB_LUA node_local=SIZE`). burst_buffer/lua runs
 //! on the controller, so a buffer on each of a job's compute nodes is made by SLURM's Prolog
-//! (`tierstack slurm prolog`, root on each node: mount, then stage_in as the job's user) at
+//! (`tierstack slurm prolog`, root on each node: mount, then stage_in as the job's user, by
+//! fan-out on a job of several nodes: `fanin.rs`) at
 //! `FAST/node/jobs/JOBID/mnt`, the `$TIERSTACK_DIR` that the controller's paths hook gives the
 //! job. The Epilog (`tierstack slurm epilog`) hands the drain to a background process
 //! (`node-drain`) and returns, so the node is released while its outputs still drain to the
@@ -86,7 +87,9 @@ pub fn prolog(c: &Common) -> Result<()> {
     };
     let nc = node_common(c);
     make_buffer(&id, &r, size, uid, gid, &nc)?;
-    data_in(&id, &nc)?;
+    if !crate::fanin::fan_in(&id, &nc)? {
+        data_in(&id, &nc)?;
+    }
     let dir = job_dir(&nc, &id)?;
     let mut s = load_state_at(&dir)?;
     set_state(&dir, &mut s, "running")?;

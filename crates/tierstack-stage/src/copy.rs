@@ -81,7 +81,7 @@ pub(super) struct Scan {
     /// Bytes read (the data regions).
     data: u64,
     /// xxh3-64 of the whole logical content (holes as zeros), if asked.
-    hash: Option<u64>,
+    pub(super) hash: Option<u64>,
 }
 
 /// Reads the data regions of `f` up to its size at open, in chunks, handing each to `sink`

@@ -24,6 +24,12 @@
 //! `read_back` path (where the destination shows inside a tierstack mount whose BACKING holds
 //! it), every copy is read back there once and its checksum compared: the mount then holds the
 //! inputs as clean cache of files already in its BACKING, so they are never drained anywhere.
+//!
+//! Where BACKING is the shared file system itself, a node's copy must not go there: each node
+//! then copies into a node-local spool folder, without a read back, and the caller takes the
+//! copies in through the mount's `adopt` request (see `tierstack_fs::core::adopt`) using
+//! [`FanoutReport::copies`]; the root first [`publish`]es into BACKING the files BACKING does
+//! not hold yet as they are (same size and mtime), once.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -83,7 +89,7 @@ pub struct FanoutSpec {
     /// Where this node's copy goes (as `stage SRC DST` has it), on the node itself.
     pub dst: PathBuf,
     /// The job's nodes, in the same order on every node: a host name or address, optionally
-    /// with `:PORT`. Node 0 reads the shared file system.
+    /// with `:PORT`, or `NAME@ADDR[:PORT]`. Node 0 reads the shared file system.
     pub nodes: Vec<String>,
     /// This node's index in `nodes`.
     pub me: usize,
@@ -95,6 +101,31 @@ pub struct FanoutSpec {
     pub timeout: Duration,
     /// Where `dst` shows inside a tierstack mount: each copy is read back there once.
     pub read_back: Option<PathBuf>,
+}
+
+/// One file this node copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copied {
+    /// Where the copy is.
+    pub dst: PathBuf,
+    /// Its path below the stage's DST (empty when DST is the file itself).
+    pub rel: PathBuf,
+    /// Its length.
+    pub len: u64,
+    /// The source's modification time, which the copy has (ns since the epoch).
+    pub mtime_ns: i64,
+    /// The source's permission bits, which the copy has.
+    pub mode: u32,
+    /// The xxh3-64 of its bytes (compared at every hop).
+    pub xxh3: u64,
+}
+
+/// A modification time in ns since the epoch (times before it are negative).
+pub fn time_ns(t: std::time::SystemTime) -> i64 {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
 }
 
 /// What one node did.
@@ -126,20 +157,33 @@ pub struct FanoutReport {
     pub copy_s: f64,
     /// Seconds of the read back through the mount.
     pub read_back_s: f64,
+    /// Every file copied, in the plan's order.
+    pub copies: Vec<Copied>,
 }
 
 fn refused(msg: String) -> StageError {
     StageError::Refused(msg)
 }
 
+/// The address part of a node list entry: `NAME@ADDR` names a node whose address differs
+/// from its name (SLURM's NodeName and NodeAddr), else the entry is both.
+pub fn entry_addr(entry: &str) -> &str {
+    entry.split_once('@').map_or(entry, |(_, a)| a)
+}
+
+/// The name part of a node list entry (see [`entry_addr`]).
+pub fn entry_name(entry: &str) -> &str {
+    entry.split_once('@').map_or(entry, |(n, _)| n)
+}
+
 /// The address of node `i`: its entry with `:PORT`, else with `port`.
 fn addr_of(spec: &FanoutSpec, i: usize) -> Result<SocketAddr, StageError> {
-    let name = &spec.nodes[i];
+    let name = entry_addr(&spec.nodes[i]);
     let with_port = if name
         .rsplit_once(':')
         .is_some_and(|(h, p)| !h.is_empty() && !h.ends_with(':') && p.parse::<u16>().is_ok())
     {
-        name.clone()
+        name.to_string()
     } else {
         format!("{name}:{}", spec.port)
     };
@@ -443,7 +487,7 @@ fn copy_one(
 
 /// Reads `path` whole (retrying a missing name for `wait`: a mount shows names that appeared
 /// in its BACKING within its coherence interval) and returns its length and xxh3.
-fn read_through(path: &Path, wait: Duration) -> Result<(u64, u64), StageError> {
+pub fn read_through(path: &Path, wait: Duration) -> Result<(u64, u64), StageError> {
     let end = Instant::now() + wait;
     let mut f = loop {
         match File::open(path) {
@@ -468,6 +512,60 @@ fn read_through(path: &Path, wait: Duration) -> Result<(u64, u64), StageError> {
         n += k as u64;
     }
     Ok((n, h.digest()))
+}
+
+/// `root` joined with `rel`, or `root` itself for an empty `rel` (a stage of one file).
+pub fn below(root: &Path, rel: &Path) -> PathBuf {
+    if rel.as_os_str().is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(rel)
+    }
+}
+
+/// Whether the file at `path` has `c`'s size and modification time (one `stat`; a missing
+/// file has not).
+pub fn holds(path: &Path, c: &Copied) -> bool {
+    fs::metadata(path).is_ok_and(|m| {
+        m.is_file() && m.len() == c.len && m.modified().ok().map(time_ns) == Some(c.mtime_ns)
+    })
+}
+
+/// Writes the copy `c` to `to` (temporary name, its mode and mtime, fsync, rename), unless
+/// `to` holds it already (same size and mtime): the root of a fan-out into buffers whose
+/// BACKING is the shared file system puts each input there once, so that every node's copy
+/// is the clean cache of a file in BACKING. Returns whether it wrote.
+pub fn publish(c: &Copied, to: &Path) -> Result<bool, StageError> {
+    if holds(to, c) {
+        return Ok(false);
+    }
+    if let Some(d) = to.parent() {
+        fs::create_dir_all(d).map_err(io_err("create the directory", d))?;
+    }
+    let job = FileJob {
+        src: c.dst.clone(),
+        dst: to.to_path_buf(),
+        len: c.len,
+        mode: c.mode,
+        mtime: u64::try_from(c.mtime_ns)
+            .ok()
+            .map(|n| std::time::UNIX_EPOCH + Duration::from_nanos(n)),
+        link_id: None,
+    };
+    let s = super::copy::copy_file(
+        &job,
+        true,
+        &|_| {},
+        &std::sync::atomic::AtomicBool::new(false),
+    )?;
+    if s.hash != Some(c.xxh3) {
+        return Err(StageError::Verify {
+            dst: c.dst.clone(),
+            want: c.xxh3,
+            got: s.hash.unwrap_or_default(),
+        });
+    }
+    Ok(true)
 }
 
 /// Runs this node's part of the fan-out.
@@ -515,15 +613,27 @@ pub fn run(spec: &FanoutSpec) -> Result<FanoutReport, StageError> {
         fs::create_dir_all(&d.dst).map_err(io_err("create the directory", &d.dst))?;
     }
     let mut buf = vec![0u8; CHUNK];
-    let mut sums = Vec::with_capacity(plan.files.len());
     for job in &plan.files {
-        sums.push(copy_one(
-            job,
-            &mut source,
-            &mut feed,
-            &mut report,
-            &mut buf,
-        )?);
+        let xxh3 = copy_one(job, &mut source, &mut feed, &mut report, &mut buf)?;
+        let mtime_ns = match job.mtime {
+            Some(t) => time_ns(t),
+            None => fs::metadata(&job.dst)
+                .and_then(|m| m.modified())
+                .map(time_ns)
+                .map_err(io_err("stat", &job.dst))?,
+        };
+        report.copies.push(Copied {
+            dst: job.dst.clone(),
+            rel: job
+                .dst
+                .strip_prefix(&spec.dst)
+                .unwrap_or(Path::new(""))
+                .to_path_buf(),
+            len: job.len,
+            mtime_ns,
+            mode: job.mode,
+            xxh3,
+        });
     }
     for c in &feed {
         let _ = c.sock.shutdown(std::net::Shutdown::Write);
@@ -540,18 +650,13 @@ pub fn run(spec: &FanoutSpec) -> Result<FanoutReport, StageError> {
     report.copy_s = t0.elapsed().as_secs_f64();
     if let Some(rb) = &spec.read_back {
         let t1 = Instant::now();
-        for (job, want) in plan.files.iter().zip(&sums) {
-            let rel = job.dst.strip_prefix(&spec.dst).unwrap_or(Path::new(""));
-            let at = if rel.as_os_str().is_empty() {
-                rb.clone()
-            } else {
-                rb.join(rel)
-            };
+        for c in &report.copies {
+            let at = below(rb, &c.rel);
             let (len, got) = read_through(&at, Duration::from_secs(5))?;
-            if got != *want || len != job.len {
+            if got != c.xxh3 || len != c.len {
                 return Err(StageError::Verify {
                     dst: at,
-                    want: *want,
+                    want: c.xxh3,
                     got,
                 });
             }
@@ -757,6 +862,18 @@ mod tests {
             }
             let _ = parent.join();
         }
+    }
+
+    #[test]
+    fn an_entry_may_name_its_address_apart() {
+        assert_eq!(entry_addr("n1@10.0.0.1:7711"), "10.0.0.1:7711");
+        assert_eq!(entry_name("n1@10.0.0.1:7711"), "n1");
+        assert_eq!(entry_addr("node3"), "node3");
+        assert_eq!(entry_name("node3:7711"), "node3:7711");
+        let mut s = spec(Path::new("/s"), Path::new("/d"), 0, &[7000], 1);
+        s.nodes = vec!["n1@127.0.0.1:7001".into(), "n2@127.0.0.1".into()];
+        assert_eq!(addr_of(&s, 0).expect("addr").port(), 7001);
+        assert_eq!(addr_of(&s, 1).expect("addr").port(), 1);
     }
 
     #[test]

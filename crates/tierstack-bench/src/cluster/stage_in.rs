@@ -1,7 +1,10 @@
 //! `bench cluster --stage-in`: N nodes stage the same inputs (files in the shared file
 //! system) into node-local tierstack buffers, once with every node reading the shared system
-//! itself (`stage in --fanout ... --fanout-degree 0`, what N separate stage-ins cost it) and
-//! once by fan-out (a tree of 2 over the test bed's bridge). For each: what the shared
+//! itself (`stage in --fanout ... --fanout-degree 0`, what N separate stage-ins cost it),
+//! once by fan-out (a tree of 2 over the test bed's bridge), and once by the SLURM Prolog
+//! itself (`tierstack slurm prolog` on every node, a stand-in `scontrol` answering for a
+//! `node_local` job with `stage_out=` in the shared system: buffers over the shared system,
+//! the copies adopted as clean cache, node 0 writing the inputs into stage_out once). For each: what the shared
 //! system's chunkservers served (bytes sent over their links) and read from their disks
 //! after a `drop-caches`, the stage-in's time, every node's copy checked through its mount
 //! against the inputs' checksums, the buffers' dirty bytes and pending operations (0: the
@@ -85,6 +88,16 @@ pub struct StageInMode {
     pub dirty_bytes: u64,
     /// Journal rows waiting to drain, all buffers.
     pub pending_ops: u64,
+    /// Bytes the buffers' drains wrote after a `drain --wait` (0: nothing of the inputs is
+    /// drained).
+    pub drained_bytes: u64,
+    /// Files the buffers adopted as clean cache of BACKING's (the Prolog's way: BACKING is
+    /// stage_out, on the shared system), all nodes.
+    pub adopted_files: u64,
+    /// Files node 0 wrote into BACKING for the others to adopt (once each).
+    pub published_files: u64,
+    /// The Prolog's way: stage_out holds exactly the inputs afterwards.
+    pub stage_out_identical: Option<bool>,
     /// The inputs in the shared system after the buffers were unmounted: same names, sizes
     /// and mtimes as before.
     pub inputs_unchanged: bool,
@@ -101,6 +114,17 @@ pub struct StageInReport {
     pub input_bytes: u64,
     /// Each way.
     pub modes: Vec<StageInMode>,
+}
+
+/// Whether two `SUMS_PY` listings name the same files with the same sizes, mtimes and bytes.
+fn same_files(want: &serde_json::Value, got: &serde_json::Value) -> bool {
+    want.as_object().is_some_and(|w| {
+        got.as_object().is_some_and(|g| {
+            w.len() == g.len()
+                && w.iter()
+                    .all(|(name, v)| g.get(name).is_some_and(|x| x == v))
+        })
+    })
 }
 
 fn read_json(path: &std::path::Path) -> Result<serde_json::Value, ClusterError> {
@@ -141,64 +165,121 @@ pub(super) fn run(
     let all = names.join(",");
     let exe = spec.exe.display();
     let mut modes = Vec::new();
-    for (k, degree) in [0usize, 2].into_iter().enumerate() {
+    // The SLURM Prolog's way: `tierstack slurm prolog` itself on every node, for a job of user
+    // nobody with
+    // `#BB_LUA node_local=... stage_in=/mnt/pfs/inputs stage_out=/mnt/pfs/si2-out` (its
+    // buffers over the shared system); `scontrol` is a stand-in that answers for that job
+    // (the test bed's SLURM, when up, is not asked: it has no burst buffer plugin here).
+    let fake = work.join("fakebin/scontrol");
+    let nodelist = format!("node[1-{}]", spec.nodes);
+    let hosts: String = names.iter().map(|n| format!("{n}\\n")).collect();
+    let script = format!(
+        "#!/bin/sh\n# Written by bench cluster --stage-in: scontrol for one job's Prolog.\ncase \"$*\" in\n\
+         \"show job \"*) printf 'JobId=%s JobName=si\\n   NodeList={nodelist}\\n   BurstBuffer=#BB_LUA node_local=512M stage_in=/mnt/pfs/inputs stage_out=/mnt/pfs/si2-out\\n' \"$SLURM_JOB_ID\" ;;\n\
+         \"show hostnames \"*) printf '{hosts}' ;;\n\
+         \"show config\") echo 'PrologFlags = Alloc' ;;\n\
+         *) : ;;\nesac\n"
+    );
+    std::fs::create_dir_all(work.join("fakebin"))
+        .and_then(|()| std::fs::write(&fake, script))
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755))
+        })
+        .map_err(|e| step_err(format!("writing {}", fake.display()), e.to_string()))?;
+    let prolog_env = format!(
+        "PATH={r}/fakebin:$PATH SLURM_JOB_ID=92 SLURM_JOB_UID=65534 SLURM_JOB_GID=65534 SLURMD_NODENAME=$(hostname)"
+    );
+    // The job's user (root may not use burst buffers): nobody, who owns stage_out.
+    bed.exec(
+        "making the Prolog job's stage_out",
+        "ctl",
+        "mkdir -p /mnt/pfs/si2-out && chown 65534:65534 /mnt/pfs/si2-out",
+    )?;
+    let hook = "--fast-dir /var/tmp/si2/fast --pool-size 1G --timeout 5m";
+    for (k, degree) in [0usize, 2, 2].into_iter().enumerate() {
         let tag = format!("si{k}");
-        let mnt = format!("/mnt/{tag}");
-        bed.exec(
-            "mounting a node-local buffer on every node",
-            &all,
-            &format!("mkdir -p {mnt} /var/tmp/{tag}/back && {exe} mount /var/tmp/{tag}/back {mnt} --dir /var/tmp/{tag}/tier"),
-        )?;
+        let prolog = k == 2;
+        // Where each node's buffer is, and where the inputs show in it.
+        let (mnt, view) = if prolog {
+            let m = "/var/tmp/si2/fast/node/jobs/92/mnt".to_string();
+            (m.clone(), m)
+        } else {
+            (format!("/mnt/{tag}"), format!("/mnt/{tag}/inputs"))
+        };
+        if !prolog {
+            bed.exec(
+                "mounting a node-local buffer on every node",
+                &all,
+                &format!("mkdir -p {mnt} /var/tmp/{tag}/back && {exe} mount /var/tmp/{tag}/back {mnt} --dir /var/tmp/{tag}/tier"),
+            )?;
+        }
         bed.run("dropping caches", &["drop-caches", "--root", &broot])?;
         let (sent0, read0) = (
             bed.io_stat("TESTBED_IO_SENT_BYTES"),
             bed.io_stat("TESTBED_IO_READ_BYTES"),
         );
         let t = Instant::now();
-        bed.exec(
-            "the stage-in on every node",
-            &all,
-            &format!(
+        let cmd = if prolog {
+            format!(
+                "{prolog_env} {exe} slurm prolog {hook} > {r}/results/{tag}-prolog-$(hostname).txt 2>&1 || {{ tail -3 {r}/results/{tag}-prolog-$(hostname).txt >&2; exit 1; }}; cp /var/tmp/si2/fast/node/jobs/92/fanin-0.json {r}/results/{tag}-$(hostname).json"
+            )
+        } else {
+            format!(
                 "{exe} stage in /mnt/pfs/inputs {mnt}/inputs/ --fanout {all} --fanout-degree {degree} --fanout-timeout 20s --json > {r}/results/{tag}-$(hostname).json"
-            ),
+            )
+        };
+        bed.exec(
+            if prolog {
+                "the SLURM Prolog on every node"
+            } else {
+                "the stage-in on every node"
+            },
+            &all,
+            &cmd,
         )?;
         let stage_in_s = t.elapsed().as_secs_f64();
         let sent = bed.io_stat("TESTBED_IO_SENT_BYTES").saturating_sub(sent0);
         let read = bed.io_stat("TESTBED_IO_READ_BYTES").saturating_sub(read0);
-        // Each node's copy as its buffer shows it, and the buffer's state.
+        // Each node's copy as its buffer shows it, and the buffer's state after a drain
+        // (which must find nothing to write).
         bed.exec(
             "checking every node's copy through its mount",
             &all,
-            &format!("python3 {r}/sums.py {mnt}/inputs {r}/results/{tag}-sums-$(hostname).json && {exe} status {mnt} --json > {r}/results/{tag}-status-$(hostname).json"),
+            &format!("python3 {r}/sums.py {view} {r}/results/{tag}-sums-$(hostname).json && {exe} drain {mnt} --wait --timeout 2m && {exe} status {mnt} --json > {r}/results/{tag}-status-$(hostname).json"),
         )?;
         let (mut from_shared, mut from_parent, mut fell_back, mut identical) = (0, 0, 0, 0);
-        let (mut dirty_bytes, mut pending_ops) = (0, 0);
+        let (mut dirty_bytes, mut pending_ops, mut drained_bytes) = (0, 0, 0);
+        let (mut adopted_files, mut published_files) = (0, 0);
         for n in &names {
             let s = read_json(&work.join(format!("results/{tag}-{n}.json")))?;
             let u = |k: &str| s.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
             from_shared += u("from_shared");
             from_parent += u("from_parent");
-            fell_back += usize::from(s.get("fell_back").is_some_and(|x| !x.is_null()));
+            adopted_files += u("adopted_files");
+            published_files += u("published_files");
+            fell_back += usize::from(s.get("fell_back").is_some_and(|x| !x.is_null()))
+                + usize::from(s.get("fanout").is_some_and(|x| x == false));
             let got = read_json(&work.join(format!("results/{tag}-sums-{n}.json")))?;
-            let same = want.as_object().is_some_and(|w| {
-                got.as_object().is_some_and(|g| {
-                    w.len() == g.len()
-                        && w.iter().all(|(name, v)| {
-                            // Same size, same mtime (the copy keeps the source's), same bytes.
-                            g.get(name).is_some_and(|x| x == v)
-                        })
-                })
-            });
-            identical += usize::from(same);
+            identical += usize::from(same_files(&want, &got));
             let st = read_json(&work.join(format!("results/{tag}-status-{n}.json")))?;
             let u = |k: &str| st.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
             dirty_bytes += u("dirty_bytes");
             pending_ops += u("pending_ops");
+            drained_bytes += u("drained_bytes");
         }
         bed.exec(
-            "tierstack umount on every node",
+            if prolog {
+                "the SLURM Epilog on every node (drain, unmount, remove)"
+            } else {
+                "tierstack umount on every node"
+            },
             &all,
-            &format!("{exe} umount {mnt} --timeout 5m"),
+            &if prolog {
+                format!("{prolog_env} {exe} slurm epilog --wait {hook}")
+            } else {
+                format!("{exe} umount {mnt} --timeout 5m")
+            },
         )?;
         bed.exec(
             "listing the inputs again",
@@ -207,9 +288,25 @@ pub(super) fn run(
         )?;
         let before = read_json(&work.join("results/inputs-meta0.json"))?;
         let after = read_json(&work.join(format!("results/inputs-meta-{tag}.json")))?;
+        // The Prolog's stage_out holds the inputs once, as they are.
+        let stage_out_identical = if prolog {
+            bed.exec(
+                "checking stage_out",
+                "ctl",
+                &format!("python3 {r}/sums.py /mnt/pfs/si2-out {r}/results/{tag}-out.json"),
+            )?;
+            Some(same_files(
+                &want,
+                &read_json(&work.join(format!("results/{tag}-out.json")))?,
+            ))
+        } else {
+            None
+        };
         let x = |b: u64| b as f64 / input_bytes.max(1) as f64;
         modes.push(StageInMode {
-            mode: if degree == 0 {
+            mode: if prolog {
+                format!("Prolog, tree of {degree}")
+            } else if degree == 0 {
                 "each node reads".into()
             } else {
                 format!("fan-out (tree of {degree})")
@@ -226,6 +323,10 @@ pub(super) fn run(
             nodes_identical: identical,
             dirty_bytes,
             pending_ops,
+            drained_bytes,
+            adopted_files,
+            published_files,
+            stage_out_identical,
             inputs_unchanged: before == after,
         });
     }

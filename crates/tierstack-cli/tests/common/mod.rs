@@ -19,6 +19,21 @@ pub fn ts(args: &[&str]) -> Output {
         .expect("run tierstack")
 }
 
+/// `tierstack mount BACKING MNT --dir FAST` with a 64 MiB drive and 64 MiB of DRAM.
+pub fn mount_small(backing: &Path, mnt: &Path, fast: &Path) -> Output {
+    ts(&[
+        "mount",
+        s(backing),
+        s(mnt),
+        "--dir",
+        s(fast),
+        "--drive-size",
+        "64M",
+        "--dram",
+        "64M",
+    ])
+}
+
 /// Runs `tierstack ARGS`, which must succeed; its standard output.
 #[track_caller]
 pub fn ok(args: &[&str]) -> String {

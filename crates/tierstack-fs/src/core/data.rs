@@ -170,22 +170,33 @@ impl Core {
             }
         }
         let buf = PageData::new(buf);
-        if cache
-            && !self.pressure.load(Relaxed)
-            && self.held.load(Relaxed) + want as u64 <= self.limit / 2
-            && self.store.put_shared((obj, p), buf.clone()).is_ok()
-        {
-            f.pages.insert(
-                p,
-                Page {
-                    ver: 0,
-                    dirty: false,
-                    len: want as u32,
-                },
-            );
-            self.held.fetch_add(want as u64, Relaxed);
+        if cache {
+            self.cache_clean(obj, f, p, buf.clone());
         }
         Ok(Some(buf))
+    }
+
+    /// Holds `buf`, the bytes BACKING has at page `p`, as a clean page of the file, when the
+    /// cache's share allows (no pressure, at most half the limit held); returns whether it
+    /// did.
+    pub(super) fn cache_clean(&self, obj: u64, f: &mut FileData, p: u64, buf: PageData) -> bool {
+        let len = buf.len() as u64;
+        if self.pressure.load(Relaxed)
+            || self.held.load(Relaxed) + len > self.limit / 2
+            || self.store.put_shared((obj, p), buf).is_err()
+        {
+            return false;
+        }
+        f.pages.insert(
+            p,
+            Page {
+                ver: 0,
+                dirty: false,
+                len: len as u32,
+            },
+        );
+        self.held.fetch_add(len, Relaxed);
+        true
     }
 
     /// The first `len` bytes of page `p` as a buffer of its own: the page's bytes below the

@@ -25,6 +25,8 @@
 //!   uses directly (array, store, BACKING, operation counters);
 //! * `journal`: the journal's rows as the drainer reads and deletes them, the quarantine;
 //! * `drain_pass`: a file's drain pass ([`DrainPass`]: begin, read the dirty pages, finish);
+//! * `adopt`: a local copy taken in as the clean cache of a file in BACKING (`adopt` on the
+//!   control socket; the decision, [`adopt::decide`], is pure);
 //! * `bpaths`: what namespace rows need in BACKING (attributes, xattrs, backing paths,
 //!   staging files) and the bases pinned before BACKING's copy goes.
 //!
@@ -48,6 +50,7 @@ use crate::backing::Backing;
 use crate::db::{self, Db, InodeRow, OpKind};
 use crate::error::Result;
 
+pub mod adopt;
 mod bpaths;
 mod data;
 mod drain_pass;
@@ -69,6 +72,16 @@ pub use crate::attr::PAGE;
 
 /// Prefix of the drainer's temporary files in BACKING (hidden from the mount).
 pub const TMP_PREFIX: &[u8] = b".tierstack-tmp.";
+
+/// Names in BACKING that a listing leaves out: the drainer's staging files ([`TMP_PREFIX`])
+/// and the stager's temporary copies (`.NAME.tierstack-stage-PID-N`, renamed into place when
+/// complete): another node's copy being written into a shared folder would otherwise show,
+/// and stay, in this mount (it does not pick up names others remove).
+pub fn transient_name(name: &[u8]) -> bool {
+    const STAGE: &[u8] = b".tierstack-stage-";
+    name.starts_with(TMP_PREFIX)
+        || (name.starts_with(b".") && name.windows(STAGE.len()).any(|w| w == STAGE))
+}
 
 /// The inode number of the mount's root directory (BACKING itself).
 pub const ROOT: u64 = 1;
@@ -869,6 +882,15 @@ fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_and_stager_temporary_names_are_transient() {
+        assert!(transient_name(b".tierstack-tmp.42"));
+        assert!(transient_name(b".in0.tierstack-stage-9806-3"));
+        assert!(!transient_name(b"in0.tierstack-stage-9806-3"));
+        assert!(!transient_name(b".bashrc"));
+        assert!(!transient_name(b"in0"));
+    }
 
     #[test]
     fn join_rel_of_root_is_the_name() {

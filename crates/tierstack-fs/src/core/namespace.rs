@@ -18,8 +18,8 @@ use crate::backing::Backing;
 use crate::db::{self, OpKind};
 
 use super::{
-    check_name, eio, join_rel, now_ns, ns_of, row_of, Attr, Core, FileData, Kind, Node, Ns, Seen,
-    NAME_MAX, R, ROOT, TMP_PREFIX,
+    check_name, eio, join_rel, now_ns, ns_of, row_of, transient_name, Attr, Core, FileData, Kind,
+    Node, Ns, Seen, NAME_MAX, R, ROOT,
 };
 
 /// How old a BACKING folder's times must be before an unchanged pair is taken to mean that
@@ -115,7 +115,7 @@ impl Core {
             Backing::list(d).map_err(|e| eio(format!("{}: {e}", self.bjoin(bp).display())))?;
         let mut new = Vec::new();
         for name in names {
-            if name.starts_with(TMP_PREFIX) || name.len() > NAME_MAX || skip(&name) {
+            if transient_name(&name) || name.len() > NAME_MAX || skip(&name) {
                 continue;
             }
             let Ok(md) = Backing::stat(d, &name) else {

@@ -124,7 +124,7 @@ impl Drop for IoServer {
 }
 
 /// The peer's uid and gid (`SO_PEERCRED`).
-fn peer(s: &UnixStream) -> io::Result<(u32, u32)> {
+pub(crate) fn peer(s: &UnixStream) -> io::Result<(u32, u32)> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
