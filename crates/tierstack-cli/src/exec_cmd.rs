@@ -35,16 +35,16 @@ pub fn exec(a: ExecArgs) -> Result<()> {
             a.mount.display()
         );
     }
-    let (mp, sock) = tierstack_fs::io::client_socket(&a.mount)?;
+    let (mp, sock) = tierstack_fs::client_env::client_socket(&a.mount)?;
     let lib = io_lib()?;
     let Some((program, args)) = a.cmd.split_first() else {
         usage_bail!("no command given: tierstack exec MOUNT -- CMD [ARGS...]");
     };
-    let preload = std::env::var_os(tierstack_fs::io::PRELOAD_VAR);
-    let io = std::env::var_os(tierstack_fs::io::IO_VAR);
+    let preload = std::env::var_os(tierstack_fs::client_env::PRELOAD_VAR);
+    let io = std::env::var_os(tierstack_fs::client_env::IO_VAR);
     let err = std::process::Command::new(program)
         .args(args)
-        .envs(tierstack_fs::io::client_env(
+        .envs(tierstack_fs::client_env::client_env(
             &lib,
             &mp,
             &sock,

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use parking_lot::Mutex;
 
-use crate::core::ROOT;
+/// The kernel's root node (FUSE_ROOT_ID): held from the mount to its end, with no lookup.
+const ROOT: u64 = 1;
 
 /// The kernel's lookup counts (see the module's comment).
 #[derive(Default)]

@@ -22,6 +22,7 @@
 pub(crate) mod attr;
 pub(crate) mod backing;
 pub mod buffers;
+pub mod client_env;
 pub mod core;
 pub mod db;
 pub(crate) mod dev;

@@ -35,8 +35,8 @@ impl TaskEnv {
         TaskEnv {
             dir: std::env::var_os("TIERSTACK_DIR"),
             off: std::env::var_os(IO_OFF_VAR),
-            preload: std::env::var_os(tierstack_fs::io::PRELOAD_VAR),
-            io: std::env::var_os(tierstack_fs::io::IO_VAR),
+            preload: std::env::var_os(tierstack_fs::client_env::PRELOAD_VAR),
+            io: std::env::var_os(tierstack_fs::client_env::IO_VAR),
         }
     }
 }
@@ -79,9 +79,13 @@ pub(crate) fn exports(
         }
     }
     let mut out = Vec::new();
-    for (k, v) in
-        tierstack_fs::io::client_env(&lib, &mp, &sock, env.preload.as_deref(), env.io.as_deref())
-    {
+    for (k, v) in tierstack_fs::client_env::client_env(
+        &lib,
+        &mp,
+        &sock,
+        env.preload.as_deref(),
+        env.io.as_deref(),
+    ) {
         if v.as_bytes().contains(&b'\n') {
             return Err(format!("{k} holds a line break: left as it is"));
         }
@@ -99,7 +103,7 @@ pub(crate) fn exports(
 /// finds `libtierstack_io.so`. Never fails: a problem is a warning on stderr and the task
 /// runs without the client.
 pub fn task_prolog(lib: impl FnOnce() -> Result<PathBuf, String>) {
-    let socket = |d: &Path| tierstack_fs::io::client_socket(d).map_err(|e| e.to_string());
+    let socket = |d: &Path| tierstack_fs::client_env::client_socket(d).map_err(|e| e.to_string());
     let warn = |e: &str| {
         eprintln!("tierstack slurm task-prolog: {e}; the task runs without the io client")
     };

@@ -180,6 +180,11 @@ impl Core {
                 loaded: false,
                 children: BTreeMap::new(),
                 subdirs: 0,
+                listed_nlink: if kind == Kind::Dir {
+                    md.st_nlink as u32
+                } else {
+                    0
+                },
                 xattrs,
                 open: 0,
                 open_w: 0,
@@ -472,6 +477,7 @@ impl Core {
             loaded: true,
             children: BTreeMap::new(),
             subdirs: 0,
+            listed_nlink: 0,
             xattrs,
             open: 0,
             open_w: 0,

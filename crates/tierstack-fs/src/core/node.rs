@@ -63,6 +63,10 @@ pub struct Node {
     pub(super) children: BTreeMap<Vec<u8>, u64>,
     /// Directories among `children` (a directory's link count is 2 + this).
     pub(super) subdirs: u32,
+    /// A directory's link count in BACKING when its parent was listed: its link count until
+    /// its own entries are listed (then 2 + `subdirs`), so that the kernel, which keeps
+    /// what a lookup told it, does not learn 2 for a folder with subfolders (0: none known).
+    pub(super) listed_nlink: u32,
     /// Extended attributes (user.*, trusted.*, security.*).
     pub(super) xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Open handles on the node (a file's data row is queued at the last close).

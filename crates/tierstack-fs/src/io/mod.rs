@@ -10,10 +10,7 @@
 //! When the process goes (its socket hangs up: exit, `kill -9`, `exec`), every handle it
 //! still held open is released, as the kernel would at its exit.
 
-mod client;
 mod serve;
-
-pub use client::{client_env, client_socket, IO_VAR, PRELOAD_VAR};
 
 use std::collections::HashMap;
 use std::io;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{FsError, Result};
 use crate::mount::{canonical_mountpoint, daemon_listens, socket_path};
 
-use super::io_socket_path;
+use crate::io::io_socket_path;
 
 /// The variable that preloads the client.
 pub const PRELOAD_VAR: &str = "LD_PRELOAD";
