@@ -87,6 +87,9 @@ impl Inner {
             s.used > 0 && s.hits > 0 && s.stride.abs() == 1 && (-LOCAL..0).contains(&d)
         };
         st.sequential = false;
+        if let Some(p) = st.note_pass(idx, budget_pages, self.page as u64) {
+            self.sweeps.lock().push(p);
+        }
         if let Some(s) = st.streams.iter_mut().find(|s| behind(s)) {
             s.used = tick;
             st.note_sweep(Some(1), budget_pages);
@@ -125,6 +128,7 @@ impl Inner {
                 p += s.stride;
             }
             st.sequential = forward && window > 1;
+            st.pass.pos.backward = sign < 0;
             st.note_sweep(Some(1 + out.len() as u64), budget_pages);
             return out;
         }
