@@ -69,10 +69,7 @@ fn run_counters_sum_live_and_exited_processes() {
         rc.sweeps.as_ref().and_then(|s| s["read_max"].as_u64()),
         Some(9)
     );
-    assert!(
-        rc.get("sweeps") == 0,
-        "an object is not a counter to sum"
-    );
+    assert!(rc.get("sweeps") == 0, "an object is not a counter to sum");
 }
 
 #[test]

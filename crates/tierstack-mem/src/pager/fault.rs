@@ -435,7 +435,7 @@ impl Inner {
             }
         }
         st.resident += self.page as u64;
-        st.pass.pos.loaded += 1;
+        st.pass.loaded(&mut st.pass_stamps, idx);
         if backed == PageState::Stored {
             st.pass.read += self.page as u64;
         }

@@ -87,7 +87,9 @@ impl Inner {
             s.used > 0 && s.hits > 0 && s.stride.abs() == 1 && (-LOCAL..0).contains(&d)
         };
         st.sequential = false;
-        if let Some(p) = st.note_pass(idx, budget_pages, self.page as u64) {
+        // A fault that follows none of the streams: where a new pass of a loop may begin.
+        let jump = !st.streams.iter().any(|s| behind(s) || continues(s));
+        if let Some(p) = st.note_pass(idx, jump, budget_pages, self.page as u64) {
             self.sweeps.lock().push(p);
         }
         if let Some(s) = st.streams.iter_mut().find(|s| behind(s)) {

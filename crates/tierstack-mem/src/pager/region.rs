@@ -67,6 +67,8 @@ pub(super) struct RState {
     pub(super) sweep_on: bool,
     /// The current pass of a loop over the region and what it moved (see `sweep.rs`).
     pub(super) pass: PassTrack,
+    /// Per page, the number of the pass that last brought it in (`PassTrack::loaded`).
+    pub(super) pass_stamps: Vec<u16>,
     /// The region was unmapped; late fault and eviction work undoes itself.
     pub(super) dead: bool,
 }
@@ -101,11 +103,22 @@ impl RState {
     /// Follows the passes of a loop over the region with a fault at page `idx` (see
     /// `sweep::begins_pass`); returns the pass it ended if the region is being swept (a
     /// region that is not swept in a loop larger than memory has no passes to report).
-    pub(super) fn note_pass(&mut self, idx: usize, budget_pages: u64, page: u64) -> Option<Pass> {
+    /// `jump`: the fault follows none of the region's streams.
+    pub(super) fn note_pass(
+        &mut self,
+        idx: usize,
+        jump: bool,
+        budget_pages: u64,
+        page: u64,
+    ) -> Option<Pass> {
         let npages = self.pages.len();
-        let ended = self
-            .pass
-            .fault(idx, npages, ideal_pages(npages, budget_pages), page)?;
+        let ended = self.pass.fault(
+            &self.pass_stamps,
+            idx,
+            jump,
+            ideal_pages(npages, budget_pages),
+            page,
+        )?;
         self.sweeping().then_some(ended)
     }
 }
@@ -258,6 +271,7 @@ pub(super) fn map_region(
             swept: 0,
             sweep_on: false,
             pass: PassTrack::default(),
+            pass_stamps: vec![0; npages],
             dead: false,
         }),
     });
@@ -311,6 +325,7 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
             swept: 0,
             sweep_on: false,
             pass: PassTrack::default(),
+            pass_stamps: vec![0; o.pages.len()],
             dead: false,
         }
     };

@@ -26,19 +26,31 @@ pub(super) struct PassPos {
 }
 
 /// Whether a fault at page `idx` begins a new pass of a loop over a region, the current pass
-/// being at `p`: once the pass has brought in at least `min_loaded` pages (half of what an
-/// ideal pager reads per pass: the faults that start a pass, or a stray one, end none), a
-/// fault that is back within `tol` pages of where the pass began, or beyond it (a forward
-/// pass began at its lowest page, a backward one at its highest), begins the next pass. The
-/// sweep wrapped back to the region's start (or to the first page that did not stay
-/// resident), or restarted below where it was.
+/// being at `p`; `again`: the page was brought in during this pass already and the fault
+/// follows none of the region's streams (a page evicted under a stream and faulted again is
+/// waste within the pass, not a new one). Once the pass has brought in at least `min_loaded`
+/// pages (half of what an ideal pager reads per pass: the faults that start a pass, or a
+/// stray one, end none), a fault begins the next pass when it jumped back over ground the
+/// pass covered (`again`: the sweep came back, wherever it starts),
+/// or within `tol` pages of where the pass began or beyond it (a forward pass began at its
+/// lowest page, a backward one at its highest: the sweep wrapped to the region's start, or to
+/// the first page that did not stay resident, or restarted below where it was).
 ///
 /// Interleaved streams of one pass (the pairs `i`, `i + 2^k` of a butterfly, threads that
 /// each sweep a slice) stay one pass: only the lowest page of the pass counts, and every
-/// stream moves away from it.
-pub(super) fn begins_pass(p: &PassPos, idx: usize, tol: usize, min_loaded: u64) -> bool {
+/// stream moves away from it onto pages not yet brought in.
+pub(super) fn begins_pass(
+    p: &PassPos,
+    idx: usize,
+    again: bool,
+    tol: usize,
+    min_loaded: u64,
+) -> bool {
     if p.loaded < min_loaded.max(1) {
         return false;
+    }
+    if again {
+        return true;
     }
     if p.backward {
         idx + tol >= p.hi
@@ -48,22 +60,26 @@ pub(super) fn begins_pass(p: &PassPos, idx: usize, tol: usize, min_loaded: u64) 
 }
 
 /// Pages within which a fault counts as back at the start of a pass, for a region of
-/// `npages`: a sixteenth of it, at least 8 (the local permutations of `readahead`).
-pub(super) fn pass_tolerance(npages: usize) -> usize {
-    (npages / 16).max(8)
+/// `npages` of which an ideal pager reads `ideal` per pass: a sixteenth of the region, at
+/// most an eighth of the ideal (so that interleaved streams, which bring in a page each as
+/// they move, have not brought in the half of the ideal that [`begins_pass`] wants before
+/// they are that far from where the pass began), at least 8 (the local permutations of
+/// `readahead`).
+pub(super) fn pass_tolerance(npages: usize, ideal: u64) -> usize {
+    (npages / 16).min((ideal / 8) as usize).max(8)
 }
 
 /// The pages an ideal pager reads per pass of a loop over `npages` with `budget_pages`
 /// resident: the part that cannot stay. None when the region fits (no pass ever reads).
 pub(super) fn ideal_pages(npages: usize, budget_pages: u64) -> Option<u64> {
-    (npages as u64)
-        .checked_sub(budget_pages)
-        .filter(|&n| n > 0)
+    (npages as u64).checked_sub(budget_pages).filter(|&n| n > 0)
 }
 
 /// The current pass of a region and what it moved so far.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct PassTrack {
+    /// The pass's number (never 0; wraps), for the stamps of [`PassTrack::loaded`].
+    pub(super) id: u16,
     pub(super) pos: PassPos,
     /// A fault was seen in this pass (`pos.lo`/`hi` mean something).
     pub(super) begun: bool,
@@ -82,26 +98,40 @@ pub(super) struct Pass {
 }
 
 impl PassTrack {
-    /// Notes a fault at page `idx` of a region of `npages` pages of `page` bytes; returns the
-    /// pass it ended (the tracker then follows the next one). `ideal` is [`ideal_pages`] for
-    /// the region.
+    /// Notes that page `idx` was brought in: one more page loaded in this pass, stamped in
+    /// `stamps` (one per page of the region) with the pass's number.
+    pub(super) fn loaded(&mut self, stamps: &mut [u16], idx: usize) {
+        self.pos.loaded += 1;
+        if let Some(s) = stamps.get_mut(idx) {
+            *s = self.id;
+        }
+    }
+
+    /// Notes a fault at page `idx` of a region whose pages carry the `stamps` of
+    /// [`PassTrack::loaded`] (one per page), pages of `page` bytes; `jump`: the fault follows
+    /// none of the region's streams. Returns the pass it ended (the tracker then follows the
+    /// next one). `ideal` is [`ideal_pages`] for the region.
     pub(super) fn fault(
         &mut self,
+        stamps: &[u16],
         idx: usize,
-        npages: usize,
+        jump: bool,
         ideal: Option<u64>,
         page: u64,
     ) -> Option<Pass> {
         let ideal = ideal?;
-        let ended = (self.begun
-            && begins_pass(&self.pos, idx, pass_tolerance(npages), ideal / 2))
-        .then(|| Pass {
-            read: self.read,
-            written: self.written,
-            ideal: ideal * page,
-        });
+        let again = jump && self.begun && stamps.get(idx) == Some(&self.id);
+        let tol = pass_tolerance(stamps.len(), ideal);
+        let ended =
+            (self.begun && begins_pass(&self.pos, idx, again, tol, ideal / 2)).then(|| Pass {
+                read: self.read,
+                written: self.written,
+                ideal: ideal * page,
+            });
         if ended.is_some() || !self.begun {
             *self = PassTrack {
+                // Never 0, the stamp of pages no pass brought in.
+                id: self.id.wrapping_add(1).max(1),
                 pos: PassPos {
                     lo: idx,
                     hi: idx,
@@ -208,16 +238,16 @@ mod tests {
     #[test]
     fn a_forward_sweep_wraps_to_its_start() {
         // Past the least, back at the start (or within the tolerance of it).
-        assert!(begins_pass(&pos(0, 1000, 600), 0, 8, 500));
-        assert!(begins_pass(&pos(0, 1000, 600), 8, 8, 500));
-        assert!(!begins_pass(&pos(0, 1000, 600), 9, 8, 500));
+        assert!(begins_pass(&pos(0, 1000, 600), 0, false, 8, 500));
+        assert!(begins_pass(&pos(0, 1000, 600), 8, false, 8, 500));
+        assert!(!begins_pass(&pos(0, 1000, 600), 9, false, 8, 500));
         // Restarted below where it began.
-        assert!(begins_pass(&pos(100, 1000, 600), 3, 8, 500));
+        assert!(begins_pass(&pos(100, 1000, 600), 3, false, 8, 500));
         // Not before the least (half the ideal) was brought in: the start of a pass, a stray fault.
-        assert!(!begins_pass(&pos(0, 1000, 499), 0, 8, 500));
-        assert!(!begins_pass(&pos(100, 1000, 10), 3, 8, 500));
+        assert!(!begins_pass(&pos(0, 1000, 499), 0, false, 8, 500));
+        assert!(!begins_pass(&pos(100, 1000, 10), 3, false, 8, 500));
         // Nothing to read (the region fits): never.
-        assert!(!begins_pass(&pos(0, 1000, 0), 0, 8, 0));
+        assert!(!begins_pass(&pos(0, 1000, 0), 0, false, 8, 0));
     }
 
     #[test]
@@ -226,23 +256,27 @@ mod tests {
             backward: true,
             ..pos(0, 1000, 600)
         };
-        assert!(begins_pass(&p, 1000, 8, 500));
-        assert!(begins_pass(&p, 995, 8, 500));
-        assert!(!begins_pass(&p, 10, 8, 500));
+        assert!(begins_pass(&p, 1000, false, 8, 500));
+        assert!(begins_pass(&p, 995, false, 8, 500));
+        assert!(!begins_pass(&p, 10, false, 8, 500));
     }
 
     /// The tracker over fault sequences: one sequential sweep, two interleaved streams (a
-    /// butterfly's pairs), two threads each on a half: one pass per loop.
+    /// butterfly's pairs), two threads each on a half, a resident prefix skipped: one pass
+    /// per loop; loops that alternate between the whole region and its upper half (a gate
+    /// controlled by the top bit) too.
     #[test]
     fn the_tracker_counts_one_pass_per_loop() {
-        let (n, ideal) = (1024usize, Some(512u64));
-        let loops = |faults: &dyn Fn() -> Vec<usize>| {
+        let (n, ideal) = (1024usize, Some(256u64));
+        let loops = |faults: &[&dyn Fn() -> Vec<usize>]| {
             let mut t = PassTrack::default();
+            let mut stamps = vec![0u16; n];
             let mut ended = 0;
-            for _ in 0..5 {
-                for i in faults() {
-                    ended += usize::from(t.fault(i, n, ideal, 4096).is_some());
-                    t.pos.loaded += 1;
+            for f in faults {
+                // Only the first fault of a loop follows none of the streams.
+                for (k, i) in f().into_iter().enumerate() {
+                    ended += usize::from(t.fault(&stamps, i, k == 0, ideal, 4096).is_some());
+                    t.loaded(&mut stamps, i);
                     t.read += 4096;
                 }
             }
@@ -253,20 +287,36 @@ mod tests {
         let halves = || (0..n / 2).flat_map(|i| [n / 2 + i, i]).collect::<Vec<_>>();
         // Only the resident prefix skipped: the first fault of each pass is further in.
         let skip = || (300..n).collect::<Vec<_>>();
+        let upper = || (n / 2..n).collect::<Vec<_>>();
         for f in [&seq as &dyn Fn() -> Vec<usize>, &pairs, &halves, &skip] {
-            assert_eq!(loops(f), 4);
+            assert_eq!(loops(&[f, f, f, f, f]), 4);
         }
+        assert_eq!(loops(&[&seq, &upper, &seq, &upper, &upper, &seq]), 5);
+        // Back over ground the pass covered, wherever: a new pass (past the least).
+        assert!(begins_pass(&pos(0, 1000, 600), 500, true, 8, 500));
+        assert!(!begins_pass(&pos(0, 1000, 400), 500, true, 8, 500));
+        // A page of this pass faulted again along a stream (evicted under it) is waste, not
+        // a new pass.
+        let mut t = PassTrack::default();
+        let mut stamps = vec![0u16; n];
+        for i in 0..600 {
+            assert!(t.fault(&stamps, i, i == 0, ideal, 4096).is_none());
+            t.loaded(&mut stamps, i);
+        }
+        assert!(t.fault(&stamps, 590, false, ideal, 4096).is_none());
+        assert!(t.fault(&stamps, 500, true, ideal, 4096).is_some());
         // A stray low fault in the middle of a pass, before half the ideal: no pass.
         let mut t = PassTrack::default();
-        for i in 0..200 {
-            assert!(t.fault(i, n, ideal, 4096).is_none());
-            t.pos.loaded += 1;
+        let mut stamps = vec![0u16; n];
+        for i in 0..100 {
+            assert!(t.fault(&stamps, i, i == 0, ideal, 4096).is_none());
+            t.loaded(&mut stamps, i);
         }
-        assert!(t.fault(0, n, ideal, 4096).is_none());
+        assert!(t.fault(&stamps, 0, true, ideal, 4096).is_none());
         // No passes in a region that fits.
         let mut t = PassTrack::default();
         t.pos.loaded = 10_000;
-        assert!(t.fault(0, n, None, 4096).is_none());
+        assert!(t.fault(&stamps, 0, true, None, 4096).is_none());
     }
 
     #[test]
@@ -298,7 +348,9 @@ mod tests {
         assert_eq!(ideal_pages(1000, 400), Some(600));
         assert_eq!(ideal_pages(400, 400), None);
         assert_eq!(ideal_pages(100, 400), None);
-        assert_eq!(pass_tolerance(64), 8);
-        assert_eq!(pass_tolerance(65536), 4096);
+        assert_eq!(pass_tolerance(64, 1000), 8);
+        assert_eq!(pass_tolerance(65536, 60000), 4096);
+        assert_eq!(pass_tolerance(65536, 1000), 125);
+        assert_eq!(pass_tolerance(65536, 10), 8);
     }
 }
