@@ -295,23 +295,23 @@ mod tests {
         // Back over ground the pass covered, wherever: a new pass (past the least).
         assert!(begins_pass(&pos(0, 1000, 600), 500, true, 8, 500));
         assert!(!begins_pass(&pos(0, 1000, 400), 500, true, 8, 500));
+        // A tracker after one sequential stream over pages 0..upto, from a jump to 0.
+        let swept = |upto: usize| {
+            let mut t = PassTrack::default();
+            let mut stamps = vec![0u16; n];
+            for i in 0..upto {
+                assert!(t.fault(&stamps, i, i == 0, ideal, 4096).is_none());
+                t.loaded(&mut stamps, i);
+            }
+            (t, stamps)
+        };
         // A page of this pass faulted again along a stream (evicted under it) is waste, not
         // a new pass.
-        let mut t = PassTrack::default();
-        let mut stamps = vec![0u16; n];
-        for i in 0..600 {
-            assert!(t.fault(&stamps, i, i == 0, ideal, 4096).is_none());
-            t.loaded(&mut stamps, i);
-        }
+        let (mut t, stamps) = swept(600);
         assert!(t.fault(&stamps, 590, false, ideal, 4096).is_none());
         assert!(t.fault(&stamps, 500, true, ideal, 4096).is_some());
         // A stray low fault in the middle of a pass, before half the ideal: no pass.
-        let mut t = PassTrack::default();
-        let mut stamps = vec![0u16; n];
-        for i in 0..100 {
-            assert!(t.fault(&stamps, i, i == 0, ideal, 4096).is_none());
-            t.loaded(&mut stamps, i);
-        }
+        let (mut t, stamps) = swept(100);
         assert!(t.fault(&stamps, 0, true, ideal, 4096).is_none());
         // No passes in a region that fits.
         let mut t = PassTrack::default();
