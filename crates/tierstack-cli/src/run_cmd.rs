@@ -516,6 +516,7 @@ fn report_run(
                 "store_fault_p99_us": st.fault_quantile_us(0.99),
                 "compressed_hits": g("compressed_hits"),
                 "compressed_bytes": g("compressed_bytes"),
+                "sweeps": sweeps(st),
                 "footprint": footprint,
                 "engine": st.engine,
             })
@@ -617,7 +618,7 @@ fn stats_line(
             .map_or("-".into(), |v| v.to_string())
     };
     format!(
-        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} scanned_written={} moved_out={} move_failed={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={} compressed_hits={} compressed={} at_peak: {}",
+        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} scanned_written={} moved_out={} move_failed={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={} compressed_hits={} compressed={} {} at_peak: {}",
         fmt_size(peak_rss),
         fmt_size(st.budget),
         fmt_size(g("peak_resident")),
@@ -645,6 +646,41 @@ fn stats_line(
         g("stolen"),
         g("compressed_hits"),
         fmt_size(g("compressed_bytes")),
+        sweep_words(&sweeps(st)),
         footprint_words(fp),
+    )
+}
+
+/// The per-pass figures of swept regions the run's processes reported (see
+/// [`RunCounters::sweeps`]); none when no region was swept in a loop larger than the budget.
+fn sweeps(st: &RunCounters) -> tierstack_mem::SweepStats {
+    st.sweeps
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
+}
+
+/// The per-pass figures as words of the stats line: passes, bytes read and written per pass
+/// (smallest/median/largest), what an ideal pager reads per pass, the last passes
+/// (read:written).
+fn sweep_words(s: &tierstack_mem::SweepStats) -> String {
+    if s.sweeps == 0 {
+        return "sweeps=0".into();
+    }
+    // Sizes without their space: each figure stays one word.
+    let z = |b: u64| fmt_size(b).replace(' ', "");
+    let spread = |a: u64, b: u64, c: u64| format!("{}/{}/{}", z(a), z(b), z(c));
+    let last: Vec<String> = s
+        .last
+        .iter()
+        .map(|[r, w]| format!("{}:{}", z(*r), z(*w)))
+        .collect();
+    format!(
+        "sweeps={} sweep_read={} sweep_ideal_read={} sweep_written={} sweep_last={}",
+        s.sweeps,
+        spread(s.read_min, s.read_median, s.read_max),
+        z(s.ideal_read),
+        spread(s.written_min, s.written_median, s.written_max),
+        last.join(","),
     )
 }

@@ -76,15 +76,20 @@ fn run(args: &[&str], dir: &Path) -> Run {
 
 /// Bytes of `peak_rss=... (N B)` in the --stats line.
 fn peak_rss(stderr: &str) -> u64 {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("tierstack: stats:"))
-        .unwrap_or_else(|| panic!("no stats line in {stderr}"));
+    let line = stats_line(stderr);
     let open = line.find("peak_rss=").expect("peak_rss");
     let rest = &line[open..];
     let a = rest.find('(').expect("(") + 1;
     let b = rest.find(" B)").expect(" B)");
     rest[a..b].parse().expect("bytes")
+}
+
+/// The --stats line of a run.
+fn stats_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("tierstack: stats:"))
+        .unwrap_or_else(|| panic!("no stats line in {stderr}"))
 }
 
 fn stat(stderr: &str, key: &str) -> u64 {
@@ -1002,4 +1007,70 @@ fn a_dram_below_tierstacks_own_needs_is_refused_with_the_minimum() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(min(&r.stderr) > small, "{}", r.stderr);
     assert!(entries(tmp.path()).is_empty(), "left behind");
+}
+
+/// Issue 41 item 4: a block four times `--dram` swept in a loop, each pass reading and
+/// rewriting every page (incompressible pages: the drives serve them). `run --stats` and
+/// `--json` report the passes, and after the first one (which fills the block: no reads)
+/// each pass reads about what cannot stay resident, the block less the budget, once: at
+/// most 1.2 times that, and writes no more (each page written once per pass).
+#[test]
+fn each_pass_of_a_sweep_larger_than_the_budget_reads_what_cannot_stay_once() {
+    let Some(b) = build("gcc", "footprint.c", &[]) else {
+        return;
+    };
+    let prog = b.exe.to_str().expect("utf8");
+    let passes = 5;
+    let r = run(
+        &[
+            "--dram",
+            "64M",
+            "--stats",
+            "--json",
+            "--",
+            prog,
+            "256",
+            &passes.to_string(),
+            "random",
+        ],
+        &b.dir,
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.starts_with("ok"), "{}", r.stdout);
+    // The stats line names the passes and their volumes.
+    let line = stats_line(&r.stderr);
+    for w in [
+        "sweep_read=",
+        "sweep_ideal_read=",
+        "sweep_written=",
+        "sweep_last=",
+    ] {
+        assert!(line.contains(w), "no {w} in {line}");
+    }
+    let s = &run_json(&r.stderr)["sweeps"];
+    let g = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("no {k} in {s}"));
+    // The fill and each reading pass but the last end with a wrap to the start.
+    assert_eq!(stat(&r.stderr, "sweeps"), g("sweeps"), "{line}");
+    assert_eq!(g("sweeps"), passes, "{s}");
+    let ideal = g("ideal_read");
+    // The block less the pager's resident budget (out of --dram).
+    assert!(ideal > 192 << 20 && ideal < 256 << 20, "ideal {ideal}: {s}");
+    let last = s["last"].as_array().expect("last");
+    assert_eq!(last.len(), 4, "{s}");
+    // The fill reads nothing (the smallest); every later pass reads and writes back about
+    // what cannot stay, once.
+    assert_eq!(g("read_min"), 0, "{s}");
+    let cap = ideal * 6 / 5;
+    for p in last {
+        let (rd, wr) = (
+            p[0].as_u64().expect("read"),
+            p[1].as_u64().expect("written"),
+        );
+        assert!(
+            rd >= ideal * 4 / 5 && rd <= cap,
+            "read {rd} of ideal {ideal}: {s}"
+        );
+        assert!(wr <= cap, "written {wr} of ideal {ideal}: {s}");
+    }
+    assert!(g("read_max") <= cap && g("written_max") <= cap, "{s}");
 }

@@ -47,7 +47,7 @@ pub use cpu::register_current_thread;
 pub use pager::WP_ENV;
 pub use pager::{
     default_fault_threads, pager_threads, DirtyTracking, Pager, PagerOptions, PagerReport, Region,
-    RegionOptions, Reporter,
+    RegionOptions, Reporter, SweepStats, LAST_PASSES,
 };
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -200,6 +200,10 @@ pub struct MemStats {
     /// Bytes of the compressed tier's blocks in use (likewise).
     #[serde(default)]
     pub compressed_bytes: u64,
+    /// Per-pass volumes of regions swept in a loop larger than the budget (filled in by the
+    /// pager's report).
+    #[serde(default)]
+    pub sweeps: SweepStats,
 }
 
 impl MemCounters {
@@ -233,6 +237,7 @@ impl MemCounters {
             index_bytes: self.index_bytes.load(Relaxed),
             compressed_hits: 0,
             compressed_bytes: 0,
+            sweeps: SweepStats::default(),
         }
     }
 }

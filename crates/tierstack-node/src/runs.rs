@@ -131,6 +131,9 @@ pub struct RunCounters {
     /// What the first process's paging engine was built as (`tierstack_mem::setup::
     /// EngineConfig`; the processes of one run share the rule).
     pub engine: Option<serde_json::Value>,
+    /// The per-pass figures of swept regions (`tierstack_mem::SweepStats`) of the process
+    /// that reported the most passes (passes of different processes are not merged).
+    pub sweeps: Option<serde_json::Value>,
 }
 
 impl RunCounters {
@@ -190,6 +193,12 @@ pub fn run_counters(dir: &Path) -> RunCounters {
                     } else {
                         *e += n;
                     }
+                }
+            }
+            if let Some(s) = o.get("sweeps").filter(|s| s.is_object()) {
+                let n = |v: &serde_json::Value| v["sweeps"].as_u64().unwrap_or(0);
+                if rc.sweeps.as_ref().is_none_or(|b| n(s) > n(b)) {
+                    rc.sweeps = Some(s.clone());
                 }
             }
             if let Some(b) = o.get("fault_latency_buckets").and_then(|b| b.as_array()) {

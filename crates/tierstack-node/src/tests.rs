@@ -40,12 +40,14 @@ fn run_counters_sum_live_and_exited_processes() {
     w(
         "10.json",
         serde_json::json!({"live": true, "resident": 100, "budget": 1000,
-            "stats": {"faults": 5, "peak_resident": 70, "fault_latency_buckets": [1, 2]}}),
+            "stats": {"faults": 5, "peak_resident": 70, "fault_latency_buckets": [1, 2],
+                "sweeps": {"sweeps": 3, "read_max": 9}}}),
     );
     w(
         "11.json",
         serde_json::json!({"live": false, "budget": 4000,
-            "stats": {"faults": 7, "peak_resident": 90, "fault_latency_buckets": [3, 0, 1]}}),
+            "stats": {"faults": 7, "peak_resident": 90, "fault_latency_buckets": [3, 0, 1],
+                "sweeps": {"sweeps": 1, "read_max": 5}}}),
     );
     // A half-written file (the writers rename into place; a dot file is theirs) is skipped.
     std::fs::write(dir.path().join(".12.json.tmp"), b"{").unwrap();
@@ -62,6 +64,12 @@ fn run_counters_sum_live_and_exited_processes() {
     );
     assert_eq!(rc.get("missing"), 0);
     assert_eq!(rc.fault_buckets, vec![4, 2, 1]);
+    // Passes are not summed: the process with the most of them.
+    assert_eq!(
+        rc.sweeps.as_ref().and_then(|s| s["read_max"].as_u64()),
+        Some(9)
+    );
+    assert!(rc.get("sweeps") == 0, "an object is not a counter to sum");
 }
 
 #[test]

@@ -420,6 +420,9 @@ impl Inner {
                 self.counters.clean_drops.fetch_add(1, Relaxed);
             }
             for &(i, s, changed) in &written {
+                if changed {
+                    st.pass.written += page as u64;
+                }
                 if let Some(s) = s {
                     st.wrote[i] = changed;
                     if s == PageState::Zero {

@@ -435,6 +435,10 @@ impl Inner {
             }
         }
         st.resident += self.page as u64;
+        st.pass.loaded(&mut st.pass_stamps, idx);
+        if backed == PageState::Stored {
+            st.pass.read += self.page as u64;
+        }
         if !st.queued[idx] {
             st.queued[idx] = true;
             let queue = if st.sweeping() {

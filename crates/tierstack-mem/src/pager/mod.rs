@@ -9,16 +9,19 @@
 //!   streams included);
 //! - `readahead`: fault-stream detection and the prefetch threads;
 //! - `evict`: the evictor, victim selection, write-back and batched `MADV_DONTNEED`;
+//! - `sweep`: per-pass accounting of regions swept in a loop larger than the budget;
 //! - `page`: what they all share below them (a page's state, how a loaded page was mapped,
 //!   the page hash, the read unit of a run, runs of adjacent pages).
 //!
-//! Layering (no module names one above it): `fault`, `readahead`, `evict` → `region` → `page`.
+//! Layering (no module names one above it): `fault`, `readahead`, `evict` → `region` →
+//! `page`, `sweep`.
 
 mod evict;
 mod fault;
 mod page;
 mod readahead;
 mod region;
+mod sweep;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -36,6 +39,7 @@ use readahead::{prefetch_threads, PrefetchJob, PREFETCH_BYTES};
 use region::{map_region, RegionCore};
 
 pub use region::Region;
+pub use sweep::{SweepStats, LAST_PASSES};
 
 /// Options of a pager.
 #[derive(Debug, Clone)]
@@ -92,6 +96,8 @@ struct Inner {
     /// Pages of regions being swept in a loop larger than memory (`RState::sweeping`),
     /// in load order: eviction takes them first, once more than [`Inner::sweep_lag`] wait.
     behind: Mutex<VecDeque<(Weak<RegionCore>, u32)>>,
+    /// Finished passes of swept regions (taken after a region's lock, never before one).
+    sweeps: Mutex<sweep::SweepLog>,
     resident: AtomicU64,
     committed: Mutex<u64>,
     commit_limit: Option<u64>,
@@ -243,6 +249,7 @@ impl Pager {
             regions: RwLock::new(BTreeMap::new()),
             clock: Mutex::new(VecDeque::new()),
             behind: Mutex::new(VecDeque::new()),
+            sweeps: Mutex::new(sweep::SweepLog::default()),
             resident: AtomicU64::new(0),
             committed: Mutex::new(0),
             commit_limit: o.commit_limit,
@@ -413,6 +420,7 @@ impl Inner {
             stats.compressed_hits = c.hits;
             stats.compressed_bytes = c.used_bytes;
         }
+        stats.sweeps = self.sweeps.lock().stats();
         PagerReport {
             budget: self.budget,
             page: self.page,

@@ -87,6 +87,11 @@ impl Inner {
             s.used > 0 && s.hits > 0 && s.stride.abs() == 1 && (-LOCAL..0).contains(&d)
         };
         st.sequential = false;
+        // A fault that follows none of the streams: where a new pass of a loop may begin.
+        let jump = !st.streams.iter().any(|s| behind(s) || continues(s));
+        if let Some(p) = st.note_pass(idx, jump, budget_pages, self.page as u64) {
+            self.sweeps.lock().push(p);
+        }
         if let Some(s) = st.streams.iter_mut().find(|s| behind(s)) {
             s.used = tick;
             st.note_sweep(Some(1), budget_pages);
@@ -125,6 +130,7 @@ impl Inner {
                 p += s.stride;
             }
             st.sequential = forward && window > 1;
+            st.pass.pos.backward = sign < 0;
             st.note_sweep(Some(1 + out.len() as u64), budget_pages);
             return out;
         }

@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use tierstack_store::TieredStore;
 
 use super::page::PageState;
+use super::sweep::{ideal_pages, Pass, PassTrack};
 use super::{Inner, Pager, PagerOptions, RegionOptions};
 use crate::{MemCounters, MemError, Result};
 
@@ -64,6 +65,10 @@ pub(super) struct RState {
     /// Set once `swept` reaches the budget in pages, cleared once it falls under half of it
     /// (so that the few faults that restart a stream at each pass do not end a sweep).
     pub(super) sweep_on: bool,
+    /// The current pass of a loop over the region and what it moved (see `sweep.rs`).
+    pub(super) pass: PassTrack,
+    /// Per page, the number of the pass that last brought it in (`PassTrack::loaded`).
+    pub(super) pass_stamps: Vec<u16>,
     /// The region was unmapped; late fault and eviction work undoes itself.
     pub(super) dead: bool,
 }
@@ -93,6 +98,28 @@ impl RState {
         } else if self.swept < budget_pages / 2 {
             self.sweep_on = false;
         }
+    }
+
+    /// Follows the passes of a loop over the region with a fault at page `idx` (see
+    /// `sweep::begins_pass`); returns the pass it ended if the region is being swept (a
+    /// region that is not swept in a loop larger than memory has no passes to report).
+    /// `jump`: the fault follows none of the region's streams.
+    pub(super) fn note_pass(
+        &mut self,
+        idx: usize,
+        jump: bool,
+        budget_pages: u64,
+        page: u64,
+    ) -> Option<Pass> {
+        let npages = self.pages.len();
+        let ended = self.pass.fault(
+            &self.pass_stamps,
+            idx,
+            jump,
+            ideal_pages(npages, budget_pages),
+            page,
+        )?;
+        self.sweeping().then_some(ended)
     }
 }
 
@@ -243,6 +270,8 @@ pub(super) fn map_region(
             sequential: false,
             swept: 0,
             sweep_on: false,
+            pass: PassTrack::default(),
+            pass_stamps: vec![0; npages],
             dead: false,
         }),
     });
@@ -295,6 +324,8 @@ pub(super) fn adopt_region(inner: &Arc<Inner>, old: &Region) -> Result<Region> {
             sequential: false,
             swept: 0,
             sweep_on: false,
+            pass: PassTrack::default(),
+            pass_stamps: vec![0; o.pages.len()],
             dead: false,
         }
     };
