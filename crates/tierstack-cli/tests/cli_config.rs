@@ -132,12 +132,16 @@ fn slurm_install_takes_file_variable_and_flag() {
     l.site("[slurm]\nstage_timeout = \"2h\"\npool_size = \"3G\"\n");
     let conf = l.path("slurm");
     std::fs::create_dir(&conf).expect("mkdir");
+    // The buffers' folder inside the test's own (install makes its `jobs` folder).
+    let fast = l.path("fast");
     l.ok(
         &[
             "slurm",
             "install",
             "--conf-dir",
             conf.to_str().expect("utf-8"),
+            "--fast-dir",
+            fast.to_str().expect("utf-8"),
             "--pool-size",
             "5G",
         ],
