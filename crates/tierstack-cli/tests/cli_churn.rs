@@ -1229,12 +1229,15 @@ fn churn(default_ops: u64, default_kills: u64) {
     }
     let st = bed.status();
     if child.is_some() {
-        // The round went through the client, not only through FUSE.
+        // The round went through the client, not only through FUSE: this daemon (the one
+        // mounted after the last kill) served at least a call per operation of its phase
+        // (its count lags by up to 255 calls while the client is connected).
         let calls = st["io_calls"].as_u64().unwrap_or(0);
-        eprintln!("churn: {calls} calls served by the interception client");
+        let last_phase = ops / (kills + 1);
+        eprintln!("churn: {calls} calls served by the interception client in the last phase");
         assert!(
-            calls > ops,
-            "churn (seed {seed}): the interception client served {calls} calls for {ops} operations: the round did not go through it"
+            calls >= last_phase,
+            "churn (seed {seed}): the interception client served {calls} calls for the last phase's {last_phase} operations: the round did not go through it"
         );
     }
     // Unmount (drains everything), then BACKING is the same tree.
