@@ -14,12 +14,15 @@
 //! lets go and pauses before it asks again, so the waiting workers of other nodes get their
 //! turn.
 //!
-//! Waiters go in the order they began to wait (first come, first served): TICKET is the
-//! wall-clock time (µs) at which the worker began to wait, and a waiter tries the slots only
-//! while fewer than K live waiters hold an earlier ticket ([`may_try`]), so the drains of a
-//! job that ended first (and began to wait first) get the slots first, and a newcomer never
-//! takes a freed slot ahead of those that waited. A worker that finds nobody waiting takes a
-//! free slot at once. Tickets compare wall clocks of different nodes: a site's nodes keep
+//! Drains go in the order they began to wait (first come, first served): TICKET is the
+//! wall-clock time (µs) at which this mount's drain began to ask for slots, kept by all its
+//! workers, turn after turn, for as long as one of them waits or holds a slot (the drain's
+//! backlog; it is taken anew once they all have let go), and a waiter tries the slots only
+//! while fewer than K live waiters hold an earlier ticket ([`may_try`]). So the drain of a job
+//! that ended first keeps the slots until it is done, instead of queueing behind later jobs
+//! after each turn; a job's nodes, whose drains begin at its end, are served next to each
+//! other; and a newcomer never takes a freed slot ahead of those that waited. A worker that
+//! finds nobody waiting takes a free slot at once. Tickets compare wall clocks of different nodes: a site's nodes keep
 //! theirs in step (NTP); a node whose clock is off is served early or late, never not.
 //! Waiting is bounded: after [`MAX_WAIT`] without a slot a worker drains anyway (and says so
 //! in the log), so a wrong slot folder slows a drain but never stops it.
@@ -33,6 +36,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{flock, FlockOperation};
@@ -57,6 +61,38 @@ pub const MAX_SLOTS: u32 = 4096;
 pub struct Slots {
     dir: PathBuf,
     count: u32,
+    /// The mount's drain's ticket (see the module's comment), shared with its permits.
+    drain: Arc<DrainTicket>,
+}
+
+/// A drain's place in the site's queue: its ticket, kept while any of its workers waits for
+/// a slot or holds one.
+#[derive(Debug, Default)]
+struct DrainTicket {
+    /// (workers waiting or holding, the ticket while there are any).
+    state: Mutex<(u32, Option<u64>)>,
+}
+
+impl DrainTicket {
+    /// A worker begins to ask: the drain's ticket (taken now if it had none).
+    fn join(&self, now: u64) -> u64 {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.0 += 1;
+        *st.1.get_or_insert(now)
+    }
+
+    /// A worker stops waiting or holding; the last one to go lets the ticket go.
+    fn leave(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.0 = st.0.saturating_sub(1);
+        if st.0 == 0 {
+            st.1 = None;
+        }
+    }
+
+    fn current(&self) -> Option<u64> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
 }
 
 /// A slot held: dropping it closes the descriptor, which releases the lock.
@@ -65,6 +101,16 @@ pub struct Permit {
     _file: File,
     index: u32,
     since: Instant,
+    /// The drain it counts in (None: made outside [`Slots::acquire`]).
+    drain: Option<Arc<DrainTicket>>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(d) = &self.drain {
+            d.leave();
+        }
+    }
 }
 
 impl Permit {
@@ -137,6 +183,7 @@ impl Slots {
         Slots {
             dir: dir.to_path_buf(),
             count: count.clamp(1, MAX_SLOTS),
+            drain: Arc::default(),
         }
     }
 
@@ -178,6 +225,7 @@ impl Slots {
                         _file: f,
                         index: i,
                         since: Instant::now(),
+                        drain: None,
                     }))
                 }
                 Err(e) if e == rustix::io::Errno::WOULDBLOCK => {}
@@ -211,7 +259,7 @@ impl Slots {
         let mut pause = FIRST_PAUSE;
         // Workers start at different slots so that they do not all try slot 0 first.
         let first = worker % self.count;
-        let ticket = now_us();
+        let ticket = self.drain.join(now_us());
         let me = waiter_name(ticket, &format!("{}{worker}", owner_prefix()));
         let waiter = self.dir.join(&me);
         let mut announced = false;
@@ -254,7 +302,22 @@ impl Slots {
         if announced {
             let _ = std::fs::remove_file(&waiter);
         }
-        got
+        match got {
+            Some(mut p) => {
+                // The permit keeps the drain's place until it is let go.
+                p.drain = Some(self.drain.clone());
+                Some(p)
+            }
+            None => {
+                self.drain.leave();
+                None
+            }
+        }
+    }
+
+    /// The mount's drain's ticket while one of its workers waits or holds a slot.
+    pub fn drain_ticket(&self) -> Option<u64> {
+        self.drain.current()
     }
 
     /// Whether a worker of another process waits for a slot (a waiter's file younger than
@@ -307,6 +370,43 @@ mod tests {
             h.join().expect("worker");
         }
         assert_eq!(most.load(Relaxed), 2, "two slots, six workers");
+    }
+
+    /// A drain keeps its ticket while any of its workers waits or holds a slot, turn after
+    /// turn, so a drain that began first stays ahead of later ones; once all have let go, its
+    /// next request takes a new ticket.
+    #[test]
+    fn a_drain_keeps_its_ticket_until_all_its_workers_let_go() {
+        let d = tempfile::tempdir().expect("tmp");
+        let slots = Arc::new(Slots::new(d.path(), 1));
+        let stop = Arc::new(AtomicBool::new(false));
+        assert_eq!(slots.drain_ticket(), None);
+        let p = slots.acquire(0, &stop).expect("free");
+        let t = slots.drain_ticket().expect("a ticket while it holds");
+        // A second worker waits for the one slot: its waiter file carries the same ticket.
+        let (s2, stop2) = (slots.clone(), stop.clone());
+        let waiter = std::thread::spawn(move || s2.acquire(1, &stop2).map(|p| p.index()));
+        let name = format!("wait.{t:020}.");
+        let seen = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            std::fs::read_dir(d.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&name))
+        });
+        assert!(seen, "the waiter took the drain's ticket {t}");
+        // The holder's turn ends; it lets go and asks again while the other holds: same ticket.
+        drop(p);
+        assert_eq!(waiter.join().expect("waiter"), Some(0));
+        assert_eq!(slots.drain_ticket(), None, "nobody waits or holds");
+        std::thread::sleep(Duration::from_millis(2));
+        let _p = slots.acquire(0, &stop).expect("free");
+        assert!(
+            slots.drain_ticket().expect("a new one") > t,
+            "a new ticket after a pause"
+        );
+        stop.store(true, Relaxed);
     }
 
     #[test]
