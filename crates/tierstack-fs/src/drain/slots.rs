@@ -18,10 +18,12 @@
 //! wall-clock time (µs) at which this mount's drain began to ask for slots, kept by all its
 //! workers, turn after turn, for as long as one of them waits or holds a slot (the drain's
 //! backlog; it is taken anew once they all have let go), and a waiter tries the slots only
-//! while fewer than K live waiters hold an earlier ticket ([`may_try`]). So the drain of a job
-//! that ended first keeps the slots until it is done, instead of queueing behind later jobs
-//! after each turn; a job's nodes, whose drains begin at its end, are served next to each
-//! other; and a newcomer never takes a freed slot ahead of those that waited. A worker that
+//! while fewer than K live waiters hold an earlier ticket ([`may_try`]). So drains are served
+//! in the order they began, instead of each worker queueing behind later jobs after each
+//! turn (a holder still lets go after its turn when another drain waits: at one slot the
+//! oldest drain and the next one alternate, and later ones wait for both); a job's nodes,
+//! whose drains begin at its end, are served next to each other; and a newcomer never takes
+//! a freed slot ahead of those that waited. A worker that
 //! finds nobody waiting takes a free slot at once. Tickets compare wall clocks of different nodes: a site's nodes keep
 //! theirs in step (NTP); a node whose clock is off is served early or late, never not.
 //! Waiting is bounded: after [`MAX_WAIT`] without a slot a worker drains anyway (and says so
