@@ -487,16 +487,12 @@ fn testbed_four_nodes_moosefs_slurm_and_a_tierstack_mount() {
     bed.down();
 }
 
-/// Site-wide drain slots across nodes on MooseFS: while a process on node1 holds the only slot
-/// (`flock` on `slot.0` in the shared system), node2's mount drains nothing; once that holder
-/// dies (`kill -9`), node2's drain goes on, and `umount` leaves the file in the shared system.
-/// node3, whose drain began to wait later than node2's, gets the slot after node2 (first come,
-/// first served: the files' bytes arrive in that order).
-#[test]
-fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies() {
+/// A test bed brought up (`testbed.sh up ARGS`) under `/var/tmp/tierstack-testbed-NAME-PID`
+/// for a test without SLURM; None (after SKIP) without root or /dev/fuse.
+fn bed_up(name: &str, args: &[&str]) -> Option<Bed> {
     if !is_root() || !Path::new("/dev/fuse").exists() {
         println!("SKIP: needs root and /dev/fuse");
-        return;
+        return None;
     }
     assert!(
         have("mfsmaster") && have("mfsmount"),
@@ -504,17 +500,17 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
          moosefs-client (CI's .ci/run installs it)"
     );
     let root = PathBuf::from(format!(
-        "/var/tmp/tierstack-testbed-slots-{}",
+        "/var/tmp/tierstack-testbed-{name}-{}",
         std::process::id()
     ));
     let _ = fs::remove_dir_all(&root);
     fs::create_dir_all(&root).expect("mkdir root");
-    let mut bed = Bed {
+    let bed = Bed {
         script: repo_root().join("contrib/testbed/testbed.sh"),
         root,
         up: true,
     };
-    let o = bed.run("up", &["--nodes", "3", "--throttle", "0"], None);
+    let o = bed.run("up", args, None);
     assert!(
         o.status.success(),
         "up: {}{}{}",
@@ -522,6 +518,19 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
         text(&o.stderr),
         bed.logs()
     );
+    Some(bed)
+}
+
+/// Site-wide drain slots across nodes on MooseFS: while a process on node1 holds the only slot
+/// (`flock` on `slot.0` in the shared system), node2's mount drains nothing; once that holder
+/// dies (`kill -9`), node2's drain goes on, and `umount` leaves the file in the shared system.
+/// node3, whose drain began to wait later than node2's, gets the slot after node2 (first come,
+/// first served: the files' bytes arrive in that order).
+#[test]
+fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies() {
+    let Some(mut bed) = bed_up("slots", &["--nodes", "3", "--throttle", "0"]) else {
+        return;
+    };
     let slots = "/mnt/pfs/.slots";
     bed.exec_ok(
         "node1",
@@ -626,35 +635,10 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
 /// other node. The times are printed (docs/SCALE.md has them).
 #[test]
 fn a_node_that_dies_with_undrained_data_drains_it_when_it_returns() {
-    if !is_root() || !Path::new("/dev/fuse").exists() {
-        println!("SKIP: needs root and /dev/fuse");
-        return;
-    }
-    assert!(
-        have("mfsmaster") && have("mfsmount"),
-        "MooseFS is not installed: apt-get install -y moosefs-master moosefs-chunkserver \
-         moosefs-client (CI's .ci/run installs it)"
-    );
-    let root = PathBuf::from(format!(
-        "/var/tmp/tierstack-testbed-dead-{}",
-        std::process::id()
-    ));
-    let _ = fs::remove_dir_all(&root);
-    fs::create_dir_all(&root).expect("mkdir root");
-    let mut bed = Bed {
-        script: repo_root().join("contrib/testbed/testbed.sh"),
-        root,
-        up: true,
-    };
     // 10 MB/s per chunkserver: the drain of 96 MiB takes seconds, so the node dies in it.
-    let o = bed.run("up", &["--nodes", "2", "--throttle", "10"], None);
-    assert!(
-        o.status.success(),
-        "up: {}{}{}",
-        text(&o.stdout),
-        text(&o.stderr),
-        bed.logs()
-    );
+    let Some(mut bed) = bed_up("dead", &["--nodes", "2", "--throttle", "10"]) else {
+        return;
+    };
     let mount = format!(
         "mkdir -p /mnt/pfs/out /mnt/bb && {BIN} mount /mnt/pfs/out /mnt/bb --dir /var/tmp/bb"
     );
