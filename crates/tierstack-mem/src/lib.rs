@@ -143,6 +143,9 @@ pub struct MemCounters {
     /// Victims eviction left resident because `UFFDIO_MOVE` would not take them (async
     /// write-protect: a page still in the program's reach cannot be dropped safely).
     pub move_failed: AtomicU64,
+    /// Pages `UFFDIO_MOVE` moved while answering an error (see the pager's eviction), found
+    /// in the staging slot and counted moved.
+    pub move_misreported: AtomicU64,
     /// Highest resident bytes seen.
     pub peak_resident: AtomicU64,
     /// Regions mapped so far.
@@ -190,6 +193,8 @@ pub struct MemStats {
     pub move_unshared: u64,
     #[serde(default)]
     pub move_failed: u64,
+    #[serde(default)]
+    pub move_misreported: u64,
     pub peak_resident: u64,
     pub regions: u64,
     #[serde(default)]
@@ -232,6 +237,7 @@ impl MemCounters {
             moved_out: self.moved_out.load(Relaxed),
             move_unshared: self.move_unshared.load(Relaxed),
             move_failed: self.move_failed.load(Relaxed),
+            move_misreported: self.move_misreported.load(Relaxed),
             peak_resident: self.peak_resident.load(Relaxed),
             regions: self.regions.load(Relaxed),
             index_bytes: self.index_bytes.load(Relaxed),

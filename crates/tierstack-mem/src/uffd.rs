@@ -423,7 +423,7 @@ impl Pagemap {
         let x = 0u64;
         let a = std::ptr::addr_of!(x) as usize & !4095;
         let mut out = Vec::new();
-        self.scan(a, 4096, 0, 0, &mut out).is_ok()
+        self.scan(a, 4096, 0, (0, 0), &mut out).is_ok()
     }
 
     /// Appends to `out` the runs `(address, length)` of `[addr, addr+len)` written since they
@@ -446,17 +446,33 @@ impl Pagemap {
         } else {
             0
         };
-        self.scan(addr, len, flags, k::PAGE_IS_WRITTEN as u64, out)
+        let mask = k::PAGE_IS_WRITTEN as u64;
+        self.scan(addr, len, flags, (mask, 0), out)
     }
 
+    /// Appends to `out` the runs `(address, length)` of `[addr, addr+len)` whose pages exist
+    /// (present in memory or swapped out), whatever their categories otherwise.
+    pub fn populated(
+        &self,
+        addr: usize,
+        len: usize,
+        out: &mut Vec<(usize, usize)>,
+    ) -> Result<(), Errno> {
+        let any = (k::PAGE_IS_PRESENT | k::PAGE_IS_SWAPPED) as u64;
+        self.scan(addr, len, 0, (0, any), out)
+    }
+
+    /// One walk of `PAGEMAP_SCAN` over `[addr, addr+len)`: `masks` are the categories a
+    /// page must have all of, and those it must have one of (returned: the union).
     fn scan(
         &self,
         addr: usize,
         len: usize,
         flags: u64,
-        mask: u64,
+        masks: (u64, u64),
         out: &mut Vec<(usize, usize)>,
     ) -> Result<(), Errno> {
+        let (all, any) = masks;
         let end = (addr + len) as u64;
         let mut start = addr as u64;
         let mut vec = [k::page_region {
@@ -475,9 +491,9 @@ impl Pagemap {
                 vec_len: SCAN_VEC as u64,
                 max_pages: 0,
                 category_inverted: 0,
-                category_mask: mask,
-                category_anyof_mask: 0,
-                return_mask: mask,
+                category_mask: all,
+                category_anyof_mask: any,
+                return_mask: all | any,
             };
             // SAFETY: PAGEMAP_SCAN reads the argument and writes at most `vec_len` regions
             // into `vec`, which we own and which outlives the call; it changes no memory of

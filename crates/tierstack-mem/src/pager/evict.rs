@@ -470,6 +470,9 @@ impl Inner {
                 cand.push(i);
             }
         }
+        // A page queued twice comes once (a second move of it would find it gone).
+        cand.sort_unstable();
+        cand.dedup();
         let mut written = Vec::new();
         for (a, n) in runs(&cand) {
             let pa = core.base + a * page;
@@ -499,7 +502,7 @@ impl Inner {
         for (a, n) in runs(&cand) {
             let src = core.base + a * page;
             let dst = slot.addr + k * page;
-            let (moved, split) = self.move_out(src, dst, n * page);
+            let (moved, put_back) = self.move_out(src, dst, n * page);
             for j in 0..n {
                 let i = a + j;
                 if j < moved {
@@ -508,7 +511,7 @@ impl Inner {
                     let h = if st.dirty[i] { None } else { h };
                     dirty.push((i, h, dst + j * page));
                 } else {
-                    if j == moved && split {
+                    if put_back.contains(&j) {
                         st.dirty[i] = true;
                     }
                     self.counters.move_failed.fetch_add(1, Relaxed);
@@ -523,13 +526,21 @@ impl Inner {
         }
     }
 
-    /// Moves `[src, src+len)` (resident pages of a region) to `dst` (a staging slot).
-    /// Returns the whole pages moved, and whether a page after them was put back whole from
-    /// a partial move (it is then writable: counted dirty by the caller). A page shared with
+    /// Moves `[src, src+len)` (resident pages of a region) to `dst` (a staging slot, empty).
+    /// Returns the whole pages moved (a prefix of the run), and the pages after them (numbers
+    /// in the run) that were put back from the slot, writable: counted dirty by the caller.
+    ///
+    /// What the slot holds afterwards is the truth, not the kernel's answer: Linux 6.18 was
+    /// seen to move a page and then answer `EEXIST` for it (its retry found the page it had
+    /// just moved in the destination), with `move` not counting it. Taken at its word, the
+    /// page would stay `Resident` while gone from the program's mapping, and the slot's
+    /// release would drop its contents (increments lost under the stress test
+    /// `adders_stress.rs`). So after every refusal the pages the slot holds next are counted
+    /// moved, and anything it holds past the pages moved goes back. A page shared with
     /// a forked process (EBUSY) is made private by a write fault that writes nothing
     /// (`MADV_POPULATE_WRITE`, only on a present page: a missing one would fault to us) and
     /// moved then. A run `UFFDIO_MOVE` refuses whole is moved one page at a time.
-    fn move_out(&self, src: usize, dst: usize, len: usize) -> (usize, bool) {
+    fn move_out(&self, src: usize, dst: usize, len: usize) -> (usize, Vec<usize>) {
         let page = self.page;
         let mut done = 0;
         let mut unshared = 0;
@@ -547,6 +558,14 @@ impl Inner {
                 Ok(n) => done += n,
                 Err((n, e)) => {
                     done += n;
+                    let more = self.populated_prefix(dst + done, len - done);
+                    if more > 0 {
+                        self.counters
+                            .move_misreported
+                            .fetch_add((more / 4096) as u64, Relaxed);
+                        done += more;
+                        continue;
+                    }
                     let at = (src + done) & !4095;
                     if e.raw_os_error() == Some(libc::EBUSY) && unshared < len / 4096 + 1 {
                         unshared += 1;
@@ -583,27 +602,60 @@ impl Inner {
             }
         }
         let whole = done / page;
-        let part = done - whole * page;
-        if part == 0 {
-            return (whole, false);
-        }
-        // Part of one page moved: put that part back where it was (its other part is still
-        // there), unprotected.
-        let back = self
-            .uffd
-            .move_pages(dst + whole * page, src + whole * page, part)
-            .is_ok();
-        if !back {
-            // SAFETY: the part moved into our slot is present there and nobody else uses it.
-            let bytes =
-                unsafe { std::slice::from_raw_parts((dst + whole * page) as *const u8, part) };
-            for off in (0..part).step_by(4096) {
-                let _ = self
-                    .uffd
-                    .copy(&bytes[off..off + 4096], src + whole * page + off, false);
+        // Past the whole pages moved the slot must be empty: part of a page (the rest of it
+        // stayed), or anything the kernel moved without saying so, goes back where it was.
+        let from = dst + whole * page;
+        let mut back: Vec<usize> = Vec::new();
+        for (a, n) in self.populated_runs(from, len - whole * page) {
+            for off in (0..n).step_by(4096) {
+                let d = a + off;
+                self.put_back(d, src + (d - dst));
+                back.push((d - dst) / page);
             }
         }
-        (whole, true)
+        back.dedup();
+        (whole, back)
+    }
+
+    /// Runs `(address, length)` of `[addr, addr+len)` that hold pages (present or swapped),
+    /// adjacent runs joined; none where the pager has no pagemap or the scan fails.
+    fn populated_runs(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        let Some(pm) = &self.pagemap else {
+            return out;
+        };
+        if len == 0 || pm.populated(addr, len, &mut out).is_err() {
+            return Vec::new();
+        }
+        let mut joined: Vec<(usize, usize)> = Vec::with_capacity(out.len());
+        for (a, n) in out {
+            match joined.last_mut() {
+                Some(l) if l.0 + l.1 == a => l.1 += n,
+                _ => joined.push((a, n)),
+            }
+        }
+        joined
+    }
+
+    /// Bytes from `addr` on (at most `len`) that hold pages without a gap.
+    fn populated_prefix(&self, addr: usize, len: usize) -> usize {
+        match self.populated_runs(addr, len).first() {
+            Some(&(a, n)) if a == addr => n.min(len),
+            _ => 0,
+        }
+    }
+
+    /// Puts the 4 KiB page at `from` (in a staging slot) back at `to` (where it was moved
+    /// from, missing since), unprotected: moved back, or copied where the move is refused.
+    fn put_back(&self, from: usize, to: usize) {
+        let _ = self.uffd.move_pages(from, to, 4096);
+        if self.populated_prefix(from, 4096) == 0 {
+            return;
+        }
+        // SAFETY: the page at `from` lies in our staging slot and holds a page (just checked:
+        // reading it faults nothing to us); nobody else uses the slot.
+        let bytes = unsafe { std::slice::from_raw_parts(from as *const u8, 4096) };
+        let _ = self.uffd.copy(bytes, to, false);
     }
 }
 
