@@ -573,6 +573,44 @@ fn small_page_pager(st: Arc<TieredStore>, fault_threads: usize) -> tierstack_mem
     .expect("pager")
 }
 
+/// Threads adding to counters in a few pages while a budget of a quarter of them keeps every
+/// page coming and going: every increment must survive. This caught `UFFDIO_MOVE` answering
+/// an error for a page it had moved (see `Inner::move_out`), which lost increments on every
+/// run. `TIERSTACK_MEM_STRESS_ROUNDS` sets the rounds (default 2).
+#[test]
+fn counters_in_pages_that_keep_leaving_lose_no_increment() {
+    let rounds: usize = std::env::var("TIERSTACK_MEM_STRESS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    for k in 0..rounds {
+        for (pages, budget) in [(64usize, 16u64), (512, 64)] {
+            let Some((_serial, _dir, st)) = setup() else {
+                return;
+            };
+            let pager = tierstack_mem::Pager::new(
+                st,
+                &tierstack_mem::PagerOptions {
+                    page: 4096,
+                    budget: budget * 4096,
+                    fault_threads: tierstack_mem::default_fault_threads(),
+                    commit_limit: None,
+                },
+            )
+            .expect("pager");
+            let r = pager.map(pages * 4096, 4096).expect("region");
+            random_adders(&pager, &r, 4, 20_000, k % 2 == 0);
+            let c = pager.counters().snapshot();
+            eprintln!(
+                "round {k} pages {pages}: evictions {} moved_out {} move_failed {} \
+                 move_misreported {}",
+                c.evictions, c.moved_out, c.move_failed, c.move_misreported
+            );
+            assert!(c.evictions > 10_000, "{c:?}");
+        }
+    }
+}
+
 #[test]
 fn random_writers_on_small_pages_lose_nothing() {
     let Some((_serial, _dir, st)) = setup() else {

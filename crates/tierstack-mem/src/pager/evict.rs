@@ -535,7 +535,7 @@ impl Inner {
     /// just moved in the destination), with `move` not counting it. Taken at its word, the
     /// page would stay `Resident` while gone from the program's mapping, and the slot's
     /// release would drop its contents (increments lost under the stress test
-    /// `adders_stress.rs`). So after every refusal the pages the slot holds next are counted
+    /// `counters_in_pages_that_keep_leaving_lose_no_increment`). So after every refusal the pages the slot holds next are counted
     /// moved, and anything it holds past the pages moved goes back. A page shared with
     /// a forked process (EBUSY) is made private by a write fault that writes nothing
     /// (`MADV_POPULATE_WRITE`, only on a present page: a missing one would fault to us) and
