@@ -584,25 +584,31 @@ fn counters_in_pages_that_keep_leaving_lose_no_increment() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
     for k in 0..rounds {
-        for (pages, budget) in [(64usize, 16u64), (512, 64)] {
+        // (pages, budget in pages, page size): pages of 16 KiB move in four 4 KiB steps,
+        // which a refused move can split.
+        for (pages, budget, page) in [
+            (64usize, 16u64, 4096usize),
+            (512, 64, 4096),
+            (64, 16, 16384),
+        ] {
             let Some((_serial, _dir, st)) = setup() else {
                 return;
             };
             let pager = tierstack_mem::Pager::new(
                 st,
                 &tierstack_mem::PagerOptions {
-                    page: 4096,
-                    budget: budget * 4096,
+                    page,
+                    budget: budget * page as u64,
                     fault_threads: tierstack_mem::default_fault_threads(),
                     commit_limit: None,
                 },
             )
             .expect("pager");
-            let r = pager.map(pages * 4096, 4096).expect("region");
+            let r = pager.map(pages * page, page).expect("region");
             random_adders(&pager, &r, 4, 20_000, k % 2 == 0);
             let c = pager.counters().snapshot();
             eprintln!(
-                "round {k} pages {pages}: evictions {} moved_out {} move_failed {} \
+                "round {k} pages {pages} of {page}: evictions {} moved_out {} move_failed {} \
                  move_misreported {}",
                 c.evictions, c.moved_out, c.move_failed, c.move_misreported
             );
