@@ -475,8 +475,11 @@ pub fn run(spec: &ClusterSpec) -> Result<ClusterReport, ClusterError> {
                 spec.exe.display()
             );
             if let Some(k) = slots {
+                // The nodes run one job: one drain group, as the SLURM hooks give a job.
                 m += &format!(
-                    " --drain-slots {k} --drain-slots-dir /mnt/pfs/.tierstack-drain-slots"
+                    " --drain-slots {k} --drain-slots-dir /mnt/pfs/.tierstack-drain-slots \
+                     --drain-group bench-{tag}-{}",
+                    std::process::id()
                 );
             }
             bed.exec("mounting tierstack on every node", &compute, &m)?;

@@ -92,6 +92,12 @@ pub struct MountArgs {
     /// BACKING is on, the same for every node (e.g. /pfs/.tierstack-drain-slots).
     #[arg(long, value_name = "DIR", requires = "drain_slots")]
     pub drain_slots_dir: Option<PathBuf>,
+    /// Share one place in the drain slots' queue with every mount of the same group (a
+    /// job's nodes: the SLURM hooks give `slurm-JOBID`): the group goes in the order of its
+    /// first drain, and its mounts take turns. 1 to 64 of A-Z a-z 0-9 - _; no effect
+    /// without --drain-slots.
+    #[arg(long, value_name = "NAME")]
+    pub drain_group: Option<String>,
     /// How soon names that other writers add to BACKING's folders (other nodes' buffers
     /// draining into the same shared file system) show in the mount: a directory's folder
     /// is looked at again at most this often, when a name is missing or the directory is
@@ -352,6 +358,13 @@ impl MountSizes {
                 );
             }
         }
+        if let Some(g) = &a.drain_group {
+            if !tierstack_fs::drain::slots::valid_group(g) {
+                usage_bail!(
+                    "--drain-group {g:?} is not a group name: give 1 to 64 of A-Z a-z 0-9 - _"
+                );
+            }
+        }
         if a.drain_jobs == 0 || a.drain_jobs > 256 {
             usage_bail!(
                 "--drain-jobs {} is out of range: give 1 to 256",
@@ -506,6 +519,7 @@ fn mount_spec(
         drain_jobs: a.drain_jobs,
         drain_slots: a.drain_slots.unwrap_or(0),
         drain_slots_dir: a.drain_slots_dir.clone(),
+        drain_group: a.drain_group.clone(),
         coherence_ms: parse_duration("coherence", &a.coherence)?.as_millis() as u64,
         fuse_threads: std::thread::available_parallelism()
             .map(|n| n.get())

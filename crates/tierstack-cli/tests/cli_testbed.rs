@@ -525,7 +525,9 @@ fn bed_up(name: &str, args: &[&str]) -> Option<Bed> {
 /// (`flock` on `slot.0` in the shared system), node2's mount drains nothing; once that holder
 /// dies (`kill -9`), node2's drain goes on, and `umount` leaves the file in the shared system.
 /// node3, whose drain began to wait later than node2's, gets the slot after node2 (first come,
-/// first served: the files' bytes arrive in that order).
+/// first served: the files' bytes arrive in that order). node1's buffer, in node2's drain
+/// group (`--drain-group`: one job's nodes) and the last to begin, shares node2's place: its
+/// bytes arrive before node3's.
 #[test]
 fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies() {
     let Some(mut bed) = bed_up("slots", &["--nodes", "3", "--throttle", "0"]) else {
@@ -549,14 +551,14 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
         ],
     );
     // node2's buffer writes a file: its drain waits for the slot.
-    let mount = |name: &str| {
+    let mount = |name: &str, group: &str| {
         format!(
             "mkdir -p /mnt/bb && {BIN} mount /mnt/pfs/out /mnt/bb --dir /var/tmp/bb \
-             --drain-slots 1 --drain-slots-dir {slots} && \
+             --drain-slots 1 --drain-slots-dir {slots} --drain-group {group} && \
              head -c 1048576 /dev/urandom > /mnt/bb/{name} && sha256sum < /mnt/bb/{name}"
         )
     };
-    let out = bed.exec_ok("node2", &["sh", "-c", &mount("f")]);
+    let out = bed.exec_ok("node2", &["sh", "-c", &mount("f", "jobA")]);
     let sum = out.lines().last().unwrap_or_default().to_string() + "\n";
     // Well past the drain's quiet time and its longest delay: nothing may reach the shared
     // system while node1 holds the slot.
@@ -572,9 +574,13 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
     );
     assert_ne!(seen, sum, "drained without a slot");
     // node3's buffer begins to wait later than node2's: first come, first served.
-    let out3 = bed.exec_ok("node3", &["sh", "-c", &mount("g")]);
+    let out3 = bed.exec_ok("node3", &["sh", "-c", &mount("g", "jobB")]);
     let sum3 = out3.lines().last().unwrap_or_default().to_string() + "\n";
     std::thread::sleep(Duration::from_secs(5));
+    // node1's buffer, of node2's job, begins last.
+    let out1 = bed.exec_ok("node1", &["sh", "-c", &mount("h", "jobA")]);
+    let sum1 = out1.lines().last().unwrap_or_default().to_string() + "\n";
+    std::thread::sleep(Duration::from_secs(3));
     // A watcher on node1 notes the order in which the two files' bytes arrive.
     bed.exec_ok(
         "node1",
@@ -582,9 +588,10 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
             "sh",
             "-c",
             "cd /mnt/pfs/out && (for i in $(seq 1 3000); do \
-               for n in f g; do [ -e .$n.done ] || { [ \"$(stat -c %s $n 2>/dev/null)\" = 1048576 ] \
+               for n in f g h; do [ -e .$n.done ] || { [ \"$(stat -c %s $n 2>/dev/null)\" = 1048576 ] \
                && touch .$n.done && echo $n >> /mnt/pfs/order; }; done; \
-               [ -e .f.done ] && [ -e .g.done ] && break; sleep 0.02; done) >/dev/null 2>&1 &",
+               [ -e .f.done ] && [ -e .g.done ] && [ -e .h.done ] && break; sleep 0.02; done) \
+               >/dev/null 2>&1 &",
         ],
     );
     // The holder dies: its lock goes with it, and node2 drains, then node3.
@@ -595,29 +602,35 @@ fn a_drain_slot_held_on_one_node_bounds_another_and_frees_when_its_holder_dies()
         &["sh", "-c", &format!("{BIN} umount /mnt/bb --timeout 120")],
     );
     println!("umount after the holder died: {:.1?}", t.elapsed());
-    bed.exec_ok(
-        "node3",
-        &["sh", "-c", &format!("{BIN} umount /mnt/bb --timeout 120")],
-    );
+    for node in ["node1", "node3"] {
+        bed.exec_ok(
+            node,
+            &["sh", "-c", &format!("{BIN} umount /mnt/bb --timeout 120")],
+        );
+    }
     let there = bed.exec_ok("node1", &["sh", "-c", "sha256sum < /mnt/pfs/out/f"]);
     assert_eq!(there, sum, "the shared system holds what node2 wrote");
     let there3 = bed.exec_ok("node1", &["sh", "-c", "sha256sum < /mnt/pfs/out/g"]);
     assert_eq!(there3, sum3, "the shared system holds what node3 wrote");
+    let there1 = bed.exec_ok("node1", &["sh", "-c", "sha256sum < /mnt/pfs/out/h"]);
+    assert_eq!(there1, sum1, "the shared system holds what node1 wrote");
     let t = Instant::now();
     let order = loop {
         let o = bed.exec_ok(
             "node1",
             &["sh", "-c", "cat /mnt/pfs/order 2>/dev/null; true"],
         );
-        if o.lines().count() >= 2 || t.elapsed() > Duration::from_secs(20) {
+        if o.lines().count() >= 3 || t.elapsed() > Duration::from_secs(20) {
             break o;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
+    let order: Vec<&str> = order.split_whitespace().collect();
+    println!("order the bytes arrived in: {order:?}");
+    assert_eq!(order.len(), 3, "{order:?}");
     assert_eq!(
-        order.split_whitespace().collect::<Vec<_>>(),
-        ["f", "g"],
-        "the drain that waited first goes first"
+        order[2], "g",
+        "the drain that waited first goes first, with its group: {order:?}"
     );
     bed.down();
 }

@@ -32,6 +32,10 @@ fn bad_option_values_exit_2_with_one_line() {
         (vec!["demo", "--dir", t, "--size", "1M"], "--size"),
         (vec!["run", "--dram", "1X", "--", "true"], "--dram"),
         (
+            vec!["mount", t, &none, "--drain-group", "a/b"],
+            "--drain-group",
+        ),
+        (
             vec![
                 "run",
                 "--dram",

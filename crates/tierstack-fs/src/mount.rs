@@ -57,6 +57,10 @@ pub struct MountSpec {
     /// The folder of the site-wide drain slots, on the shared file system drained into.
     #[serde(default)]
     pub drain_slots_dir: Option<PathBuf>,
+    /// The drain group whose place in the site's queue this mount's drain shares (a job's
+    /// nodes; see [`crate::drain::slots`]). Only with drain slots.
+    #[serde(default)]
+    pub drain_group: Option<String>,
     /// How often (ms) a loaded directory's folder in BACKING is looked at again for names
     /// other writers added (0: never; see `Core::set_coherence`).
     #[serde(default = "coherence_default")]
@@ -788,7 +792,8 @@ impl Daemon {
         core.set_coherence(Duration::from_millis(spec.coherence_ms));
         let slots = match (&spec.drain_slots_dir, spec.drain_slots) {
             (Some(dir), k) if k > 0 => {
-                let slots = crate::drain::slots::Slots::new(dir, k);
+                let slots =
+                    crate::drain::slots::Slots::new(dir, k).with_group(spec.drain_group.as_deref());
                 slots.check().map_err(|e| {
                     FsError::Config(format!(
                         "--drain-slots-dir {}: cannot hold drain slots there ({e}): give a folder on the shared file system that every node can write",

@@ -196,7 +196,7 @@ pub(crate) fn make_buffer(
             state: "pending".into(),
         };
         save_state(&dir, &s)?;
-        mount_job(&dir, &s, c)?;
+        mount_job(id, &dir, &s, c)?;
         set_state(&dir, &mut s, "set-up")?;
         Ok(s)
     })();
@@ -218,7 +218,9 @@ pub(crate) fn make_buffer(
 }
 
 /// Mounts the job's buffer (again: a fast tier that holds undrained data resumes its drain).
-fn mount_job(dir: &Path, s: &JobState, c: &Common) -> Result<()> {
+/// Its drain is in the job's drain group (`slurm-JOBID`): where the site bounds drains with
+/// slots, the job's nodes share one place in the queue.
+fn mount_job(id: &str, dir: &Path, s: &JobState, c: &Common) -> Result<()> {
     let mnt = dir.join("mnt");
     let tier = dir.join("tier");
     // The drives are sparse files.
@@ -248,6 +250,9 @@ fn mount_job(dir: &Path, s: &JobState, c: &Common) -> Result<()> {
     let owner = format!("{}:{}", s.uid, s.gid);
     args.push("--owner".as_ref());
     args.push(owner.as_ref());
+    let group = format!("slurm-{id}");
+    args.push("--drain-group".as_ref());
+    args.push(group.as_ref());
     let rate = c.drain_rate.map(|r| r.to_string());
     if let Some(r) = &rate {
         args.push("--drain-rate".as_ref());
@@ -508,7 +513,7 @@ pub(crate) fn drain_buffer(id: &str, dir: &Path, s: &JobState, c: &Common) -> Re
             }
             if !mounted(&mnt) {
                 remounts += 1;
-                mount_job(dir, s, c)?;
+                mount_job(id, dir, s, c)?;
                 eprintln!("job {id}: mounted the buffer again to resume its drain");
             }
         }

@@ -14,6 +14,19 @@
 //! lets go and pauses before it asks again, so the waiting workers of other nodes get their
 //! turn.
 //!
+//! A mount may name its drain's group (`mount --drain-group NAME`; the SLURM hooks name a
+//! job's buffers `slurm-JOBID`): the drains of one group share one ticket, the time the
+//! group's first drain began to ask, kept in `DIR/group.NAME` (made with its contents in one
+//! step, a private file linked to that name: the first node to link it sets the ticket, the
+//! others read it). So a job's nodes hold one place in the queue: a job that ended first goes
+//! first with all its nodes, and its nodes take turns among themselves. A group's file that
+//! no drain of the group asked for in [`GROUP_FRESH`] is from an earlier use of the name: it
+//! is made anew.
+//!
+//! A holder lets go after its turn only for a waiter of another process that is not behind it
+//! (an earlier ticket, or the same one: another node of its group); a later drain waits until
+//! it has nothing left ([`yields_to`]).
+//!
 //! Drains go in the order they began to wait (first come, first served): TICKET is the
 //! wall-clock time (µs) at which this mount's drain began to ask for slots, kept by all its
 //! workers, turn after turn, for as long as one of them waits or holds a slot (the drain's
@@ -58,6 +71,18 @@ const WAITER_FRESH: Duration = Duration::from_secs(30);
 /// The most slots a site may give (a sanity bound on `--drain-slots`).
 pub const MAX_SLOTS: u32 = 4096;
 
+/// A group's ticket file that no drain of the group asked for in this long is from an
+/// earlier use of the name (see the module's comment).
+pub const GROUP_FRESH: Duration = Duration::from_secs(3600);
+
+/// Whether a drain group's name is usable in a file name: 1 to 64 of `A-Z a-z 0-9 - _`.
+pub fn valid_group(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// The site-wide slots of one mount.
 #[derive(Debug)]
 pub struct Slots {
@@ -65,6 +90,8 @@ pub struct Slots {
     count: u32,
     /// The mount's drain's ticket (see the module's comment), shared with its permits.
     drain: Arc<DrainTicket>,
+    /// The drain group whose ticket this mount's drain shares (see the module's comment).
+    group: Option<String>,
 }
 
 /// A drain's place in the site's queue: its ticket, kept while any of its workers waits for
@@ -76,11 +103,11 @@ struct DrainTicket {
 }
 
 impl DrainTicket {
-    /// A worker begins to ask: the drain's ticket (taken now if it had none).
-    fn join(&self, now: u64) -> u64 {
+    /// A worker begins to ask: the drain's ticket (taken from `take` if it had none).
+    fn join(&self, take: impl FnOnce() -> u64) -> u64 {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.0 += 1;
-        *st.1.get_or_insert(now)
+        *st.1.get_or_insert_with(take)
     }
 
     /// A worker stops waiting or holding; the last one to go lets the ticket go.
@@ -163,6 +190,20 @@ pub fn may_try(ticket: u64, me: &str, others: &[(u64, String)], count: u32) -> b
     ahead < count as usize
 }
 
+/// Whether a holder whose drain has `own` ticket (None: it has none) lets go after its turn
+/// for a waiter with `theirs`: only for one not behind it (an earlier ticket, or the same: a
+/// node of its group). Pure: the other half of the order of [`may_try`].
+pub fn yields_to(own: Option<u64>, theirs: u64) -> bool {
+    own.is_none_or(|o| theirs <= o)
+}
+
+/// A group's ticket as its file holds it (None: no file, or not a ticket yet).
+fn read_group(path: &Path) -> Option<(u64, std::time::SystemTime)> {
+    let t = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    let at = std::fs::metadata(path).ok()?.modified().ok()?;
+    Some((t, at))
+}
+
 /// Microseconds since the epoch, now.
 fn now_us() -> u64 {
     std::time::SystemTime::now()
@@ -186,7 +227,48 @@ impl Slots {
             dir: dir.to_path_buf(),
             count: count.clamp(1, MAX_SLOTS),
             drain: Arc::default(),
+            group: None,
         }
+    }
+
+    /// The same slots, the drain sharing the ticket of `group` (see the module's comment; a
+    /// name [`valid_group`] refuses is ignored).
+    pub fn with_group(mut self, group: Option<&str>) -> Slots {
+        self.group = group.filter(|g| valid_group(g)).map(str::to_string);
+        self
+    }
+
+    /// A new ticket for this mount's drain: the group's (set by its first drain, made anew
+    /// when stale), or now when it has none or the group's file cannot be used.
+    fn new_ticket(&self) -> u64 {
+        let now = now_us();
+        let Some(group) = &self.group else {
+            return now;
+        };
+        let path = self.dir.join(format!("group.{group}"));
+        match read_group(&path) {
+            Some((t, at)) if at.elapsed().map_or(true, |age| age < GROUP_FRESH) => {
+                // Asked for again: the group's ticket stays fresh.
+                let _ = std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                return t;
+            }
+            Some(_) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            None => {}
+        }
+        let tmp = self
+            .dir
+            .join(format!(".group.{group}.{}{now}", owner_prefix()));
+        if std::fs::write(&tmp, now.to_string()).is_ok() {
+            // The first to link it sets the group's ticket; the others read that one.
+            let _ = std::fs::hard_link(&tmp, &path);
+            let _ = std::fs::remove_file(&tmp);
+        }
+        read_group(&path).map_or(now, |(t, _)| t)
     }
 
     /// Checks that the slot folder is usable: it exists (or can be made) and a slot file can
@@ -261,7 +343,7 @@ impl Slots {
         let mut pause = FIRST_PAUSE;
         // Workers start at different slots so that they do not all try slot 0 first.
         let first = worker % self.count;
-        let ticket = self.drain.join(now_us());
+        let ticket = self.drain.join(|| self.new_ticket());
         let me = waiter_name(ticket, &format!("{}{worker}", owner_prefix()));
         let waiter = self.dir.join(&me);
         let mut announced = false;
@@ -322,13 +404,16 @@ impl Slots {
         self.drain.current()
     }
 
-    /// Whether a worker of another process waits for a slot (a waiter's file younger than
-    /// 30 s that is not this process's).
+    /// Whether a worker of another process waits for a slot that this drain's holders let
+    /// go for (a waiter's file younger than 30 s, not this process's, whose ticket is not
+    /// behind this drain's: [`yields_to`]).
     pub fn others_wait(&self) -> bool {
         let mine = owner_prefix();
-        self.waiters()
-            .iter()
-            .any(|(_, name)| parse_waiter(name).is_some_and(|(_, owner)| !owner.starts_with(&mine)))
+        let own = self.drain.current();
+        self.waiters().iter().any(|(_, name)| {
+            parse_waiter(name)
+                .is_some_and(|(t, owner)| !owner.starts_with(&mine) && yields_to(own, t))
+        })
     }
 
     /// The pause a holder that let go for a waiter takes before it asks again: the waiters'
@@ -455,6 +540,72 @@ mod tests {
             !slots.others_wait(),
             "a stale waiter (dead) is not waited for"
         );
+    }
+
+    /// A holder lets go after its turn for an older drain or one of its own group (the same
+    /// ticket), and keeps its slot against a later drain.
+    #[test]
+    fn a_holder_keeps_its_slot_against_later_drains_only() {
+        assert!(yields_to(None, 5), "no ticket: any waiter");
+        assert!(yields_to(Some(10), 5) && yields_to(Some(10), 10));
+        assert!(!yields_to(Some(10), 11));
+        let d = tempfile::tempdir().expect("tmp");
+        let slots = Slots::new(d.path(), 1);
+        let stop = AtomicBool::new(false);
+        let _p = slots.acquire(0, &stop).expect("free");
+        let t = slots.drain_ticket().expect("held");
+        let later = d.path().join(waiter_name(t + 1, "node9.1.0"));
+        std::fs::write(&later, b"").expect("later waiter");
+        assert!(!slots.others_wait(), "a later drain waits");
+        std::fs::write(d.path().join(waiter_name(t, "node8.1.0")), b"").expect("same");
+        assert!(slots.others_wait(), "a node of the same group gets a turn");
+        std::fs::remove_file(d.path().join(waiter_name(t, "node8.1.0"))).expect("rm");
+        std::fs::write(d.path().join(waiter_name(t - 1, "node7.1.0")), b"").expect("older");
+        assert!(slots.others_wait(), "an older drain gets a turn");
+    }
+
+    /// Two mounts of one group (a job's two nodes) share the ticket of the group's first
+    /// drain, whenever the second begins; another group's later drain gets its own, later
+    /// one; a group's stale file is made anew.
+    #[test]
+    fn the_drains_of_one_group_share_the_first_ones_ticket() {
+        let d = tempfile::tempdir().expect("tmp");
+        let stop = AtomicBool::new(false);
+        let a1 = Slots::new(d.path(), 2).with_group(Some("slurm-41"));
+        let a2 = Slots::new(d.path(), 2).with_group(Some("slurm-41"));
+        let b = Slots::new(d.path(), 2).with_group(Some("slurm-42"));
+        let p1 = a1.acquire(0, &stop).expect("free");
+        let t = a1.drain_ticket().expect("held");
+        std::thread::sleep(Duration::from_millis(5));
+        let p2 = b.acquire(0, &stop).expect("free");
+        let tb = b.drain_ticket().expect("held");
+        assert!(tb > t, "the later group comes after");
+        drop((p1, p2));
+        std::thread::sleep(Duration::from_millis(5));
+        let _p3 = a2.acquire(1, &stop).expect("free");
+        assert_eq!(a2.drain_ticket(), Some(t), "the group's first ticket");
+        // Stale: an earlier use of the name.
+        let path = d.path().join("group.slurm-41");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now() - GROUP_FRESH * 2))
+            .expect("age it");
+        let a3 = Slots::new(d.path(), 2).with_group(Some("slurm-41"));
+        let _p4 = a3.acquire(1, &stop).expect("free");
+        assert!(a3.drain_ticket().expect("held") > tb, "a new ticket");
+        // No private files left behind; bad names are not used.
+        let names: Vec<String> = std::fs::read_dir(d.path())
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.starts_with(".group.")), "{names:?}");
+        assert!(!valid_group("../x") && !valid_group("") && valid_group("slurm-7_a"));
+        assert!(Slots::new(d.path(), 1)
+            .with_group(Some("a/b"))
+            .group
+            .is_none());
     }
 
     #[test]
