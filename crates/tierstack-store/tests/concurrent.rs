@@ -15,21 +15,13 @@ use tierstack_store::{ArrayTier, CompressedTier, TieredStore};
 
 /// Contents of a version: half the versions compress (runs of one byte), half do not.
 fn contents(key: u64, version: u64, len: usize) -> Vec<u8> {
-    let mut x = (key << 32) ^ version ^ 0x9e37_79b9_7f4a_7c15;
-    if version % 2 == 0 {
-        let b = (x >> 8) as u8;
-        let mut v = vec![b; len];
+    let x = (key << 32) ^ version ^ 0x9e37_79b9_7f4a_7c15;
+    if version.is_multiple_of(2) {
+        let mut v = vec![(x >> 8) as u8; len];
         v[..8].copy_from_slice(&version.to_le_bytes());
         return v;
     }
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::noise(x, len)
 }
 
 #[test]

@@ -21,17 +21,7 @@ fn builds_the_tiers_in_order_and_pages_reach_the_array() {
     let names: Vec<String> = store.status().iter().map(|t| t.name.clone()).collect();
     assert_eq!(names, ["dram", "compressed", "array"], "{names:?}");
     // Far more than DRAM and the compressed tier hold, pages that do not compress.
-    let page = |i: u64| -> Vec<u8> {
-        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..65536)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    };
+    let page = |i: u64| common::noise(i.wrapping_mul(0x9e37_79b9_7f4a_7c15), 65536);
     for i in 0..128 {
         store.put((1, i), &page(i)).expect("put");
     }

@@ -15,6 +15,19 @@ pub fn page(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// `len` bytes that do not compress (xorshift from `seed`).
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// A RAID 5 of four file drives in `dir`, `size` bytes each.
 pub fn array(dir: &Path, size: u64) -> (Vec<PathBuf>, Array) {
     let paths: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("d{i}"))).collect();
