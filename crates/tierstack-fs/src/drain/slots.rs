@@ -62,6 +62,10 @@ pub const TURN: Duration = Duration::from_secs(1);
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
 /// The first pause between tries; it doubles up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
+/// The pause between tries of a waiter whose turn it is ([`may_try`]): a slot let go is taken
+/// within it. Only the K waiters in front try this often (the metadata they cost the shared
+/// file system is bounded by K); the others back off to [`MAX_PAUSE`].
+const FRONT_PAUSE: Duration = Duration::from_millis(50);
 /// The longest pause between tries.
 const MAX_PAUSE: Duration = Duration::from_millis(500);
 
@@ -290,12 +294,16 @@ impl Slots {
     }
 
     fn open(&self, i: u32) -> io::Result<File> {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.dir.join(format!("slot.{i}")))
+        let path = self.dir.join(format!("slot.{i}"));
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(true).truncate(false);
+        match o.clone().create(true).open(&path) {
+            // Nodes that make the same slot file at once: a network file system may answer
+            // EEXIST to all but one of them (MooseFS does, seen with 8 nodes mounting at
+            // once), although no O_EXCL was asked for. The file is there: open it.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => o.open(&path),
+            r => r,
+        }
     }
 
     /// One pass over the slots, starting at `first`: the first free one, locked.
@@ -334,7 +342,8 @@ impl Slots {
     }
 
     /// Waits for a slot, in the order waiters began to wait ([`may_try`]): tries them all
-    /// when its turn allows, then pauses (20 ms doubling to 500 ms) and looks again, until
+    /// when its turn allows, then pauses (50 ms while its turn allows, else 20 ms
+    /// doubling to 500 ms) and looks again, until
     /// one is free, `stop` is set or [`MAX_WAIT`] has passed (then `None`: the caller drains
     /// without a slot). An error of the slot folder (gone, full) is logged once and ends the
     /// wait the same way: the drain never stops for the slots' sake.
@@ -380,8 +389,12 @@ impl Slots {
                 }
                 break None;
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(MAX_PAUSE);
+            if turn {
+                std::thread::sleep(FRONT_PAUSE);
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
         };
         if announced {
             let _ = std::fs::remove_file(&waiter);
@@ -416,10 +429,12 @@ impl Slots {
         })
     }
 
-    /// The pause a holder that let go for a waiter takes before it asks again: the waiters'
-    /// longest pause between tries, so that one of them finds the slot free.
+    /// The pause a holder that let go for a waiter takes before it asks again: three of the
+    /// front waiters' pauses, so that one of them finds the slot free. (It was the slowest
+    /// waiter's pause, 520 ms: with 1 s turns a slot then stood idle about a fifth of the
+    /// time, and 2 slots at N = 8 drained 18 % slower than no slots.)
     pub fn yield_pause(&self) -> Duration {
-        MAX_PAUSE + FIRST_PAUSE
+        FRONT_PAUSE * 3
     }
 }
 
