@@ -219,14 +219,25 @@ pub struct Slots {
     pub in_flight: usize,
     /// Of them, rows of the row's own file.
     pub same_file: usize,
-    /// The worker limit (data rows in flight at most).
+    /// The worker limit (data rows being written at most).
     pub jobs: usize,
+    /// Of the rows in flight, those written and parked for the batch's shared sync
+    /// (`batch.rs`): they hold no worker.
+    pub parked: usize,
 }
+
+/// Parked rows at most (two batches): past them, no data row starts until a batch is
+/// committed.
+pub const MAX_PARKED: usize = 2 * super::batch::BATCH_FILES;
 
 /// Whether a row of `kind` may start now (else the dispatcher waits for a data row to end).
 pub fn may_start(kind: RowKind, s: &Slots) -> bool {
     match kind {
-        RowKind::Data => s.in_flight < s.jobs && s.same_file == 0,
+        RowKind::Data => {
+            s.in_flight - s.parked.min(s.in_flight) < s.jobs
+                && s.parked < MAX_PARKED
+                && s.same_file == 0
+        }
         RowKind::Barrier => s.in_flight == 0,
         RowKind::OwnFile => s.same_file == 0,
     }
@@ -601,6 +612,7 @@ mod tests {
             in_flight,
             same_file,
             jobs: 4,
+            parked: 0,
         };
         assert!(may_start(RowKind::Data, &s(0, 0)));
         assert!(may_start(RowKind::Data, &s(3, 0)));
