@@ -3,11 +3,14 @@
 //! * Namespace rows are applied by the dispatcher thread, one at a time, in `seq` order. Rows
 //!   that move or remove existing paths (rename, unlink, rmdir, link, setattr) are barriers:
 //!   they wait until no data op is in flight, so every row finds BACKING exactly as the rows
-//!   before it left it, also when it is replayed after a crash.
+//!   before it left it, also when it is replayed after a crash. A directory's setattr is put
+//!   off to the next barrier or the journal batch's end when run as root
+//!   ([`Drainer::apply_deferred`]).
 //! * Data rows go to a pool of workers (parallel across files, one at a time per file). A
 //!   worker writes the file's whole contents under a temporary name in the destination
 //!   directory, fsyncs it, renames it into place and fsyncs the directory: BACKING never shows
-//!   a half-written file. Only then is the journal row deleted and the file's pages marked
+//!   a half-written file (batched, [`batch`]: many files' syncs shared, each step for the
+//!   whole batch before the next). Only then is the journal row deleted and the file's pages marked
 //!   clean; clean pages are dropped from the store only under space pressure, so the store
 //!   never holds the only copy of anything it drops.
 //! * Every access to BACKING goes through directory handles ([`crate::backing`]), so any
