@@ -277,3 +277,20 @@ impl Drainer {
         redo.push(w.op.clone());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syncfs_only_where_it_makes_everything_durable() {
+        // ext4, XFS, btrfs, tmpfs.
+        for m in [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994] {
+            assert!(fs_syncs_all(m), "{m:#x}");
+        }
+        // NFS, FUSE (GlusterFS, MooseFS clients), Lustre, GPFS: an fsync of each.
+        for m in [0x6969, 0x6573_5546, 0x0BD0_0BD0, 0x4750_4653] {
+            assert!(!fs_syncs_all(m), "{m:#x}");
+        }
+    }
+}

@@ -607,6 +607,27 @@ mod tests {
     }
 
     #[test]
+    fn parked_rows_hold_no_worker_but_stay_in_flight() {
+        let s = |in_flight, same_file, parked| Slots {
+            in_flight,
+            same_file,
+            jobs: 4,
+            parked,
+        };
+        // Four written and parked for the batch's sync: four more may be written.
+        assert!(may_start(RowKind::Data, &s(4, 0, 4)));
+        assert!(may_start(RowKind::Data, &s(7, 0, 4)));
+        assert!(!may_start(RowKind::Data, &s(8, 0, 4)));
+        // At most MAX_PARKED wait for the committer.
+        assert!(!may_start(RowKind::Data, &s(MAX_PARKED, 0, MAX_PARKED)));
+        // A barrier, and a later row of a parked file, wait for the batch.
+        assert!(!may_start(RowKind::Barrier, &s(3, 0, 3)));
+        assert!(!may_start(RowKind::Data, &s(3, 1, 3)));
+        assert!(!may_start(RowKind::OwnFile, &s(3, 1, 3)));
+        assert!(may_start(RowKind::OwnFile, &s(3, 0, 3)));
+    }
+
+    #[test]
     fn data_rows_run_in_parallel_across_files_and_barriers_alone() {
         let s = |in_flight, same_file| Slots {
             in_flight,
