@@ -8,10 +8,11 @@
 //!
 //! 1. the staging files made durable: one `syncfs` of BACKING's file system where that
 //!    makes everything on it durable ([`SyncWay::Fs`]), else an `fsync` of each file, all
-//!    issued after every write of the batch ([`SyncWay::Files`]);
+//!    issued after every write of the batch ([`SyncWay::Files`], and for a file on another
+//!    file system than BACKING's root: a mount inside BACKING);
 //! 2. each closed file's staging file renamed into place (and its further hard links);
 //! 3. the folders whose entries changed made durable: `syncfs` again, or an `fsync` of each
-//!    such folder once per batch;
+//!    such folder once per batch (those of files synced one by one);
 //! 4. only then each file's pass finished ([`Drainer::finish_written`]: pages clean, the
 //!    base recorded) and its journal row deleted.
 //!
@@ -183,36 +184,46 @@ impl Drainer {
         let mut dirs = Dirs::new(self.core.backing());
         let mut redo: Vec<JOp> = Vec::new();
         let way = &self.sync_way;
+        // A file on another file system than BACKING's root (a mount inside BACKING) is
+        // synced the per-file way: `syncfs` of the root does not reach it.
+        let root_dev = match way {
+            SyncWay::Fs(root) => rustix::fs::fstat(root).ok().map(|st| st.st_dev),
+            SyncWay::Files => None,
+        };
+        let on_root = |w: &Written| root_dev.is_some() && w.dev() == root_dev;
         // 1. The staging files durable.
         let mut synced = Vec::with_capacity(batch.len());
-        match way {
-            SyncWay::Fs(root) => match rustix::fs::syncfs(root) {
-                Ok(()) => synced = batch,
-                Err(e) => {
-                    let e = std::io::Error::from(e);
-                    for w in batch {
-                        self.give_up(w, &mut dirs, way.name(), &e, &mut redo);
-                    }
-                }
-            },
-            SyncWay::Files => {
-                for w in batch {
-                    match sync_written(&w) {
-                        Ok(()) => synced.push(w),
-                        Err(e) => self.give_up(w, &mut dirs, way.name(), &e, &mut redo),
-                    }
-                }
+        let fs_sync = match way {
+            SyncWay::Fs(root) if batch.iter().any(on_root) => {
+                rustix::fs::syncfs(root).map_err(std::io::Error::from)
+            }
+            _ => Ok(()),
+        };
+        for w in batch {
+            let r = match &fs_sync {
+                Ok(()) if on_root(&w) => Ok(()),
+                Ok(()) => sync_written(&w),
+                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+            };
+            match r {
+                Ok(()) => synced.push(w),
+                Err(e) => self.give_up(w, &mut dirs, way.name(), &e, &mut redo),
             }
         }
         // 2. In place.
         let mut placed = Vec::with_capacity(synced.len());
+        // Folders whose entries changed, to be synced one by one (all of them the per-file
+        // way; with `syncfs`, those of files off the root's file system).
         let mut touched: BTreeSet<Vec<u8>> = BTreeSet::new();
         let mut renamed = false;
         for w in synced {
             match self.put_in_place(&w, &mut dirs) {
                 Ok(t) => {
-                    renamed |= !w.open();
-                    touched.extend(t);
+                    if on_root(&w) {
+                        renamed |= !w.open();
+                    } else {
+                        touched.extend(t);
+                    }
                     placed.push(w);
                 }
                 Err(e) => self.give_up(w, &mut dirs, "putting in place", &e, &mut redo),
@@ -222,9 +233,9 @@ impl Drainer {
         // `syncfs`, step 1 made them durable).
         let names = match way {
             SyncWay::Fs(root) if renamed => rustix::fs::syncfs(root).map_err(std::io::Error::from),
-            SyncWay::Fs(_) => Ok(()),
-            SyncWay::Files => dirs.sync(&touched),
-        };
+            _ => Ok(()),
+        }
+        .and_then(|()| dirs.sync(&touched));
         match names {
             Err(e) => {
                 for w in placed {

@@ -125,6 +125,12 @@ impl Written {
     pub(super) fn open(&self) -> bool {
         self.pass.open()
     }
+
+    /// The device of the file system the staging file is on.
+    pub(super) fn dev(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().ok().map(|m| m.dev())
+    }
 }
 
 /// Directories of BACKING opened once per commit (a batch touches few folders), by path.
