@@ -158,7 +158,7 @@ pub struct Drainer {
     sweep_due: AtomicBool,
     /// Site-wide drain slots (`mount --drain-slots`): a worker drains only while it holds one.
     slots: Option<slots::Slots>,
-    /// How a batch of written files is made durable ([`batch`]); None: each file alone.
+    /// How a batch of written files is made durable ([`batch`]).
     sync_way: batch::SyncWay,
     /// Whether workers park written files for the committer ([`batch`]) instead of
     /// syncing each alone.
