@@ -5,6 +5,8 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
+use std::os::fd::OwnedFd;
+
 use rustix::fs::OFlags;
 
 use crate::backing::Backing;
@@ -45,6 +47,16 @@ pub(super) fn copy_within_backing(src: &File, dst: &File, from: u64, len: u64) -
         }
     }
     Ok(())
+}
+
+/// Makes a written file's staging file durable: its data (and, once closed, its size and
+/// attributes too) with `fsync`; a file still open only its data.
+pub(super) fn sync_written(w: &Written) -> io::Result<()> {
+    if w.pass.open() {
+        w.file.sync_data()
+    } else {
+        w.file.sync_all()
+    }
 }
 
 /// The runs of `v` (as byte ranges) made of `block`-sized pieces that are not all zero.
@@ -92,20 +104,117 @@ fn punch_between(out: &File, pstart: u64, len: usize, runs: &[(usize, usize)]) -
     Ok(())
 }
 
+/// A file's contents written into its staging file in BACKING by [`Drainer::write_file`]:
+/// not yet durable, not yet in place. [`Drainer::drain_file`] commits one at once;
+/// [`super::batch`] commits many together (their syncs shared).
+pub(super) struct Written {
+    pub(super) op: JOp,
+    pass: DrainPass,
+    file: File,
+    /// The staging file's path in BACKING.
+    srel: Vec<u8>,
+    /// Made by this pass (not an earlier pass's staging file): removed again on failure.
+    fresh: bool,
+    /// (page, version) of the pages written.
+    drained: Vec<(u64, u64)>,
+    written: u64,
+}
+
+impl Written {
+    /// The file was open when its pass began: staged, not put in place.
+    pub(super) fn open(&self) -> bool {
+        self.pass.open()
+    }
+
+    /// The device of the file system the staging file is on.
+    pub(super) fn dev(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().ok().map(|m| m.dev())
+    }
+}
+
+/// Directories of BACKING opened once per commit (a batch touches few folders), by path.
+pub(super) struct Dirs<'a> {
+    bk: &'a Backing,
+    open: std::collections::BTreeMap<Vec<u8>, OwnedFd>,
+}
+
+impl<'a> Dirs<'a> {
+    pub(super) fn new(bk: &'a Backing) -> Dirs<'a> {
+        Dirs {
+            bk,
+            open: Default::default(),
+        }
+    }
+
+    /// Directory `rel` (empty: the root), opened at its first use.
+    pub(super) fn get(&mut self, rel: &[u8]) -> io::Result<&OwnedFd> {
+        if !self.open.contains_key(rel) {
+            let fd = self.bk.dir(rel)?;
+            self.open.insert(rel.to_vec(), fd);
+        }
+        self.open
+            .get(rel)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
+    }
+
+    /// `fsync`s each directory of `rels` once.
+    pub(super) fn sync(&mut self, rels: &std::collections::BTreeSet<Vec<u8>>) -> io::Result<()> {
+        for r in rels {
+            Backing::fsync_dir(self.get(r)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The further hard links of a data row (`p2`: NUL-separated paths), with the temporary name
+/// each is made under (in its own folder) before it is renamed into place.
+fn further_links(op: &JOp) -> impl Iterator<Item = (&[u8], Vec<u8>)> {
+    op.p2
+        .split(|b| *b == 0)
+        .filter(|p| !p.is_empty())
+        .enumerate()
+        .map(move |(i, other)| (other, tmp_name(op.ino, &format!(".l{i}"))))
+}
+
 impl Drainer {
-    /// Drains a file's dirty pages into its staging file in BACKING (a temporary name in the
-    /// directory of the file, or wherever an earlier pass staged it). While the file is still
-    /// open, that is all (the pages are then clean and may leave the fast tier; the staging
-    /// file is their base). After the last close, the staging file gets the final size, owner,
-    /// mode and times, is synced and renamed into place: BACKING never shows a half-written
-    /// file, and each byte is written to BACKING once however often the drain runs.
+    /// Drains a file's contents at once, with its own syncs: [`Drainer::write_file`], the
+    /// staging file synced, put in place ([`Drainer::put_in_place`]), its folders synced,
+    /// then [`Drainer::finish_written`]. The batched drain ([`super::batch`]) does the same
+    /// steps for many files with one sync per step, and falls back to this for a file whose
+    /// batch failed.
     pub(super) fn drain_file(&self, op: &JOp) -> io::Result<()> {
+        let Some(w) = self.write_file(op)? else {
+            return Ok(());
+        };
+        let mut dirs = Dirs::new(self.core.backing());
+        let r = (|| {
+            sync_written(&w)?;
+            let touched = self.put_in_place(&w, &mut dirs)?;
+            dirs.sync(&touched)
+        })();
+        if let Err(e) = r {
+            self.abandon(&w, &mut dirs);
+            return Err(e);
+        }
+        self.finish_written(w)
+    }
+
+    /// Drains a file's dirty pages into its staging file in BACKING (a temporary name in the
+    /// directory of the file, or wherever an earlier pass staged it), nothing synced yet.
+    /// While the file is still open, that is all it will be (the pages are then clean once
+    /// the staging file is durable, and may leave the fast tier; the staging file is their
+    /// base). After the last close, the staging file also gets the final size, owner, mode,
+    /// times and xattrs here, and is renamed into place once durable
+    /// ([`Drainer::put_in_place`]): BACKING never shows a half-written file, and each byte is
+    /// written to BACKING once however often the drain runs. None: nothing to drain.
+    pub(super) fn write_file(&self, op: &JOp) -> io::Result<Option<Written>> {
         let c = &self.core;
         let bk = c.backing();
         let Some(pass) = c.begin_drain(op.ino) else {
             // Deleted since (its later unlink removes every path this op would write), or
             // nothing to drain.
-            return Ok(());
+            return Ok(None);
         };
         let (open, size) = (pass.open(), pass.size());
         let (staged, base, ext) = (pass.staged(), pass.base(), pass.extents());
@@ -118,7 +227,6 @@ impl Drainer {
             base.map(|(b, l)| (String::from_utf8_lossy(b), l)),
             ext.is_some()
         );
-        let (dir, dname) = bk.parent(&op.p1)?;
         let (sdir, sname, srel) = match staged {
             Some(rel) => {
                 let (sd, sn) = bk.parent(rel)?;
@@ -131,12 +239,13 @@ impl Drainer {
                 (bk.dir(dpart)?, name, rel)
             }
         };
-        let flags = if staged.is_some() {
-            OFlags::RDWR | OFlags::CREATE
-        } else {
+        let fresh = staged.is_none();
+        let flags = if fresh {
             OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC
+        } else {
+            OFlags::RDWR | OFlags::CREATE
         };
-        if staged.is_none() {
+        if fresh {
             c.note_staging(&srel, op.ino)
                 .map_err(|e| io::Error::other(e.to_string()))?;
             self.sweep_due
@@ -166,114 +275,145 @@ impl Drainer {
                 }
                 have = blen;
             }
-            self.write_dirty(&pass, size, have, &file, ext, staged.is_some())
+            let out = self.write_dirty(&pass, size, have, &file, ext, !fresh)?;
+            if !open {
+                self.final_attrs(op, &file, size, ext)?;
+            }
+            Ok(out)
         })();
-        let (drained, written) = match res {
-            Ok(v) => v,
+        match res {
+            Ok((drained, written)) => Ok(Some(Written {
+                op: op.clone(),
+                pass,
+                file,
+                srel,
+                fresh,
+                drained,
+                written,
+            })),
             Err(e) => {
-                if staged.is_none() {
+                if fresh {
                     let _ = Backing::unlink(&sdir, &sname, false);
                 }
-                return Err(e);
-            }
-        };
-        if open {
-            file.sync_data()?;
-            if staged.is_none() {
-                Backing::fsync_dir(&sdir)?;
-            }
-        } else {
-            let finish = || -> io::Result<()> {
-                file.set_len(size)?;
-                // Blocks the file reserved without writing them (fallocate) are reserved in
-                // BACKING too; a BACKING that cannot reserve keeps them as holes.
-                if let Some(e) = ext {
-                    for (a, b) in e.ranges() {
-                        let r = rustix::fs::fallocate(
-                            &file,
-                            rustix::fs::FallocateFlags::KEEP_SIZE,
-                            a,
-                            b - a,
-                        );
-                        if r.is_err() {
-                            break;
-                        }
-                    }
-                }
-                self.apply_attrs_fd(op.ino, &file)?;
-                // The renamed file replaces the old one in BACKING: it takes the extended
-                // attributes along. A BACKING without them reports it through the xattr rows.
-                let xattrs = c.node_xattrs(op.ino);
-                for (k, v) in &xattrs {
-                    if let Err(e) = Backing::set_xattr_fd(&file, k, v) {
-                        tracing::warn!(
-                            "drain: xattr {} of {}: {e}",
-                            String::from_utf8_lossy(k),
-                            String::from_utf8_lossy(&op.p1)
-                        );
-                    }
-                }
-                file.sync_all()?;
-                Backing::rename(&sdir, &sname, &dir, dname)?;
-                // Further hard links of the file.
-                for (i, other) in op
-                    .p2
-                    .split(|b| *b == 0)
-                    .filter(|p| !p.is_empty())
-                    .enumerate()
-                {
-                    let (odir, oname) = bk.parent(other)?;
-                    let t2 = tmp_name(op.ino, &format!(".l{i}"));
-                    let (opart, _) = crate::backing::split(other);
-                    c.note_staging(&crate::core::join_rel(opart, &t2), op.ino)
-                        .map_err(|e| io::Error::other(e.to_string()))?;
-                    let _ = Backing::unlink(&odir, &t2, false);
-                    Backing::link(&dir, dname, &odir, &t2)?;
-                    Backing::rename(&odir, &t2, &odir, oname)?;
-                    Backing::fsync_dir(&odir)?;
-                }
-                // The staging name's folder (where the rename took the name away) and the
-                // file's (where it put it); one sync when they are one folder, as they are
-                // unless an earlier pass staged the file elsewhere: a small file's drain
-                // costs two syncs, not three.
-                if crate::backing::split(&srel).0 != crate::backing::split(&op.p1).0 {
-                    Backing::fsync_dir(&sdir)?;
-                }
-                Backing::fsync_dir(&dir)
-            };
-            if let Err(e) = finish() {
-                if staged.is_none() {
-                    let _ = Backing::unlink(&sdir, &sname, false);
-                }
-                return Err(e);
+                Err(e)
             }
         }
+    }
+
+    /// What a closed file's staging file takes before it is put in place: the final size,
+    /// the reserved blocks, mode, owner, times and extended attributes.
+    fn final_attrs(
+        &self,
+        op: &JOp,
+        file: &File,
+        size: u64,
+        ext: Option<&crate::core::extents::Extents>,
+    ) -> io::Result<()> {
+        file.set_len(size)?;
+        // Blocks the file reserved without writing them (fallocate) are reserved in BACKING
+        // too; a BACKING that cannot reserve keeps them as holes.
+        if let Some(e) = ext {
+            for (a, b) in e.ranges() {
+                let r =
+                    rustix::fs::fallocate(file, rustix::fs::FallocateFlags::KEEP_SIZE, a, b - a);
+                if r.is_err() {
+                    break;
+                }
+            }
+        }
+        self.apply_attrs_fd(op.ino, file)?;
+        // The renamed file replaces the old one in BACKING: it takes the extended
+        // attributes along. A BACKING without them reports it through the xattr rows.
+        for (k, v) in &self.core.node_xattrs(op.ino) {
+            if let Err(e) = Backing::set_xattr_fd(file, k, v) {
+                tracing::warn!(
+                    "drain: xattr {} of {}: {e}",
+                    String::from_utf8_lossy(k),
+                    String::from_utf8_lossy(&op.p1)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts a closed file's durable staging file in place (and its further hard links, each
+    /// made under a temporary name and renamed); nothing for a file still open. Returns the
+    /// folders whose entries changed, to be synced before the row is retired: the staging
+    /// file's (a fresh one was made there; a rename took the name away) and each link's.
+    pub(super) fn put_in_place(
+        &self,
+        w: &Written,
+        dirs: &mut Dirs<'_>,
+    ) -> io::Result<std::collections::BTreeSet<Vec<u8>>> {
+        let c = &self.core;
+        let op = &w.op;
+        let (spart, sname) = crate::backing::split(&w.srel);
+        let mut touched = std::collections::BTreeSet::new();
+        if w.fresh || !w.pass.open() {
+            touched.insert(spart.to_vec());
+        }
+        if w.pass.open() {
+            return Ok(touched);
+        }
+        let (dpart, dname) = crate::backing::split(&op.p1);
+        if dname.is_empty() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let sdir = dirs.get(spart)?.try_clone()?;
+        Backing::rename(&sdir, sname, dirs.get(dpart)?, dname)?;
+        touched.insert(dpart.to_vec());
+        for (other, t2) in further_links(op) {
+            let (opart, oname) = crate::backing::split(other);
+            if oname.is_empty() {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            c.note_staging(&crate::core::join_rel(opart, &t2), op.ino)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            let ddir = dirs.get(dpart)?.try_clone()?;
+            let odir = dirs.get(opart)?;
+            let _ = Backing::unlink(odir, &t2, false);
+            Backing::link(&ddir, dname, odir, &t2)?;
+            Backing::rename(odir, &t2, odir, oname)?;
+            touched.insert(opart.to_vec());
+        }
+        Ok(touched)
+    }
+
+    /// A written file that is not to be committed (a step failed): its fresh staging file
+    /// is removed again unless it was renamed into place already.
+    pub(super) fn abandon(&self, w: &Written, dirs: &mut Dirs<'_>) {
+        if w.fresh {
+            let (spart, sname) = crate::backing::split(&w.srel);
+            if let Ok(d) = dirs.get(spart) {
+                let _ = Backing::unlink(d, sname, false);
+            }
+        }
+    }
+
+    /// Ends the pass of a written file once BACKING holds it durably (staged, or in place
+    /// after the last close): records that before anything is dropped
+    /// ([`Core::finish_drain`]), then forgets the temporary names gone from BACKING.
+    pub(super) fn finish_written(&self, w: Written) -> io::Result<()> {
+        let c = &self.core;
+        let (op, size) = (&w.op, w.pass.size());
         let base_blocks = {
             use std::os::unix::fs::MetadataExt;
-            file.metadata().map_or(size.div_ceil(512), |m| m.blocks())
+            w.file.metadata().map_or(size.div_ceil(512), |m| m.blocks())
         };
-        // BACKING holds the contents now (staged or in place): record that durably before
-        // anything is dropped.
         let done = Drained {
-            pages: &drained,
-            written,
+            pages: &w.drained,
+            written: w.written,
             base_blocks,
-            staged_at: &srel,
+            staged_at: &w.srel,
             path: &op.p1,
         };
-        c.finish_drain(&pass, &done)
+        c.finish_drain(&w.pass, &done)
             .map_err(|e| io::Error::other(e.to_string()))?;
-        if !open {
+        if !w.pass.open() {
             // Renamed into place: the temporary names are gone from BACKING.
-            let _ = c.forget_staging(&srel);
-            for (i, other) in op
-                .p2
-                .split(|b| *b == 0)
-                .filter(|p| !p.is_empty())
-                .enumerate()
-            {
+            let _ = c.forget_staging(&w.srel);
+            for (other, t2) in further_links(op) {
                 let (opart, _) = crate::backing::split(other);
-                let t2 = tmp_name(op.ino, &format!(".l{i}"));
                 let _ = c.forget_staging(&crate::core::join_rel(opart, &t2));
             }
         }

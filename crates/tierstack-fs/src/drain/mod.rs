@@ -3,11 +3,14 @@
 //! * Namespace rows are applied by the dispatcher thread, one at a time, in `seq` order. Rows
 //!   that move or remove existing paths (rename, unlink, rmdir, link, setattr) are barriers:
 //!   they wait until no data op is in flight, so every row finds BACKING exactly as the rows
-//!   before it left it, also when it is replayed after a crash.
+//!   before it left it, also when it is replayed after a crash. A directory's setattr is put
+//!   off to the next barrier or the journal batch's end when run as root
+//!   ([`Drainer::apply_deferred`]).
 //! * Data rows go to a pool of workers (parallel across files, one at a time per file). A
 //!   worker writes the file's whole contents under a temporary name in the destination
 //!   directory, fsyncs it, renames it into place and fsyncs the directory: BACKING never shows
-//!   a half-written file. Only then is the journal row deleted and the file's pages marked
+//!   a half-written file (batched, [`batch`]: many files' syncs shared, each step for the
+//!   whole batch before the next). Only then is the journal row deleted and the file's pages marked
 //!   clean; clean pages are dropped from the store only under space pressure, so the store
 //!   never holds the only copy of anything it drops.
 //! * Every access to BACKING goes through directory handles ([`crate::backing`]), so any
@@ -47,6 +50,7 @@ use crate::db::{JOp, OpKind};
 pub use policy::{may_heal, DRAIN_MAX_DELAY, DRAIN_QUIET, PERMANENT_TRIES};
 use policy::{AfterFailure, Backlog, Choice, Refused, RowKind, Signals, Slots, State, Tries};
 
+pub mod batch;
 #[cfg(test)]
 mod crash_tests;
 mod data;
@@ -91,11 +95,12 @@ impl RateLimit {
     }
 }
 
-/// Data ops in flight: per inode, and in all.
+/// Data ops in flight: per inode, and in all; of them, those parked for a batch's sync.
 #[derive(Default)]
 struct Inflight {
     per_ino: HashMap<u64, usize>,
     total: usize,
+    parked: usize,
 }
 
 impl Inflight {
@@ -105,6 +110,18 @@ impl Inflight {
             in_flight: self.total,
             same_file: self.per_ino.get(&ino).copied().unwrap_or(0),
             jobs,
+            parked: self.parked,
+        }
+    }
+
+    /// A data row of inode `ino` is done.
+    fn release(&mut self, ino: u64) {
+        self.total -= 1;
+        if let Some(c) = self.per_ino.get_mut(&ino) {
+            *c -= 1;
+            if *c == 0 {
+                self.per_ino.remove(&ino);
+            }
         }
     }
 }
@@ -141,6 +158,20 @@ pub struct Drainer {
     sweep_due: AtomicBool,
     /// Site-wide drain slots (`mount --drain-slots`): a worker drains only while it holds one.
     slots: Option<slots::Slots>,
+    /// How a batch of written files is made durable ([`batch`]).
+    sync_way: batch::SyncWay,
+    /// Whether workers park written files for the committer ([`batch`]) instead of
+    /// syncing each alone.
+    batched: bool,
+    /// The written files waiting for the committer, and its wake-up.
+    parked: Mutex<batch::Parked>,
+    parked_cv: Condvar,
+    /// Whether directories' attribute rows are put off to the next barrier or the end of the
+    /// journal batch ([`Drainer::apply_deferred`]): with batching, when run as root.
+    defer_dir_attrs: bool,
+    /// Workers still running (the committer ends after the last, once it has committed
+    /// what they parked).
+    workers_live: std::sync::atomic::AtomicUsize,
 }
 
 /// The name of the drainer's temporary file for inode `ino` (suffix: a further link).
@@ -166,6 +197,13 @@ impl Drainer {
         rate: Option<u64>,
         slots: Option<slots::Slots>,
     ) -> Arc<Drainer> {
+        let sync_way = core
+            .backing()
+            .dir(b"")
+            .map_or(batch::SyncWay::Files, |root| {
+                batch::SyncWay::for_backing(&root)
+            });
+        let batched = std::env::var("TIERSTACK_DRAIN_BATCH").as_deref() != Ok("0");
         Arc::new(Drainer {
             core,
             jobs: jobs.max(1),
@@ -181,6 +219,12 @@ impl Drainer {
             refused: Mutex::new(Vec::new()),
             sweep_due: AtomicBool::new(true),
             slots,
+            sync_way,
+            batched,
+            defer_dir_attrs: batched && rustix::process::geteuid().is_root(),
+            parked: Mutex::new(batch::Parked::default()),
+            parked_cv: Condvar::new(),
+            workers_live: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -193,10 +237,28 @@ impl Drainer {
         for i in 0..self.jobs {
             let me = self.clone();
             let rx = rx.clone();
+            self.workers_live.fetch_add(1, Relaxed);
+            let h = std::thread::Builder::new()
+                .name(format!("drain-{i}"))
+                .spawn(move || {
+                    me.clone().worker(i as u32, &rx);
+                    me.workers_live.fetch_sub(1, Relaxed);
+                    me.parked_cv.notify_one();
+                });
+            match h {
+                Ok(h) => hs.push(h),
+                Err(e) => {
+                    self.workers_live.fetch_sub(1, Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        if self.batched {
+            let me = self.clone();
             hs.push(
                 std::thread::Builder::new()
-                    .name(format!("drain-{i}"))
-                    .spawn(move || me.worker(i as u32, &rx))?,
+                    .name("drain-sync".into())
+                    .spawn(move || me.committer())?,
             );
         }
         let me = self.clone();
@@ -378,22 +440,30 @@ impl Drainer {
     /// in the quarantine untried when it depends on a quarantined row. The policy decides
     /// ([`policy::waits_for`], [`policy::after_failure`]).
     fn apply_with_retry(&self, op: &JOp, f: impl Fn(&JOp) -> io::Result<()>) {
+        if self.try_until(op, f).is_some() {
+            self.finish_row(op.seq);
+        }
+    }
+
+    /// [`Drainer::apply_with_retry`] without deleting the row: `f`'s value once it
+    /// succeeds; None when the row was quarantined or held, or the drainer stops.
+    fn try_until<T>(&self, op: &JOp, f: impl Fn(&JOp) -> io::Result<T>) -> Option<T> {
         let on = policy::waits_for(op, &self.refused.lock()).cloned();
         if let Some(on) = on {
             self.hold_behind(op, &on);
-            return;
+            return None;
         }
         let mut tries = Tries::default();
         loop {
-            let Err(e) = f(op) else {
-                self.finish_row(op.seq);
-                return;
+            let e = match f(op) {
+                Ok(v) => return Some(v),
+                Err(e) => e,
             };
             tries = tries.and_failed(may_heal(&e));
             let next = policy::after_failure(&tries, self.stop.load(Relaxed), &self.policy);
             if next == AfterFailure::Quarantine {
                 self.quarantine(op, &e);
-                return;
+                return None;
             }
             self.note_error(
                 &format!("{:?} {}", op.kind, String::from_utf8_lossy(&op.p1)),
@@ -401,19 +471,27 @@ impl Drainer {
             );
             match next {
                 AfterFailure::Retry(after) => std::thread::sleep(after),
-                _ => return,
+                _ => return None,
             }
         }
     }
 
     /// Waits until the policy lets a row of `kind` (of inode `ino`) start
     /// ([`policy::may_start`]); returns the in-flight count, locked.
+    /// A row that waits for parked rows (a barrier, a row of a parked file) has their
+    /// batch committed at once.
     fn wait_slot(&self, kind: RowKind, ino: u64) -> MutexGuard<'_, Inflight> {
         let mut fl = self.inflight.lock();
-        while !policy::may_start(kind, &fl.slots(ino, self.jobs)) {
+        loop {
+            let s = fl.slots(ino, self.jobs);
+            if policy::may_start(kind, &s) {
+                return fl;
+            }
+            if s.parked > 0 && (kind != RowKind::Data || s.same_file > 0) {
+                self.commit_now();
+            }
             self.inflight_cv.wait(&mut fl);
         }
-        fl
     }
 
     /// Moves the quarantined rows back into the journal once nothing is in flight; the
@@ -553,6 +631,9 @@ impl Drainer {
         // leaves them in the journal, to be applied by the next mount (a create and its
         // unlink: harmless).
         let mut cancelled = Vec::new();
+        // Directories' attribute rows put off to the next barrier or the batch's end
+        // (`defer_dir_attrs`).
+        let mut deferred: Vec<JOp> = Vec::new();
         for op in ops {
             *last = op.seq;
             if dropped.remove(&op.seq) {
@@ -575,17 +656,28 @@ impl Drainer {
                 }
                 continue;
             }
-            if op.kind == OpKind::SetAttr
-                && matches!(self.core.backing_attrs(op.ino), Some((Kind::File, ..)))
-            {
+            let kind = match op.kind {
+                OpKind::SetAttr => self.core.backing_attrs(op.ino).map(|a| a.0),
+                _ => None,
+            };
+            if kind == Some(Kind::File) {
                 drop(self.wait_slot(RowKind::OwnFile, op.ino));
+            } else if kind == Some(Kind::Dir) && self.defer_dir_attrs {
+                deferred.push(op);
+                continue;
             } else if op.kind.is_barrier() {
+                if !self.apply_deferred(&mut deferred) {
+                    return Flow::End;
+                }
                 drop(self.wait_slot(RowKind::Barrier, op.ino));
             }
             self.apply_with_retry(&op, |op| self.apply_meta(op));
             if self.stop.load(Relaxed) {
                 return Flow::End;
             }
+        }
+        if !self.apply_deferred(&mut deferred) {
+            return Flow::End;
         }
         if !self.drop_cancelled(&cancelled) {
             // They stay in the journal: read it from its start again (they are cancelled
@@ -594,6 +686,32 @@ impl Drainer {
             return Flow::Pause;
         }
         Flow::Next
+    }
+
+    /// Applies the directories' attribute rows put off (`deferred`, in journal order) once no
+    /// data row is in flight, and empties it; false when the drainer stops.
+    ///
+    /// Such a row sets a directory's mode, owner and times to what the namespace holds when
+    /// it is applied, so applying it later gives BACKING the same directory (its times even
+    /// after the names that later rows add to it); as a barrier in its place, each of the
+    /// directories of a `tar` (which sets each directory's times once its contents are
+    /// written) emptied the drain's pipeline, and with it the batch of files being synced.
+    /// Put off only while the drain may write into any directory whatever its mode (run as
+    /// root: `defer_dir_attrs`), never past a barrier (which may move or remove the
+    /// directory), and retired only once applied: a crash before that leaves them in the
+    /// journal, applied again by the next mount.
+    fn apply_deferred(&self, deferred: &mut Vec<JOp>) -> bool {
+        if deferred.is_empty() {
+            return true;
+        }
+        drop(self.wait_slot(RowKind::Barrier, 0));
+        for op in deferred.drain(..) {
+            self.apply_with_retry(&op, |op| self.apply_meta(op));
+            if self.stop.load(Relaxed) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Deletes the journal rows `seqs` (cancelled: they never reach BACKING), in one
@@ -671,15 +789,22 @@ impl Drainer {
                     permit = slots.acquire(w, &self.stop);
                 }
             }
-            self.apply_with_retry(&op, |op| self.drain_file(op));
-            let mut fl = self.inflight.lock();
-            fl.total -= 1;
-            if let Some(c) = fl.per_ino.get_mut(&op.ino) {
-                *c -= 1;
-                if *c == 0 {
-                    fl.per_ino.remove(&op.ino);
+            if self.batched {
+                // Written, then parked for the committer: the row stays in flight until its
+                // batch is durable and retired (`batch.rs`).
+                match self.try_until(&op, |op| self.write_file(op)) {
+                    Some(Some(w)) => {
+                        self.park(w);
+                        continue;
+                    }
+                    Some(None) => self.finish_row(op.seq),
+                    None => {}
                 }
+            } else {
+                self.apply_with_retry(&op, |op| self.drain_file(op));
             }
+            let mut fl = self.inflight.lock();
+            fl.release(op.ino);
             self.inflight_cv.notify_all();
         }
     }

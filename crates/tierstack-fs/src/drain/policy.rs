@@ -219,14 +219,25 @@ pub struct Slots {
     pub in_flight: usize,
     /// Of them, rows of the row's own file.
     pub same_file: usize,
-    /// The worker limit (data rows in flight at most).
+    /// The worker limit (data rows being written at most).
     pub jobs: usize,
+    /// Of the rows in flight, those written and parked for the batch's shared sync
+    /// (`batch.rs`): they hold no worker.
+    pub parked: usize,
 }
+
+/// Parked rows at most (two batches): past them, no data row starts until a batch is
+/// committed.
+pub const MAX_PARKED: usize = 2 * super::batch::BATCH_FILES;
 
 /// Whether a row of `kind` may start now (else the dispatcher waits for a data row to end).
 pub fn may_start(kind: RowKind, s: &Slots) -> bool {
     match kind {
-        RowKind::Data => s.in_flight < s.jobs && s.same_file == 0,
+        RowKind::Data => {
+            s.in_flight - s.parked.min(s.in_flight) < s.jobs
+                && s.parked < MAX_PARKED
+                && s.same_file == 0
+        }
         RowKind::Barrier => s.in_flight == 0,
         RowKind::OwnFile => s.same_file == 0,
     }
@@ -596,11 +607,33 @@ mod tests {
     }
 
     #[test]
+    fn parked_rows_hold_no_worker_but_stay_in_flight() {
+        let s = |in_flight, same_file, parked| Slots {
+            in_flight,
+            same_file,
+            jobs: 4,
+            parked,
+        };
+        // Four written and parked for the batch's sync: four more may be written.
+        assert!(may_start(RowKind::Data, &s(4, 0, 4)));
+        assert!(may_start(RowKind::Data, &s(7, 0, 4)));
+        assert!(!may_start(RowKind::Data, &s(8, 0, 4)));
+        // At most MAX_PARKED wait for the committer.
+        assert!(!may_start(RowKind::Data, &s(MAX_PARKED, 0, MAX_PARKED)));
+        // A barrier, and a later row of a parked file, wait for the batch.
+        assert!(!may_start(RowKind::Barrier, &s(3, 0, 3)));
+        assert!(!may_start(RowKind::Data, &s(3, 1, 3)));
+        assert!(!may_start(RowKind::OwnFile, &s(3, 1, 3)));
+        assert!(may_start(RowKind::OwnFile, &s(3, 0, 3)));
+    }
+
+    #[test]
     fn data_rows_run_in_parallel_across_files_and_barriers_alone() {
         let s = |in_flight, same_file| Slots {
             in_flight,
             same_file,
             jobs: 4,
+            parked: 0,
         };
         assert!(may_start(RowKind::Data, &s(0, 0)));
         assert!(may_start(RowKind::Data, &s(3, 0)));
