@@ -544,6 +544,7 @@ impl Inner {
         let page = self.page;
         let mut done = 0;
         let mut unshared = 0;
+        let mut cleared = 0;
         // After a refusal of a whole run (it spans two of the program's mappings, say), one
         // page at a time.
         let mut by_page = false;
@@ -558,12 +559,21 @@ impl Inner {
                 Ok(n) => done += n,
                 Err((n, e)) => {
                     done += n;
-                    let more = self.populated_prefix(dst + done, len - done);
+                    let (more, junk) = self.moved_prefix(src + done, dst + done, len - done);
                     if more > 0 {
                         self.counters
                             .move_misreported
                             .fetch_add((more / 4096) as u64, Relaxed);
                         done += more;
+                        continue;
+                    }
+                    if junk && cleared < len / 4096 + 1 {
+                        // The slot held a page of its own (its release could not drop it):
+                        // dropped now, and the move tried again.
+                        cleared += 1;
+                        if let Some(s) = &self.staging {
+                            s.clear(dst + done, 4096);
+                        }
                         continue;
                     }
                     let at = (src + done) & !4095;
@@ -606,15 +616,50 @@ impl Inner {
         // stayed), or anything the kernel moved without saying so, goes back where it was.
         let from = dst + whole * page;
         let mut back: Vec<usize> = Vec::new();
+        let stayed = self.populated_set(src + whole * page, len - whole * page);
         for (a, n) in self.populated_runs(from, len - whole * page) {
             for off in (0..n).step_by(4096) {
                 let d = a + off;
-                self.put_back(d, src + (d - dst));
+                let to = src + (d - dst);
+                if stayed.contains(&to) {
+                    // Not the program's page (that one is still in place): the slot's own.
+                    if let Some(s) = &self.staging {
+                        s.clear(d, 4096);
+                    }
+                    continue;
+                }
+                self.put_back(d, to);
                 back.push((d - dst) / page);
             }
         }
         back.dedup();
         (whole, back)
+    }
+
+    /// The 4 KiB pages of `[addr, addr+len)` that hold pages.
+    fn populated_set(&self, addr: usize, len: usize) -> std::collections::HashSet<usize> {
+        self.populated_runs(addr, len)
+            .into_iter()
+            .flat_map(|(a, n)| (a..a + n).step_by(4096))
+            .collect()
+    }
+
+    /// After a refused move at `src` to `dst` (a slot, empty when taken), `len` bytes left:
+    /// the bytes from there on that the kernel moved anyway (the slot holds them and the
+    /// program's mapping no longer does), and whether the slot holds a page of its own at
+    /// `dst` while the program's page is still at `src` (a release that could not drop it).
+    fn moved_prefix(&self, src: usize, dst: usize, len: usize) -> (usize, bool) {
+        let there = self.populated_prefix(dst, len);
+        if there == 0 {
+            return (0, false);
+        }
+        let stayed = self.populated_set(src, there);
+        let moved = (0..there)
+            .step_by(4096)
+            .take_while(|off| !stayed.contains(&(src + off)))
+            .count()
+            * 4096;
+        (moved, moved == 0)
     }
 
     /// Runs `(address, length)` of `[addr, addr+len)` that hold pages (present or swapped),
@@ -723,6 +768,22 @@ impl Staging {
         unsafe { libc::munlock(self.base as *const _, self.len) };
     }
 
+    /// Drops the pages of `[addr, addr+len)` (a part of the area whose contents were saved or
+    /// are not wanted). `MADV_DONTNEED` refuses locked memory: a program's `mlockall` locks
+    /// the area with the rest of the process, so it is unlocked then and dropped again (a
+    /// slot that kept a page would make the next move into it fail).
+    pub(super) fn clear(&self, addr: usize, len: usize) {
+        let drop_pages = || {
+            // SAFETY: the range lies in our staging mapping, which only the pager uses; its
+            // contents were saved (or are not wanted) by the caller.
+            unsafe { rustix::mm::madvise(addr as *mut _, len, rustix::mm::Advice::LinuxDontNeed) }
+        };
+        if drop_pages().is_err() {
+            self.unlock();
+            let _ = drop_pages();
+        }
+    }
+
     /// Takes a free slot, waiting for one (each thread that evicts holds at most one).
     pub(super) fn take(&self) -> Slot<'_> {
         loop {
@@ -739,15 +800,8 @@ impl Staging {
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        // SAFETY: the slot lies in our staging mapping; what was moved into it was saved (or
-        // put back) by the eviction that held it.
-        let _ = unsafe {
-            rustix::mm::madvise(
-                self.addr as *mut _,
-                self.staging.slot_bytes,
-                rustix::mm::Advice::LinuxDontNeed,
-            )
-        };
+        // What was moved into it was saved (or put back) by the eviction that held it.
+        self.staging.clear(self.addr, self.staging.slot_bytes);
         self.staging.free.lock().push(self.addr);
     }
 }
