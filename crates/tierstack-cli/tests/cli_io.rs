@@ -156,6 +156,14 @@ def run(cmd, a):
         with open(a[0], "rb") as f: return f.read().decode()
     if cmd == "stat":
         s = os.stat(a[0]); return [s.st_size, oct(s.st_mode), s.st_nlink]
+    if cmd == "full":
+        s = os.stat(a[0], follow_symlinks=(len(a) < 2))
+        return [s.st_ino, s.st_size, oct(s.st_mode), s.st_nlink, s.st_uid]
+    if cmd == "statn":
+        for _ in range(int(a[1])): s = os.stat(a[0])
+        return s.st_size
+    if cmd == "fstat": return os.fstat(fds[a[0]]).st_size
+    if cmd == "mtime": return os.stat(a[0]).st_mtime_ns
     if cmd == "mkdir": os.mkdir(a[0]); return None
     if cmd == "rmdir": os.rmdir(a[0]); return None
     if cmd == "unlink": os.unlink(a[0]); return None
@@ -329,6 +337,182 @@ fn a_program_under_the_client_and_a_shell_through_fuse_see_the_same_tree_at_ever
     }
     let served = fx.io_calls() - before;
     assert!(served >= 20, "only {served} calls went through the client");
+}
+
+/// What `full` answers, as the kernel's FUSE path shows it (`lstat` with `link`). Not the
+/// times: in writeback-cache mode the kernel keeps its own times of a file written through
+/// it until it writes them back, with or without the client (the `utimes` step checks
+/// them).
+fn full_via_fuse(path: &Path, link: bool) -> serde_json::Value {
+    use std::os::unix::fs::MetadataExt;
+    let md = if link {
+        fs::symlink_metadata(path)
+    } else {
+        fs::metadata(path)
+    };
+    match md {
+        Ok(md) => serde_json::json!([
+            "ok",
+            [
+                md.ino(),
+                md.size(),
+                format!("0o{:o}", md.mode()),
+                md.nlink(),
+                md.uid()
+            ]
+        ]),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!(["err", "ENOENT"]),
+        Err(e) => panic!("lstat {}: {e}", path.display()),
+    }
+}
+
+/// The client keeps what `stat` answered (and answers it again with no call) only while
+/// nothing it rests on changed: every change made elsewhere (through FUSE by a shell, or by
+/// another process under the client) shows in the next `stat` exactly as FUSE shows it,
+/// negative answers included, and a path whose folder was renamed is walked again.
+#[test]
+fn what_the_client_keeps_of_stat_follows_every_change_made_elsewhere() {
+    let Some(py) = can_run() else { return };
+    let fx = Fx::new(&[]);
+    let m = |r: &str| p(&fx.m(r));
+    fs::create_dir_all(fx.m("d/e")).expect("mkdir");
+    fs::write(fx.m("d/e/f"), b"12345").expect("write");
+    fs::write(fx.m("d/g"), b"x").expect("write");
+    let mut prog = Prog::start(py, &fx);
+    let mut other = Prog::start(py, &fx);
+    let watched = ["d/e/f", "d/g", "d/e/new", "d/h/f", "d/l", "d/e"];
+    let look = |prog: &mut Prog, step: &str| {
+        for w in watched {
+            for link in [false, true] {
+                let mut cmd = vec![serde_json::json!("full"), serde_json::json!(m(w))];
+                if link {
+                    cmd.push(serde_json::json!("l"));
+                }
+                // Twice: the second answer comes from what the client kept.
+                for _ in 0..2 {
+                    let got = prog.ask(serde_json::Value::Array(cmd.clone()));
+                    let want = full_via_fuse(&fx.m(w), link);
+                    assert_eq!(got, want, "after {step}: {w} (lstat: {link})");
+                }
+            }
+        }
+    };
+    look(&mut prog, "the start");
+    type Change<'a> = (&'a str, Box<dyn Fn(&mut Prog) + 'a>);
+    let changes: Vec<Change<'_>> = vec![
+        (
+            "a write through FUSE",
+            Box::new(|_: &mut Prog| {
+                fs::write(fx.m("d/e/f"), b"longer than before").expect("write")
+            }),
+        ),
+        (
+            "a chmod through FUSE",
+            Box::new(|_: &mut Prog| {
+                fs::set_permissions(fx.m("d/e/f"), fs::Permissions::from_mode(0o600))
+                    .expect("chmod")
+            }),
+        ),
+        (
+            "a missing name made through FUSE",
+            Box::new(|_: &mut Prog| fs::write(fx.m("d/e/new"), b"n").expect("write")),
+        ),
+        (
+            "a hard link through FUSE",
+            Box::new(|_: &mut Prog| fs::hard_link(fx.m("d/e/f"), fx.m("d/g2")).expect("link")),
+        ),
+        (
+            "a rename over a name through FUSE",
+            Box::new(|_: &mut Prog| fs::rename(fx.m("d/e/new"), fx.m("d/g")).expect("rename")),
+        ),
+        (
+            "a folder renamed through FUSE",
+            Box::new(|_: &mut Prog| fs::rename(fx.m("d/e"), fx.m("d/h")).expect("rename")),
+        ),
+        (
+            "a symlink made through FUSE",
+            Box::new(|_: &mut Prog| {
+                std::os::unix::fs::symlink("h/f", fx.m("d/l")).expect("symlink")
+            }),
+        ),
+        (
+            "a folder renamed back by another client",
+            Box::new(|o: &mut Prog| {
+                let r = o.ask(serde_json::json!(["rename", m("d/h"), m("d/e")]));
+                assert_eq!(r[0], "ok", "{r}");
+            }),
+        ),
+        (
+            "a truncate by another client",
+            Box::new(|o: &mut Prog| {
+                let r = o.ask(serde_json::json!(["truncate", m("d/e/f"), "3"]));
+                assert_eq!(r[0], "ok", "{r}");
+            }),
+        ),
+        (
+            "an append by another client",
+            Box::new(|o: &mut Prog| {
+                let r = o.ask(serde_json::json!(["append", m("d/e/f"), "abc"]));
+                assert_eq!(r[0], "ok", "{r}");
+            }),
+        ),
+        (
+            "an unlink by another client",
+            Box::new(|o: &mut Prog| {
+                let r = o.ask(serde_json::json!(["unlink", m("d/g")]));
+                assert_eq!(r[0], "ok", "{r}");
+            }),
+        ),
+        (
+            "times set through FUSE",
+            Box::new(|_: &mut Prog| {
+                let f = fs::File::options()
+                    .write(true)
+                    .open(fx.m("d/e/f"))
+                    .expect("open");
+                f.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000))
+                    .expect("utimes");
+            }),
+        ),
+        (
+            "an unlink through FUSE",
+            Box::new(|_: &mut Prog| fs::remove_file(fx.m("d/e/f")).expect("rm")),
+        ),
+    ];
+    for (step, change) in &changes {
+        change(&mut other);
+        look(&mut prog, step);
+        if step.starts_with("times") {
+            assert_eq!(
+                prog.ask(serde_json::json!(["mtime", m("d/e/f")])),
+                serde_json::json!(["ok", 1_000_000u64 * 1_000_000_000])
+            );
+        }
+    }
+    // Repeated stats of one path are answered by the client itself: the daemon counts
+    // (at the client's exit) far fewer calls than the stats made.
+    drop(other);
+    drop(prog);
+    let idle = |fx: &Fx| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fx.status()["io_clients"].as_u64() != Some(0) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    idle(&fx);
+    let before = fx.io_calls();
+    let mut prog = Prog::start(py, &fx);
+    assert_eq!(
+        prog.ask(serde_json::json!(["statn", m("d/e"), "2000"])),
+        serde_json::json!(["ok", fs::metadata(fx.m("d/e")).expect("stat").len()])
+    );
+    drop(prog);
+    idle(&fx);
+    let calls = fx.io_calls() - before;
+    assert!(
+        (1..100).contains(&calls),
+        "2000 stats of one unchanged path made {calls} calls to the daemon"
+    );
 }
 
 #[test]

@@ -1139,6 +1139,9 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) 
 
 fn fstat_attr(v: &VFile) -> Result<WireAttr, i32> {
     let m = mounts().get(v.mount).ok_or(libc::EBADF)?;
+    if let Some(a) = m.kept_node(v.epoch, v.ino) {
+        return Ok(a);
+    }
     match m.call_on(v.epoch, &Req::Fstat { ino: v.ino }, &[], &mut []) {
         Ok(Got::Attr(a)) => Ok(a),
         Ok(Got::Err(e)) => Err(e),
@@ -1280,6 +1283,9 @@ fn attrs_of(
         // SAFETY: the program's NUL-terminated path.
         let u = unsafe { paths::under(dirfd, path) }?;
         let m = mounts().get(u.mount)?;
+        if let Some(r) = m.kept_path(u.base, &u.rel, follow) {
+            return Some(r.map(|a| (a, u.mount)));
+        }
         match m.call(
             &Req::Stat {
                 base: u.base,

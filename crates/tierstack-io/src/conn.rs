@@ -16,8 +16,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
-use tierstack_ioproto::msg::REP_HEAD;
-use tierstack_ioproto::{Chan, Rep, Req, WireAttr};
+use tierstack_ioproto::msg::{MAX_DEPS, REP_HEAD};
+use tierstack_ioproto::{Chan, Rep, Req, Versions, WireAttr};
+
+use tierstack_ioproto::cache::{Cache, Kept};
 
 /// The variable that names the io sockets.
 pub const ENV: &str = "TIERSTACK_IO";
@@ -51,7 +53,18 @@ struct Conn {
     chan: Chan,
     sock: OwnedFd,
     scratch: Vec<u8>,
+    /// The mount's change counters (None: an older daemon sent none; nothing is kept).
+    vers: Option<Versions>,
+    /// What is kept of the daemon's answers (see [`tierstack_ioproto::cache`]).
+    cache: Cache,
+    /// When the daemon was last seen alive by a cached answer (ms, monotonic).
+    seen_ms: u64,
 }
+
+/// How long answers are served from the cache before the daemon's socket is looked at
+/// again: a daemon that has gone (its mount dead, or mounted again with a new table) is
+/// noticed within this.
+const ALIVE_MS: u64 = 50;
 
 /// What a call came back with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,21 +185,25 @@ fn connect(sock: &[u8]) -> Option<(Vec<u8>, Conn)> {
     if rc != 0 {
         return None;
     }
-    let (root, memfd) = recv_hello(fd.as_fd())?;
+    let (root, memfd, versfd) = recv_hello(fd.as_fd())?;
     let chan = Chan::attach(memfd.as_fd()).ok()?;
+    let vers = versfd.and_then(|v| Versions::attach(v.as_fd()).ok());
     Some((
         root,
         Conn {
             chan,
             sock: fd,
             scratch: Vec::with_capacity(4096),
+            vers,
+            cache: Cache::default(),
+            seen_ms: now_ms(),
         },
     ))
 }
 
-/// The daemon's hello: the mountpoint, with the slot's memfd attached. Bounded by a 5 s
-/// receive timeout.
-fn recv_hello(fd: std::os::fd::BorrowedFd<'_>) -> Option<(Vec<u8>, OwnedFd)> {
+/// The daemon's hello: the mountpoint, with the slot's memfd attached and, from a daemon
+/// that keeps them, its change counters'. Bounded by a 5 s receive timeout.
+fn recv_hello(fd: std::os::fd::BorrowedFd<'_>) -> Option<(Vec<u8>, OwnedFd, Option<OwnedFd>)> {
     let tv = libc::timeval {
         tv_sec: 5,
         tv_usec: 0,
@@ -228,15 +245,40 @@ fn recv_hello(fd: std::os::fd::BorrowedFd<'_>) -> Option<(Vec<u8>, OwnedFd)> {
     if level != libc::SOL_SOCKET || kind != libc::SCM_RIGHTS {
         return None;
     }
-    // SAFETY: an SCM_RIGHTS message carries at least one int after its header.
-    let raw = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32) };
-    // SAFETY: the kernel installed `raw` in this process for us.
-    let memfd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: `c` points into `cbuf`, a header recvmsg wrote.
+    let len = unsafe { (*c).cmsg_len } as usize;
+    // SAFETY: CMSG_LEN is pure arithmetic.
+    let ints = len.saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize) / 4;
+    let mut fds = Vec::new();
+    for i in 0..ints.min(2) {
+        // SAFETY: an SCM_RIGHTS message of `len` bytes carries `ints` ints after its header.
+        let raw = unsafe { std::ptr::read_unaligned((libc::CMSG_DATA(c) as *const i32).add(i)) };
+        // SAFETY: the kernel installed `raw` in this process for us.
+        fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+    }
+    let mut fds = fds.into_iter();
+    let memfd = fds.next()?;
+    let versfd = fds.next();
     buf.truncate(n as usize);
     while buf.last() == Some(&b'/') && buf.len() > 1 {
         buf.pop();
     }
-    Some((buf, memfd))
+    Some((buf, memfd, versfd))
+}
+
+/// Keeps what `rep`, the answer to `req`, says with counts (see [`tierstack_ioproto::cache`]).
+fn keep(cache: &mut Cache, req: &Req<'_>, rep: &Rep<'_>, now_ms: u64) {
+    match (req, rep) {
+        (Req::Stat { base, path, .. }, Rep::Known { attr, deps })
+        | (Req::Open { base, path, .. }, Rep::Opened { attr, deps, .. }) => {
+            cache.keep_attr(*base, path, attr, deps)
+        }
+        (Req::Stat { base, path, .. }, Rep::Absent { deps, ttl_ms }) => {
+            cache.keep_absent(*base, path, deps, *ttl_ms, now_ms)
+        }
+        (Req::Close { .. }, Rep::Known { attr, deps }) => cache.keep_node_deps(attr, deps),
+        _ => {}
+    }
 }
 
 /// Closes a descriptor this library opened (nothing for -1).
@@ -355,8 +397,8 @@ impl Mount {
                 };
             }
         }
-        let mut head = [0u8; REP_HEAD];
-        if !c.chan.get(0, &mut head) {
+        let mut head = [0u8; REP_HEAD + MAX_DEPS * 12];
+        if !c.chan.get(0, &mut head[..REP_HEAD]) {
             return Ok(Got::Err(libc::EIO));
         }
         if let Some(n) = Rep::data_len(&head) {
@@ -366,15 +408,75 @@ impl Mount {
             }
             return Ok(Got::Read(n));
         }
-        Ok(match Rep::decode(&head) {
+        let more = Rep::deps_len(&head).min(head.len() - REP_HEAD);
+        if !c.chan.get(REP_HEAD, &mut head[REP_HEAD..REP_HEAD + more]) {
+            return Ok(Got::Err(libc::EIO));
+        }
+        let rep = Rep::decode(&head[..REP_HEAD + more]);
+        if let (Some(rep), Some(_)) = (&rep, &c.vers) {
+            c.seen_ms = now_ms();
+            keep(&mut c.cache, req, rep, c.seen_ms);
+        }
+        Ok(match rep {
             Some(Rep::Done) => Got::Done,
             Some(Rep::Err(e)) => Got::Err(e),
             Some(Rep::Fallback) => return Err(Miss::Fallback),
             Some(Rep::Attr(a)) => Got::Attr(a),
-            Some(Rep::Opened { fh, attr }) => Got::Opened(fh, attr),
+            Some(Rep::Known { attr, .. }) => match req {
+                Req::Close { .. } => Got::Done,
+                _ => Got::Attr(attr),
+            },
+            Some(Rep::Absent { .. }) => Got::Err(libc::ENOENT),
+            Some(Rep::Opened { fh, attr, .. }) => Got::Opened(fh, attr),
             Some(Rep::Written { n, end }) => Got::Written(n, end),
             Some(Rep::Data(_)) | None => Got::Err(libc::EIO),
         })
+    }
+
+    /// The attributes of `path` from node `base` (or ENOENT) as kept from an earlier
+    /// answer and still true (see [`tierstack_ioproto::cache`]); None: the daemon is to be asked.
+    pub fn kept_path(&self, base: u64, path: &[u8], follow: bool) -> Option<Result<WireAttr, i32>> {
+        let mut guard = self.conn.lock();
+        let c = self.alive(&mut guard)?;
+        let now = c.seen_ms;
+        match c.cache.path(c.vers.as_ref()?, base, path, follow, now)? {
+            Kept::Attr(a) => Some(Ok(a)),
+            Kept::Absent => Some(Err(libc::ENOENT)),
+        }
+    }
+
+    /// The attributes of node `ino`, opened under connection `epoch`, as kept and still
+    /// true; None: the daemon is to be asked.
+    pub fn kept_node(&self, epoch: u32, ino: u64) -> Option<WireAttr> {
+        let mut guard = self.conn.lock();
+        if epoch != self.epoch.load(Relaxed) {
+            return None;
+        }
+        let c = self.alive(&mut guard)?;
+        c.cache.node(c.vers.as_ref()?, ino)
+    }
+
+    /// The connection, if its daemon is still there: looked at (a poll of its socket) at
+    /// most every [`ALIVE_MS`]; a connection whose daemon has gone is dropped with what it
+    /// kept.
+    fn alive<'g>(&self, guard: &'g mut Option<Conn>) -> Option<&'g mut Conn> {
+        let now = now_ms();
+        let c = guard.as_mut()?;
+        if now.saturating_sub(c.seen_ms) < ALIVE_MS {
+            return guard.as_mut();
+        }
+        if hung_up(c.sock.as_raw_fd()) {
+            let old = guard.take();
+            crate::outside(|| {
+                drop(old);
+                Some(())
+            });
+            self.mark_dead();
+            return None;
+        }
+        let c = guard.as_mut()?;
+        c.seen_ms = now;
+        Some(c)
     }
 
     /// The mount's device number (`st_dev` of its root), once connected.

@@ -18,7 +18,7 @@
 //! as soon as the daemon's socket hangs up; the daemon's wait ends when the client's socket
 //! hangs up.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
@@ -84,55 +84,22 @@ impl Chan {
     /// A new slot in a memfd (the daemon's side): the mapping and the descriptor to hand to
     /// the client.
     pub fn create() -> Result<(Chan, OwnedFd), ChanError> {
-        // SAFETY: memfd_create with a NUL-terminated name; the descriptor returned is ours.
-        let raw = unsafe { libc::memfd_create(c"tierstack-io".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        // SAFETY: `raw` is a descriptor just returned to us and owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: ftruncate on a descriptor we own.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), SLOT_BYTES as libc::off_t) } != 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        let chan = Self::map(fd.as_raw_fd())?;
+        let fd = memfd(c"tierstack-io", SLOT_BYTES, 0)?;
+        let chan = Self::map(fd.as_fd())?;
         Ok((chan, fd))
     }
 
     /// Maps the slot in `fd` (the client's side), after checking its size.
     pub fn attach(fd: BorrowedFd<'_>) -> Result<Chan, ChanError> {
-        // SAFETY: an all-zero `stat` is a valid value to be overwritten by fstat.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat writes into `st`, a live local.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        if st.st_size as u64 != SLOT_BYTES as u64 {
-            return Err(ChanError::Size(st.st_size as u64));
-        }
-        Self::map(fd.as_raw_fd())
+        Self::map(fd)
     }
 
-    fn map(fd: libc::c_int) -> Result<Chan, ChanError> {
-        // SAFETY: a new shared mapping of SLOT_BYTES of `fd`, which is at least that long;
-        // the kernel picks the address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                SLOT_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error().into());
-        }
+    fn map(fd: BorrowedFd<'_>) -> Result<Chan, ChanError> {
+        let p = map_shared(fd, SLOT_BYTES, libc::PROT_READ | libc::PROT_WRITE)?;
         // SAFETY: sysconf has no preconditions.
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
         Ok(Chan {
-            map: p.cast(),
+            map: p,
             spin: cpus > 1,
         })
     }
@@ -275,6 +242,60 @@ impl Drop for Chan {
         // it outlives `self`.
         unsafe { libc::munmap(self.map.cast(), SLOT_BYTES) };
     }
+}
+
+/// A new memfd of `bytes` bytes named `name` (`flags` added to `MFD_CLOEXEC`).
+pub(crate) fn memfd(
+    name: &std::ffi::CStr,
+    bytes: usize,
+    flags: libc::c_uint,
+) -> Result<OwnedFd, ChanError> {
+    // SAFETY: memfd_create with a NUL-terminated name; the descriptor returned is ours.
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | flags) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: `raw` is a descriptor just returned to us and owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ftruncate on a descriptor we own.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), bytes as libc::off_t) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(fd)
+}
+
+/// A shared mapping of the whole of `fd`, which must be `bytes` long (checked), with
+/// protection `prot`; the caller unmaps it.
+pub(crate) fn map_shared<T>(
+    fd: BorrowedFd<'_>,
+    bytes: usize,
+    prot: libc::c_int,
+) -> Result<*mut T, ChanError> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into `st`, a live local.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    if st.st_size as u64 != bytes as u64 {
+        return Err(ChanError::Size(st.st_size as u64));
+    }
+    // SAFETY: a new shared mapping of `bytes` of `fd`, which is that long; the kernel picks
+    // the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(p.cast())
 }
 
 /// Sleeps while `*w == val`, at most `timeout` (a shared futex: the word is in a mapping

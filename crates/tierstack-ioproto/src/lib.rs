@@ -10,8 +10,11 @@
 //! sleeps on a futex of the state word). The socket stays open only so that each side sees
 //! the other go (hang-up).
 
+pub mod cache;
 pub mod chan;
 pub mod msg;
+pub mod vers;
 
 pub use chan::{Chan, ChanError, Side};
-pub use msg::{Rep, Req, SetAttr, Time, WireAttr};
+pub use msg::{Deps, Rep, Req, SetAttr, Time, WireAttr};
+pub use vers::Versions;

@@ -249,6 +249,100 @@ pub struct WireAttr {
     pub blksize: u32,
 }
 
+/// The most counts one answer's facts rest on ([`Deps`]).
+pub const MAX_DEPS: usize = 40;
+/// Bytes of one count in an answer.
+const DEP_LEN: usize = 12;
+
+/// The counts of the mount's table ([`crate::vers`]) that the facts of an answer rest on,
+/// each read before its fact: `(slot, count)`. While the table holds every count, the facts
+/// hold (see [`crate::vers`]). At most [`MAX_DEPS`]; a walk longer than that is not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deps {
+    n: u8,
+    v: [(u32, u64); MAX_DEPS],
+}
+
+impl Default for Deps {
+    fn default() -> Self {
+        Deps {
+            n: 0,
+            v: [(0, 0); MAX_DEPS],
+        }
+    }
+}
+
+impl Deps {
+    /// Adds a count; false (and the set marked full, see [`Deps::complete`]) when there is no
+    /// room left.
+    pub fn push(&mut self, slot: u32, count: u64) -> bool {
+        match self.v.get_mut(self.n as usize) {
+            Some(d) if (self.n as usize) < MAX_DEPS => {
+                *d = (slot, count);
+                self.n += 1;
+                true
+            }
+            _ => {
+                self.n = u8::MAX;
+                false
+            }
+        }
+    }
+
+    /// Marks the set as not to be kept (a fact no count covers).
+    pub fn spoil(&mut self) {
+        self.n = u8::MAX;
+    }
+
+    /// Whether every count the facts rest on is here (false once one did not fit: such an
+    /// answer is not to be kept).
+    pub fn complete(&self) -> bool {
+        self.n != u8::MAX
+    }
+
+    /// The counts.
+    pub fn as_slice(&self) -> &[(u32, u64)] {
+        &self.v[..(self.n as usize).min(MAX_DEPS)]
+    }
+
+    /// The counts up to `len` (a walk's counts before its last step).
+    pub fn truncate(&mut self, len: usize) {
+        if self.complete() {
+            self.n = self.n.min(len.min(MAX_DEPS) as u8);
+        }
+    }
+
+    /// Writes the counts after the head (none for an incomplete set: nothing to keep).
+    fn put(&self, out: &mut [u8]) -> Option<usize> {
+        let deps = if self.complete() {
+            self.as_slice()
+        } else {
+            &[]
+        };
+        let room = out.get_mut(REP_HEAD..REP_HEAD + deps.len() * DEP_LEN)?;
+        for (c, (slot, count)) in room.chunks_exact_mut(DEP_LEN).zip(deps) {
+            c[..4].copy_from_slice(&slot.to_le_bytes());
+            c[4..].copy_from_slice(&count.to_le_bytes());
+        }
+        Some(deps.len())
+    }
+
+    fn get(b: &[u8], n: u32) -> Option<Deps> {
+        let n = n as usize;
+        if n > MAX_DEPS {
+            return None;
+        }
+        let mut d = Deps::default();
+        for c in b
+            .get(REP_HEAD..REP_HEAD + n * DEP_LEN)?
+            .chunks_exact(DEP_LEN)
+        {
+            d.push(u32_at(c, 0)?, u64_at(c, 4)?);
+        }
+        Some(d)
+    }
+}
+
 /// An answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rep<'a> {
@@ -260,12 +354,31 @@ pub enum Rep<'a> {
     Fallback,
     /// Attributes.
     Attr(WireAttr),
+    /// Attributes that hold while the counts they rest on do: a `stat`'s (the walk's names
+    /// and permissions, then the node's attributes), a `close`'s (the node's attributes).
+    Known {
+        /// The attributes.
+        attr: WireAttr,
+        /// What they rest on (the node's attribute count last).
+        deps: Deps,
+    },
+    /// ENOENT for a path's last name, which holds while the counts it rests on do, for at
+    /// most `ttl_ms` (a name another writer adds to BACKING is seen within it).
+    Absent {
+        /// What it rests on.
+        deps: Deps,
+        /// How long it may be kept, in ms.
+        ttl_ms: u32,
+    },
     /// An open handle `fh` on the node of `attr`.
     Opened {
         /// The handle.
         fh: u64,
         /// The node's attributes after the open (and its truncate).
         attr: WireAttr,
+        /// What the path's walk and the attributes rest on, as for [`Rep::Known`] (empty:
+        /// nothing to keep).
+        deps: Deps,
     },
     /// Data read.
     Data(&'a [u8]),
@@ -731,6 +844,8 @@ const REP_ATTR: u8 = 3;
 const REP_OPENED: u8 = 4;
 const REP_DATA: u8 = 5;
 const REP_WRITTEN: u8 = 6;
+const REP_KNOWN: u8 = 7;
+const REP_ABSENT: u8 = 8;
 
 impl<'a> Rep<'a> {
     /// The head of an answer of `kind` with number `n`, handle or offset `fh` and `attr`,
@@ -755,7 +870,21 @@ impl<'a> Rep<'a> {
             Rep::Err(e) => Self::head(out, REP_ERR, *e as u32, 0, &none),
             Rep::Fallback => Self::head(out, REP_FALLBACK, 0, 0, &none),
             Rep::Attr(a) => Self::head(out, REP_ATTR, 0, 0, a),
-            Rep::Opened { fh, attr } => Self::head(out, REP_OPENED, 0, *fh, attr),
+            Rep::Opened { fh, attr, deps } => {
+                let n = deps.put(out)?;
+                Self::head(out, REP_OPENED, n as u32, *fh, attr);
+                return Some(REP_HEAD + n * DEP_LEN);
+            }
+            Rep::Known { attr, deps } => {
+                let n = deps.put(out)?;
+                Self::head(out, REP_KNOWN, n as u32, 0, attr);
+                return Some(REP_HEAD + n * DEP_LEN);
+            }
+            Rep::Absent { deps, ttl_ms } => {
+                let n = deps.put(out)?;
+                Self::head(out, REP_ABSENT, n as u32, u64::from(*ttl_ms), &none);
+                return Some(REP_HEAD + n * DEP_LEN);
+            }
             Rep::Written { n, end } => Self::head(out, REP_WRITTEN, *n, *end, &none),
             Rep::Data(d) => {
                 let room = out.get_mut(REP_HEAD..REP_HEAD + d.len())?;
@@ -765,6 +894,17 @@ impl<'a> Rep<'a> {
             }
         }
         Some(REP_HEAD)
+    }
+
+    /// The length of what follows `head` (an answer's first [`REP_HEAD`] bytes) when it
+    /// carries counts ([`Deps`]): the client reads that much more before decoding.
+    pub fn deps_len(head: &[u8]) -> usize {
+        match head.first() {
+            Some(&(REP_OPENED | REP_KNOWN | REP_ABSENT)) => {
+                u32_at(head, 4).map_or(0, |n| (n as usize).min(MAX_DEPS) * DEP_LEN)
+            }
+            _ => 0,
+        }
     }
 
     /// The length of the data that follows `head` (an answer's first [`REP_HEAD`] bytes) if
@@ -787,7 +927,19 @@ impl<'a> Rep<'a> {
             REP_ERR => Rep::Err(n as i32),
             REP_FALLBACK => Rep::Fallback,
             REP_ATTR => Rep::Attr(attr()?),
-            REP_OPENED => Rep::Opened { fh, attr: attr()? },
+            REP_OPENED => Rep::Opened {
+                fh,
+                attr: attr()?,
+                deps: Deps::get(b, n)?,
+            },
+            REP_KNOWN => Rep::Known {
+                attr: attr()?,
+                deps: Deps::get(b, n)?,
+            },
+            REP_ABSENT => Rep::Absent {
+                deps: Deps::get(b, n)?,
+                ttl_ms: u32::try_from(fh).ok()?,
+            },
             REP_WRITTEN => Rep::Written { n, end: fh },
             REP_DATA => Rep::Data(b.get(REP_HEAD..REP_HEAD + n as usize)?),
             _ => return None,
@@ -992,9 +1144,14 @@ mod tests {
         ) {
             let attr = WireAttr { ino: x, size: x / 3, blocks: 8, atime: t, mtime: -t, ctime: t / 2,
                 mode: n, nlink: 2, uid: n / 5, gid: 7, rdev: x ^ 1, blksize: 4096 };
-            let mut out = vec![0u8; REP_HEAD + 300];
+            let mut deps = Deps::default();
+            for (i, b) in d.iter().take(MAX_DEPS).enumerate() {
+                deps.push(u32::from(*b) << 8 | i as u32, x.wrapping_add(i as u64));
+            }
+            let mut out = vec![0u8; REP_HEAD + 600];
             for r in [Rep::Done, Rep::Err(n as i32), Rep::Fallback, Rep::Attr(attr),
-                      Rep::Opened { fh: x, attr }, Rep::Data(&d), Rep::Written { n, end: x }] {
+                      Rep::Opened { fh: x, attr, deps }, Rep::Data(&d), Rep::Written { n, end: x },
+                      Rep::Known { attr, deps }, Rep::Absent { deps, ttl_ms: n }] {
                 let len = r.encode_into(&mut out).expect("room");
                 prop_assert_eq!(Rep::decode(&out[..len]), Some(r));
             }
@@ -1025,5 +1182,19 @@ mod tests {
         let mut out = vec![0u8; REP_HEAD + 2];
         assert_eq!(Rep::Data(b"abc").encode_into(&mut out), None);
         assert_eq!(Rep::Data(b"ab").encode_into(&mut out), Some(REP_HEAD + 2));
+    }
+
+    #[test]
+    fn a_walk_longer_than_an_answer_holds_is_not_kept() {
+        let mut d = Deps::default();
+        for i in 0..MAX_DEPS as u32 {
+            assert!(d.push(i, 1));
+        }
+        assert!(d.complete());
+        assert!(!d.push(99, 1));
+        assert!(!d.complete());
+        assert!(d.as_slice().is_empty() || d.as_slice().len() == MAX_DEPS);
+        d.truncate(3);
+        assert!(!d.complete());
     }
 }

@@ -173,6 +173,8 @@ impl Core {
             f.has_base = true;
             f.base_len = pass.size.min(f.min_size);
             f.base_blocks = done.base_blocks;
+            // Its blocks as `stat` counts them may have changed.
+            self.changed(pass.ino, false);
             f.base_fd = None;
             if pass.open {
                 // Not in place yet: the drain after the last close renames it.

@@ -44,6 +44,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 use tierstack_array::Array;
+use tierstack_ioproto::vers::Versions;
 use tierstack_store::{TieredStore, MAX_OBJECT_ID};
 
 use crate::backing::Backing;
@@ -65,7 +66,7 @@ mod status;
 pub use data::{FileData, Page};
 pub use drain_pass::{DrainPass, Drained};
 pub use namespace::STALE_NS;
-pub use node::{check_name, rdev_of, Attr, Kind, Node, Ns, Seen, NAME_MAX};
+pub use node::{check_name, rdev_of, Attr, Counts, Kind, Node, Ns, Seen, NAME_MAX};
 pub use status::Figures;
 
 pub use crate::attr::PAGE;
@@ -250,6 +251,10 @@ pub struct Core {
     /// The generation of every node but the root ([`Db::generation`]): kept by the fast
     /// tier's database, so a file handle (inode, generation) outlives a daemon restart.
     generation: u32,
+    /// The change counters shared with the interception client (`tierstack_ioproto::vers`)
+    /// and the descriptor handed to each client; None if the memfd could not be made (the
+    /// clients then keep nothing).
+    vers: Option<(Arc<Versions>, std::os::fd::OwnedFd)>,
 }
 
 /// The longest a namespace operation waits in an open group transaction before the group is
@@ -332,7 +337,15 @@ impl Core {
             kernel_refs: Default::default(),
             coherence_ns: std::sync::atomic::AtomicI64::new(0),
             generation,
+            vers: match Versions::create() {
+                Ok((v, fd)) => Some((Arc::new(v), fd)),
+                Err(e) => {
+                    tracing::warn!("no change counters for the interception client: {e}");
+                    None
+                }
+            },
         };
+        core.ns.get_mut().vers = core.vers.as_ref().map(|(v, _)| v.clone());
         // A new mount tries the rows an earlier one quarantined again.
         core.db.lock().release_stuck()?;
         core.load()?;

@@ -18,9 +18,10 @@ use crate::backing::Backing;
 use crate::db::{self, OpKind};
 
 use super::{
-    check_name, eio, join_rel, now_ns, ns_of, row_of, transient_name, Attr, Core, FileData, Kind,
-    Node, Ns, Seen, NAME_MAX, R, ROOT,
+    check_name, eio, join_rel, now_ns, ns_of, row_of, transient_name, Attr, Core, Counts, FileData,
+    Kind, Node, Ns, Seen, NAME_MAX, R, ROOT,
 };
+use tierstack_ioproto::vers;
 
 /// How old a BACKING folder's times must be before an unchanged pair is taken to mean that
 /// nothing was added since the last listing (`Core::refresh_dir`): file systems that keep
@@ -329,6 +330,72 @@ impl Core {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
         check_name(name)?;
         let mut ns = self.ns.lock();
+        let ino = self.lookup_in(&mut ns, parent, name)?;
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        Ok(self.attr_of(ino, n))
+    }
+
+    /// As [`Core::lookup`], with the change counts its answer rests on, each read before
+    /// its fact (see `tierstack_ioproto::vers`): the slot and count of the name's outcome
+    /// (the names `parent` lost when it is there, the names it gained when it is not), then
+    /// the node's counts.
+    pub fn lookup_v(&self, parent: u64, name: &[u8]) -> ((u32, u64), R<(Attr, Counts)>) {
+        let (lost, gained) = (vers::lost_slot(parent), vers::gained_slot(parent));
+        if let Err(e) = check_name(name) {
+            return ((gained, 0), Err(e));
+        }
+        let mut ns = self.ns.lock();
+        let (lost_n, gained_n) = (self.count(lost), self.count(gained));
+        match self.lookup_in(&mut ns, parent, name) {
+            Ok(ino) => ((lost, lost_n), self.counted(&ns, ino)),
+            Err(e) => ((gained, gained_n), Err(e)),
+        }
+    }
+
+    /// As [`Core::getattr`], with the node's counts read before its attributes.
+    pub fn getattr_v(&self, ino: u64) -> R<(Attr, Counts)> {
+        let ns = self.ns.lock();
+        self.counted(&ns, ino)
+    }
+
+    /// `ino`'s counts, then its attributes (under the namespace lock).
+    fn counted(&self, ns: &Ns, ino: u64) -> R<(Attr, Counts)> {
+        let c = Counts::new(
+            self.count(vers::attr_slot(ino)),
+            self.count(vers::perm_slot(ino)),
+        );
+        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
+        Ok((self.attr_of(ino, n), c))
+    }
+
+    fn count(&self, slot: u32) -> u64 {
+        self.vers.as_ref().map_or(0, |(v, _)| v.get(slot))
+    }
+
+    /// Raises the counts of `ino`'s attributes, and with `perm` of who may walk through it.
+    pub fn changed(&self, ino: u64, perm: bool) {
+        if let Some((v, _)) = &self.vers {
+            v.bump(vers::attr_slot(ino));
+            if perm {
+                v.bump(vers::perm_slot(ino));
+            }
+        }
+    }
+
+    /// The descriptor of the change counters, for a client to map (None: there are none).
+    pub fn versions_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.vers.as_ref().map(|(_, fd)| fd.as_fd())
+    }
+
+    /// The node `name` in `parent` names, without listing or looking at BACKING (None: not
+    /// known now).
+    pub fn child_ino(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.ns.lock().child(parent, name)
+    }
+
+    /// The node `name` names in `parent` (under the namespace lock).
+    fn lookup_in(&self, ns: &mut Ns, parent: u64, name: &[u8]) -> R<u64> {
         // "." and "..": the kernel asks for them only to find a node from a file handle (an
         // NFS export): "." is the node itself, of any kind, ".." the directory holding its
         // first name (the root's is the root). A node the mount does not know (any more) is
@@ -341,20 +408,21 @@ impl Core {
                 (_, None) if parent == ROOT => ROOT,
                 (_, None) => return Err(libc::ESTALE),
             };
-            let n = ns.nodes.get(&ino).ok_or(libc::ESTALE)?;
-            return Ok(self.attr_of(ino, n));
+            return if ns.nodes.contains_key(&ino) {
+                Ok(ino)
+            } else {
+                Err(libc::ESTALE)
+            };
         }
-        self.ensure_loaded(&mut ns, parent)?;
-        let ino = match ns.child(parent, name) {
-            Some(ino) => ino,
+        self.ensure_loaded(ns, parent)?;
+        match ns.child(parent, name) {
+            Some(ino) => Ok(ino),
             None => {
                 // Perhaps another writer's, drained into the shared folder since.
-                self.refresh_dir(&mut ns, parent)?;
-                ns.child(parent, name).ok_or(libc::ENOENT)?
+                self.refresh_dir(ns, parent)?;
+                ns.child(parent, name).ok_or(libc::ENOENT)
             }
-        };
-        let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
-        Ok(self.attr_of(ino, n))
+        }
     }
 
     /// A symlink's target (EINVAL for any other kind).

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tierstack_ioproto::vers::{self, Versions};
 
 use super::{FileData, R};
 pub use crate::attr::{Attr, Kind};
@@ -92,6 +93,30 @@ pub struct Node {
     pub(super) data: Option<Arc<Mutex<FileData>>>,
 }
 
+/// The change counts of a node's facts, read before them (see `tierstack_ioproto::vers`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    attr: u64,
+    perm: u64,
+}
+
+impl Counts {
+    /// Counts of the node's attributes and of who may walk through it.
+    pub fn new(attr: u64, perm: u64) -> Counts {
+        Counts { attr, perm }
+    }
+
+    /// The count of its attributes.
+    pub fn attr(&self) -> u64 {
+        self.attr
+    }
+
+    /// The count of who may walk through it.
+    pub fn perm(&self) -> u64 {
+        self.perm
+    }
+}
+
 /// The namespace: every inode the mount knows, by inode number.
 #[derive(Default)]
 pub struct Ns {
@@ -107,6 +132,9 @@ pub struct Ns {
     /// What the mount last saw of each loaded directory's folder in BACKING (in memory
     /// only: after a restart the first look lists the folder again).
     pub(super) seen: HashMap<u64, Seen>,
+    /// The change counters of the interception client: every name entered or removed
+    /// raises its name's count and its directory's attribute count, under this lock.
+    pub(super) vers: Option<Arc<Versions>>,
 }
 
 /// When a loaded directory's folder in BACKING was last looked at, and its modification
@@ -131,15 +159,20 @@ impl Ns {
     /// Enters `ino` (already in `nodes`) as `name` in directory `parent`.
     pub(super) fn insert_child(&mut self, parent: u64, name: Vec<u8>, ino: u64) {
         let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
+        let mut replaced = false;
         if let Some(p) = self.nodes.get_mut(&parent) {
-            if p.children.insert(name, ino).is_none() && is_dir {
-                p.subdirs += 1;
+            match p.children.insert(name, ino) {
+                None if is_dir => p.subdirs += 1,
+                None => {}
+                Some(old) => replaced = old != ino,
             }
         }
+        self.names_changed(parent, true, replaced);
     }
 
     /// Removes `name` from directory `parent`.
     pub(super) fn remove_child(&mut self, parent: u64, name: &[u8]) {
+        self.names_changed(parent, false, true);
         let Some(ino) = self
             .nodes
             .get_mut(&parent)
@@ -152,6 +185,20 @@ impl Ns {
             if is_dir {
                 p.subdirs = p.subdirs.saturating_sub(1);
             }
+        }
+    }
+
+    /// Raises the counts of names `parent` gained and lost, and of its attributes (its
+    /// times and link count change with its entries).
+    fn names_changed(&self, parent: u64, gained: bool, lost: bool) {
+        if let Some(v) = &self.vers {
+            if gained {
+                v.bump(vers::gained_slot(parent));
+            }
+            if lost {
+                v.bump(vers::lost_slot(parent));
+            }
+            v.bump(vers::attr_slot(parent));
         }
     }
 

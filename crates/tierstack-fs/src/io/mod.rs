@@ -14,7 +14,7 @@ mod serve;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -144,29 +144,35 @@ pub(crate) fn peer(s: &UnixStream) -> io::Result<(u32, u32)> {
     Ok((cred.uid, cred.gid))
 }
 
-/// Sends `bytes` with descriptor `fd` attached (`SCM_RIGHTS`).
-fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<()> {
+/// Sends `bytes` with descriptors `fds` (one or two) attached (`SCM_RIGHTS`).
+fn send_with_fds(s: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let fds = &fds[..fds.len().min(2)];
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut libc::c_void,
         iov_len: bytes.len(),
     };
-    // Room for one descriptor's control message, aligned as cmsghdr wants.
+    // Room for one control message of two descriptors, aligned as cmsghdr wants.
     let mut cbuf = [0u64; 8];
+    let data_len = (fds.len() * 4) as u32;
     // SAFETY: an all-zero msghdr is a valid empty header, filled in below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     // SAFETY: CMSG_SPACE is pure arithmetic.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as _;
-    // SAFETY: `msg` points at `cbuf`, large enough for one cmsghdr with 4 bytes of data
-    // (CMSG_SPACE(4) <= 64), so CMSG_FIRSTHDR is non-null and its data has room for an int.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as _;
+    // SAFETY: `msg` points at `cbuf`, large enough for one cmsghdr with 8 bytes of data
+    // (CMSG_SPACE(8) <= 64), so CMSG_FIRSTHDR is non-null and its data has room for two
+    // ints.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd.as_raw_fd());
+        (*c).cmsg_len = libc::CMSG_LEN(data_len) as _;
+        let at = libc::CMSG_DATA(c) as *mut i32;
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(at.add(i), fd.as_raw_fd());
+        }
     }
     // SAFETY: `msg` and everything it points at live for the call.
     let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
@@ -204,7 +210,10 @@ fn connection(
         )));
     }
     let (mut chan, memfd) = Chan::create().map_err(io::Error::other)?;
-    send_with_fd(&s, mountpoint, &memfd)?;
+    // The slot, then the change counters (read-only for the client) where there are some.
+    let mut fds = vec![memfd.as_fd()];
+    fds.extend(fs.core.versions_fd());
+    send_with_fds(&s, mountpoint, &fds)?;
     drop(memfd);
     s.set_read_timeout(Some(Duration::from_millis(1)))?;
     let server = Server {

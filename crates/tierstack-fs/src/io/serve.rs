@@ -21,10 +21,11 @@ use std::os::unix::ffi::OsStrExt;
 
 use fuser::{INodeNo, Notifier};
 use tierstack_ioproto::msg::{put_entry, Entry};
-use tierstack_ioproto::{Rep, Req, SetAttr, Time, WireAttr};
+use tierstack_ioproto::vers;
+use tierstack_ioproto::{Deps, Rep, Req, SetAttr, Time, WireAttr};
 
 use crate::attr::{Attr, Kind};
-use crate::core::ROOT;
+use crate::core::{Counts, ROOT};
 use crate::fuse::{Caller, Op, Out, TierFs};
 
 /// Why a walk stops short of an answer.
@@ -37,6 +38,15 @@ pub(super) enum Stop {
 }
 
 type R<T> = std::result::Result<T, Stop>;
+
+/// What a walk rests on (see `tierstack_ioproto::vers`).
+#[derive(Default)]
+struct Walk {
+    /// The counts read, each before its fact.
+    deps: Deps,
+    /// It failed with ENOENT for its last name (not on the way).
+    last_missing: bool,
+}
 
 impl From<i32> for Stop {
     fn from(e: i32) -> Stop {
@@ -230,14 +240,28 @@ impl Server<'_> {
     /// the root), and that component (None for the start itself; a path ending in `..` is
     /// left to the kernel).
     fn parent_of<'p>(&self, base: u64, path: &'p [u8]) -> R<(Attr, Option<&'p [u8]>)> {
+        self.parent_of_v(base, path, &mut Walk::default())
+            .map(|(a, _, last)| (a, last))
+    }
+
+    /// As [`Server::parent_of`], noting in `w` the counts the walk rests on (see
+    /// `tierstack_ioproto::vers`): each directory's permission count and each name's count,
+    /// read before the fact; with the directory's counts.
+    fn parent_of_v<'p>(
+        &self,
+        base: u64,
+        path: &'p [u8],
+        w: &mut Walk,
+    ) -> R<(Attr, Counts, Option<&'p [u8]>)> {
         let core = &self.fs.core;
         let (parts, _) = components(path);
-        let mut dir = core.getattr(if base == 0 { ROOT } else { base })?;
+        let (mut dir, mut counts) = core.getattr_v(if base == 0 { ROOT } else { base })?;
         if dir.kind != Kind::Dir {
             return Err(Stop::Err(libc::ENOTDIR));
         }
+        w.deps.push(vers::perm_slot(dir.ino), counts.perm());
         let Some((last, walk)) = parts.split_last() else {
-            return Ok((dir, None));
+            return Ok((dir, counts, None));
         };
         for c in walk {
             self.may(&dir, X_OK)?;
@@ -245,12 +269,20 @@ impl Server<'_> {
                 if dir.ino == ROOT {
                     return Err(Stop::Fallback);
                 }
-                dir = core.lookup(dir.ino, b"..")?;
+                // What `..` names changes with renames of the directory, which count only
+                // its names: such a walk is not kept.
+                w.deps.spoil();
+                (dir, counts) = core.getattr_v(core.lookup(dir.ino, b"..")?.ino)?;
                 continue;
             }
-            let a = core.lookup(dir.ino, c)?;
+            let ((slot, named), r) = core.lookup_v(dir.ino, c);
+            w.deps.push(slot, named);
+            let (a, ac) = r?;
             match a.kind {
-                Kind::Dir => dir = a,
+                Kind::Dir => {
+                    w.deps.push(vers::perm_slot(a.ino), ac.perm());
+                    (dir, counts) = (a, ac);
+                }
                 Kind::Symlink => return Err(Stop::Fallback),
                 _ => return Err(Stop::Err(libc::ENOTDIR)),
             }
@@ -259,23 +291,51 @@ impl Server<'_> {
             return Err(Stop::Fallback);
         }
         self.may(&dir, X_OK)?;
-        Ok((dir, Some(last)))
+        Ok((dir, counts, Some(last)))
     }
 
     /// The node `path` names (a final symbolic link followed only by the kernel).
     fn node(&self, base: u64, path: &[u8], follow: bool) -> R<Attr> {
-        let (dir, last) = self.parent_of(base, path)?;
+        self.node_v(base, path, follow, &mut Walk::default())
+    }
+
+    /// As [`Server::node`], noting the counts the answer rests on in `w` (the node's
+    /// attribute count last), and whether it failed for want of the last name.
+    fn node_v(&self, base: u64, path: &[u8], follow: bool, w: &mut Walk) -> R<Attr> {
+        let (dir, counts, last) = self.parent_of_v(base, path, w)?;
         let Some(name) = last else {
+            w.deps.push(vers::attr_slot(dir.ino), counts.attr());
             return Ok(dir);
         };
-        let a = self.fs.core.lookup(dir.ino, name)?;
+        let ((slot, named), r) = self.fs.core.lookup_v(dir.ino, name);
+        w.deps.push(slot, named);
+        let (a, ac) = r.inspect_err(|&e| w.last_missing = e == libc::ENOENT)?;
         if a.kind == Kind::Symlink && (follow || path.last() == Some(&b'/')) {
             return Err(Stop::Fallback);
         }
         if path.last() == Some(&b'/') && a.kind != Kind::Dir {
             return Err(Stop::Err(libc::ENOTDIR));
         }
+        w.deps.push(vers::attr_slot(a.ino), ac.attr());
         Ok(a)
+    }
+
+    /// The answer to a `stat`: the attributes with what they rest on, or the absence of the
+    /// last name with what it rests on (kept by the client for at most the negative-entry
+    /// time the kernel gets).
+    fn stat(&self, base: u64, path: &[u8], follow: bool) -> R<Rep<'static>> {
+        let mut w = Walk::default();
+        match self.node_v(base, path, follow, &mut w) {
+            Ok(a) => Ok(Rep::Known {
+                attr: wire_attr(&a),
+                deps: w.deps,
+            }),
+            Err(Stop::Err(libc::ENOENT)) if w.last_missing => Ok(Rep::Absent {
+                deps: w.deps,
+                ttl_ms: u32::try_from(self.fs.core.negative_ttl().as_millis()).unwrap_or(u32::MAX),
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// The directory and name of a path that is to be made or removed, with write and search
@@ -389,7 +449,20 @@ impl Server<'_> {
                 if crate::refresh::may_write(fuser::FileHandle(fh)) {
                     self.drop_kernel_inode(ino);
                 }
-                return (Rep::Done, Handle::Closed(ino, fh));
+                // Its attributes as its writes left them, for the client to keep (the
+                // release changes none of them).
+                let rep = match self.fs.core.getattr_v(ino) {
+                    Ok((a, c)) => {
+                        let mut deps = Deps::default();
+                        deps.push(vers::attr_slot(ino), c.attr());
+                        Rep::Known {
+                            attr: wire_attr(&a),
+                            deps,
+                        }
+                    }
+                    Err(_) => Rep::Done,
+                };
+                return (rep, Handle::Closed(ino, fh));
             }
             Req::GetXattr {
                 base,
@@ -478,9 +551,7 @@ impl Server<'_> {
     fn serve_plain(&self, req: Req<'_>) -> R<Rep<'static>> {
         let core = &self.fs.core;
         Ok(match req {
-            Req::Stat { base, path, follow } => {
-                Rep::Attr(wire_attr(&self.node(base, path, follow)?))
-            }
+            Req::Stat { base, path, follow } => self.stat(base, path, follow)?,
             Req::Fstat { ino } => Rep::Attr(wire_attr(&core.getattr(ino)?)),
             Req::Access { base, path, mask } => {
                 let a = self.node(base, path, true)?;
@@ -657,10 +728,11 @@ impl Server<'_> {
         umask: u32,
     ) -> (Rep<'static>, Handle) {
         match self.open_inner(base, path, flags, mode, umask) {
-            Ok((fh, a)) => (
+            Ok((fh, a, deps)) => (
                 Rep::Opened {
                     fh,
                     attr: wire_attr(&a),
+                    deps,
                 },
                 Handle::Opened(a.ino, fh),
             ),
@@ -675,18 +747,24 @@ impl Server<'_> {
         flags: i32,
         mode: u32,
         umask: u32,
-    ) -> R<(u64, Attr)> {
+    ) -> R<(u64, Attr, Deps)> {
         let core = &self.fs.core;
         // O_PATH, O_TMPFILE and the like are the kernel's.
         if flags & (libc::O_PATH | libc::O_TMPFILE & !libc::O_DIRECTORY) != 0 {
             return Err(Stop::Fallback);
         }
-        let (dir, last) = self.parent_of(base, path)?;
+        // The answer carries what the path's walk rests on, as a `stat`'s does: the client
+        // keeps the file's attributes from its open.
+        let mut w = Walk::default();
+        let (dir, _, last) = self.parent_of_v(base, path, &mut w)?;
         let Some(name) = last else {
             return Err(Stop::Fallback);
         };
+        let walked = w.deps.as_slice().len();
         let creat = flags & libc::O_CREAT != 0;
-        match core.lookup(dir.ino, name) {
+        let ((slot, named), found) = core.lookup_v(dir.ino, name);
+        w.deps.push(slot, named);
+        match found.map(|(a, _)| a) {
             Ok(a) => {
                 if creat && flags & libc::O_EXCL != 0 {
                     return Err(Stop::Err(libc::EEXIST));
@@ -713,7 +791,9 @@ impl Server<'_> {
                 if trunc {
                     self.inval_inode(a.ino, 0, 0);
                 }
-                Ok((fh, core.getattr(a.ino)?))
+                let (a, c) = core.getattr_v(a.ino)?;
+                w.deps.push(vers::attr_slot(a.ino), c.attr());
+                Ok((fh, a, w.deps))
             }
             Err(libc::ENOENT) if creat => {
                 if dir.kind != Kind::Dir {
@@ -731,9 +811,21 @@ impl Server<'_> {
                     flags,
                 })?;
                 self.inval_entry(dir.ino, name);
-                match out {
-                    Out::Created(a, fh, _) => Ok((fh, a)),
-                    _ => Err(Stop::Err(libc::EIO)),
+                let Out::Created(a, fh, _) = out else {
+                    return Err(Stop::Err(libc::EIO));
+                };
+                // The name's count went up with the create: read again (then the node's), so
+                // that what the answer rests on is the name as the create left it.
+                w.deps.truncate(walked);
+                let ((slot, named), found) = core.lookup_v(dir.ino, name);
+                w.deps.push(slot, named);
+                match found {
+                    Ok((now, c)) if now.ino == a.ino => {
+                        w.deps.push(vers::attr_slot(now.ino), c.attr());
+                        Ok((fh, now, w.deps))
+                    }
+                    // Replaced or removed by another process meanwhile: nothing to keep.
+                    _ => Ok((fh, a, Deps::default())),
                 }
             }
             Err(e) => Err(Stop::Err(e)),
