@@ -6,7 +6,9 @@
 //! A connection is accepted from the mount's owner and root only (`SO_PEERCRED`; the socket
 //! file is the owner's, mode 0600 unless the mount is shared). The caller's credentials are
 //! those of the connect, never what a request says. The daemon answers with a hello (the
-//! mountpoint it serves, so the client knows which paths are its) and the slot's memfd.
+//! mountpoint it serves, so the client knows which paths are its), the slot's memfd and the
+//! mount's change counters (`tierstack_ioproto::vers`, read-only for the client: what lets
+//! it answer `stat` itself while nothing changed).
 //! When the process goes (its socket hangs up: exit, `kill -9`, `exec`), every handle it
 //! still held open is released, as the kernel would at its exit.
 

@@ -3,6 +3,11 @@
 //! operation handed to [`TierFs::answer`], the same handler the FUSE transports use (so its
 //! timing, journal and drain are the mount's own).
 //!
+//! A `stat`, an open and a close answer with the change counts their facts rest on (see
+//! `tierstack_ioproto::vers`), each read before its fact: every directory walked (who may
+//! walk through it), every name looked up (the names its folder lost, or gained for a name
+//! not there), and the node's attributes; the client keeps them while the counts hold.
+//!
 //! What is not decided here is answered [`Rep::Fallback`], and the client makes the call
 //! through the kernel instead: a symbolic link on the way (its target may leave the mount), a
 //! `..` above the root, directories and special files to open, a node whose permission
