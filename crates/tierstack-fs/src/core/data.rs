@@ -712,6 +712,8 @@ impl Core {
         f.base_fd = None;
         f.base_blocks = 0;
         f.staged = None;
+        // Its blocks as `stat` counts them changed.
+        self.changed(ino, false);
         self.mark_dirty(ino, f)?;
         self.persist_content(ino, f)
     }
