@@ -203,7 +203,12 @@ impl Drainer {
             .map_or(batch::SyncWay::Files, |root| {
                 batch::SyncWay::for_backing(&root)
             });
-        let batched = std::env::var("TIERSTACK_DRAIN_BATCH").as_deref() != Ok("0");
+        // With site-wide slots each file is synced by the worker that wrote it, inside its
+        // slot: the committer's syncs would otherwise move data to the shared system outside
+        // the bound (on a network file system `fsync` is what sends it), beside the K
+        // streams the slots allow.
+        let batched =
+            std::env::var("TIERSTACK_DRAIN_BATCH").as_deref() != Ok("0") && slots.is_none();
         Arc::new(Drainer {
             core,
             jobs: jobs.max(1),
