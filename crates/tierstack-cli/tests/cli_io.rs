@@ -378,9 +378,12 @@ fn what_the_client_keeps_of_stat_follows_every_change_made_elsewhere() {
     fs::create_dir_all(fx.m("d/e")).expect("mkdir");
     fs::write(fx.m("d/e/f"), b"12345").expect("write");
     fs::write(fx.m("d/g"), b"x").expect("write");
+    fs::create_dir(fx.m("k")).expect("mkdir");
     let mut prog = Prog::start(py, &fx);
     let mut other = Prog::start(py, &fx);
-    let watched = ["d/e/f", "d/g", "d/e/new", "d/h/f", "d/l", "d/e"];
+    // `k/g2` becomes a second name of `d/e/f`, in a folder off its path: each name's link
+    // count follows the other's removal (nothing on the other name's walk changes).
+    let watched = ["d/e/f", "d/g", "d/e/new", "d/h/f", "d/l", "d/e", "k/g2"];
     let look = |prog: &mut Prog, step: &str| {
         for w in watched {
             for link in [false, true] {
@@ -419,7 +422,7 @@ fn what_the_client_keeps_of_stat_follows_every_change_made_elsewhere() {
         ),
         (
             "a hard link through FUSE",
-            Box::new(|_: &mut Prog| fs::hard_link(fx.m("d/e/f"), fx.m("d/g2")).expect("link")),
+            Box::new(|_: &mut Prog| fs::hard_link(fx.m("d/e/f"), fx.m("k/g2")).expect("link")),
         ),
         (
             "a rename over a name through FUSE",
@@ -460,6 +463,13 @@ fn what_the_client_keeps_of_stat_follows_every_change_made_elsewhere() {
             "an unlink by another client",
             Box::new(|o: &mut Prog| {
                 let r = o.ask(serde_json::json!(["unlink", m("d/g")]));
+                assert_eq!(r[0], "ok", "{r}");
+            }),
+        ),
+        (
+            "a file's second name removed by another client",
+            Box::new(|o: &mut Prog| {
+                let r = o.ask(serde_json::json!(["unlink", m("k/g2")]));
                 assert_eq!(r[0], "ok", "{r}");
             }),
         ),

@@ -151,43 +151,27 @@ impl TierFs {
     /// The answer to `op` for `caller`, and the inode whose kernel entries are to be dropped
     /// once the answer is sent ([`TierFs::after_reply`]). Timed in `status --json`'s `ops`.
     pub fn answer(&self, op: Op<'_>, caller: Caller) -> (Answer, Option<u64>) {
-        let touched = self.touched(&op);
+        let touched = Self::touched(&op);
         let out = self.answer_op(op, caller);
-        // After the change is made (and visible): see `tierstack_ioproto::vers`. Names
-        // entered and removed are counted by the namespace itself, under its lock.
-        for (ino, perm) in touched.into_iter().flatten() {
+        // After the change is made (and visible): see `tierstack_ioproto::vers`.
+        if let Some((ino, perm)) = touched {
             self.core.changed(ino, perm);
         }
         out
     }
 
-    /// The nodes whose attributes `op` may change, and whether who may walk through them
-    /// too (the interception client's change counts are raised for them once it is done).
-    /// The nodes an unlink or a rename reaches through names are looked up before it.
-    fn touched(&self, op: &Op<'_>) -> [Option<(u64, bool)>; 2] {
-        let core = &self.core;
+    /// The node whose attributes `op` may change, and whether who may walk through it too
+    /// (the interception client's change counts are raised for it once it is done). Names
+    /// entered and removed, and the nodes they name, are counted by the namespace itself
+    /// (`Ns::insert_child`, `Ns::remove_child`).
+    fn touched(op: &Op<'_>) -> Option<(u64, bool)> {
         match *op {
             Op::Setattr { ino, .. } | Op::Setxattr { ino, .. } | Op::Removexattr { ino, .. } => {
-                [Some((ino, true)), None]
+                Some((ino, true))
             }
-            Op::Write { ino, .. } | Op::Fallocate { ino, .. } | Op::Link { ino, .. } => {
-                [Some((ino, false)), None]
-            }
-            Op::Open { ino, flags } if flags & libc::O_TRUNC != 0 => [Some((ino, false)), None],
-            Op::Unlink { parent, name } | Op::Rmdir { parent, name } => {
-                [core.child_ino(parent, name).map(|i| (i, false)), None]
-            }
-            Op::Rename {
-                parent,
-                name,
-                newparent,
-                newname,
-                ..
-            } => [
-                core.child_ino(parent, name).map(|i| (i, false)),
-                core.child_ino(newparent, newname).map(|i| (i, false)),
-            ],
-            _ => [None, None],
+            Op::Write { ino, .. } | Op::Fallocate { ino, .. } => Some((ino, false)),
+            Op::Open { ino, flags } if flags & libc::O_TRUNC != 0 => Some((ino, false)),
+            _ => None,
         }
     }
 

@@ -438,8 +438,10 @@ impl Mount {
     pub fn kept_path(&self, base: u64, path: &[u8], follow: bool) -> Option<Result<WireAttr, i32>> {
         let mut guard = self.conn.lock();
         let c = self.alive(&mut guard)?;
-        let now = c.seen_ms;
-        match c.cache.path(c.vers.as_ref()?, base, path, follow, now)? {
+        match c
+            .cache
+            .path(c.vers.as_ref()?, base, path, follow, now_ms())?
+        {
             Kept::Attr(a) => Some(Ok(a)),
             Kept::Absent => Some(Err(libc::ENOENT)),
         }

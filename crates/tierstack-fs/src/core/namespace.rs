@@ -388,12 +388,6 @@ impl Core {
         self.vers.as_ref().map(|(_, fd)| fd.as_fd())
     }
 
-    /// The node `name` in `parent` names, without listing or looking at BACKING (None: not
-    /// known now).
-    pub fn child_ino(&self, parent: u64, name: &[u8]) -> Option<u64> {
-        self.ns.lock().child(parent, name)
-    }
-
     /// The node `name` names in `parent` (under the namespace lock).
     fn lookup_in(&self, ns: &mut Ns, parent: u64, name: &[u8]) -> R<u64> {
         // "." and "..": the kernel asks for them only to find a node from a file handle (an

@@ -133,7 +133,8 @@ pub struct Ns {
     /// only: after a restart the first look lists the folder again).
     pub(super) seen: HashMap<u64, Seen>,
     /// The change counters of the interception client: every name entered or removed
-    /// raises its name's count and its directory's attribute count, under this lock.
+    /// raises the counts of its directory's names and attributes and of its node's
+    /// attributes, under this lock.
     pub(super) vers: Option<Arc<Versions>>,
 }
 
@@ -159,20 +160,21 @@ impl Ns {
     /// Enters `ino` (already in `nodes`) as `name` in directory `parent`.
     pub(super) fn insert_child(&mut self, parent: u64, name: Vec<u8>, ino: u64) {
         let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
-        let mut replaced = false;
+        let mut replaced = None;
         if let Some(p) = self.nodes.get_mut(&parent) {
             match p.children.insert(name, ino) {
                 None if is_dir => p.subdirs += 1,
                 None => {}
-                Some(old) => replaced = old != ino,
+                Some(old) => replaced = Some(old).filter(|&o| o != ino),
             }
         }
         self.names_changed(parent, true, replaced);
+        // Its link count or change time changes with a new name (a link, a rename).
+        self.node_changed(ino);
     }
 
     /// Removes `name` from directory `parent`.
     pub(super) fn remove_child(&mut self, parent: u64, name: &[u8]) {
-        self.names_changed(parent, false, true);
         let Some(ino) = self
             .nodes
             .get_mut(&parent)
@@ -180,6 +182,7 @@ impl Ns {
         else {
             return;
         };
+        self.names_changed(parent, false, Some(ino));
         let is_dir = self.nodes.get(&ino).is_some_and(|n| n.kind == Kind::Dir);
         if let Some(p) = self.nodes.get_mut(&parent) {
             if is_dir {
@@ -188,17 +191,27 @@ impl Ns {
         }
     }
 
-    /// Raises the counts of names `parent` gained and lost, and of its attributes (its
-    /// times and link count change with its entries).
-    fn names_changed(&self, parent: u64, gained: bool, lost: bool) {
+    /// Raises the counts of the names `parent` gained, of those it lost with the node
+    /// `lost` had there (whose link count and change time change too), and of `parent`'s
+    /// attributes (its times and link count change with its entries). Called under the
+    /// namespace lock, within the operation that makes the change.
+    fn names_changed(&self, parent: u64, gained: bool, lost: Option<u64>) {
         if let Some(v) = &self.vers {
             if gained {
                 v.bump(vers::gained_slot(parent));
             }
-            if lost {
+            if let Some(node) = lost {
                 v.bump(vers::lost_slot(parent));
+                v.bump(vers::attr_slot(node));
             }
             v.bump(vers::attr_slot(parent));
+        }
+    }
+
+    /// Raises the count of `ino`'s attributes.
+    fn node_changed(&self, ino: u64) {
+        if let Some(v) = &self.vers {
+            v.bump(vers::attr_slot(ino));
         }
     }
 

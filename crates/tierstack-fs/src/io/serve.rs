@@ -277,7 +277,7 @@ impl Server<'_> {
                 // What `..` names changes with renames of the directory, which count only
                 // its names: such a walk is not kept.
                 w.deps.spoil();
-                (dir, counts) = core.getattr_v(core.lookup(dir.ino, b"..")?.ino)?;
+                (dir, counts) = (core.lookup(dir.ino, b"..")?, Counts::default());
                 continue;
             }
             let ((slot, named), r) = core.lookup_v(dir.ino, c);
@@ -617,12 +617,17 @@ impl Server<'_> {
                 let dir_op = matches!(req, Req::Rmdir { .. });
                 let (dir, name) = self.entry(base, path, Want::Old)?;
                 let parent = dir.ino;
+                let node = core.lookup(parent, name).ok().map(|a| a.ino);
                 self.op(if dir_op {
                     Op::Rmdir { parent, name }
                 } else {
                     Op::Unlink { parent, name }
                 })?;
                 self.inval_entry(parent, name);
+                // Its other names' link count, as the kernel holds it.
+                if let Some(ino) = node {
+                    self.inval_inode(ino, -1, 0);
+                }
                 Rep::Done
             }
             Req::Mkdir {
@@ -657,6 +662,7 @@ impl Server<'_> {
                 if dir_at(&fdir, fname) || dir_at(&tdir, tname) {
                     return Err(Stop::Fallback);
                 }
+                let replaced = core.lookup(tdir.ino, tname).ok().map(|a| a.ino);
                 self.op(Op::Rename {
                     parent: fdir.ino,
                     name: fname,
@@ -666,6 +672,10 @@ impl Server<'_> {
                 })?;
                 self.inval_entry(fdir.ino, fname);
                 self.inval_entry(tdir.ino, tname);
+                // The replaced node's other names' link count, as the kernel holds it.
+                if let Some(ino) = replaced {
+                    self.inval_inode(ino, -1, 0);
+                }
                 Rep::Done
             }
             Req::Link { from, to } => {
