@@ -22,7 +22,7 @@ use tierstack_common::env;
 pub struct RunArgs {
     /// DRAM tierstack may use per process: resident pages of the large allocations, the store's
     /// DRAM tier, the compressed arena, the array's I/O buffers and its index (about 15 to 25
-    /// MiB per GiB paged out with 4K pages; it takes at most three quarters of the pages'
+    /// MiB per GiB paged out with 4K pages; it takes at most seven eighths of the pages'
     /// share) and 1 MiB per tierstack thread, together. Peak RSS stays within this plus the
     /// program's own smaller allocations and code (measured: plus at most 16 MiB more from 32M
     /// to 1G); `run` warns past a fixed 192 MiB allowance.
@@ -66,11 +66,12 @@ pub struct RunArgs {
     /// The GPU of --vram (0 is the first; `tierstack doctor` lists them).
     #[arg(long, default_value_t = 0, requires = "vram")]
     pub gpu: u32,
-    /// No compressed tier. By default pages that leave DRAM and compress 2:1 or better (LZ4,
-    /// else zstd level 1: zero-filled, sparse or repetitive memory, arrays of floats) stay in
-    /// process memory compressed, as zswap keeps swapped pages, in an arena of up to three
-    /// quarters of what --dram leaves for pages and within it (the part written leaves less
-    /// for resident pages); a
+    /// No compressed tier. By default pages that leave DRAM and compress 1.5:1 or better (LZ4;
+    /// LZ4 of second differences for smooth fields of doubles; else zstd level 1:
+    /// zero-filled, sparse or repetitive memory, arrays of floats) stay in process memory
+    /// compressed, packed by size to 64 bytes, as zswap keeps swapped pages, in an arena of up
+    /// to three quarters of what --dram leaves for pages (less the index) and within it (the
+    /// part written leaves less for resident pages); a
     /// page dropped unchanged leaves a compressed copy there too; other pages go to the drives
     /// as they are, and a working set of such pages soon stops being tried (5 to 15 µs of CPU
     /// a page).

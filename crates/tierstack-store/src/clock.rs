@@ -1,5 +1,5 @@
-//! The blocks that the VRAM and compressed tiers share the bookkeeping of: one block of a
-//! buddy-allocated region per page, a map of them, and their clock (second-chance) order.
+//! The blocks that the VRAM and compressed tiers share the bookkeeping of: one block (a span
+//! of a buddy-allocated region) per page, a map of them, and their clock (second-chance) order.
 //! Each block carries the sequence number of the put that made it, and clock entries of
 //! blocks that were replaced or left since are skipped (and pruned when they pile up).
 //!
@@ -7,20 +7,51 @@
 //! re-exports it as `vram::buddy`). Layering: `compressed` → `vram` → `clock` → `clock::buddy`.
 
 pub mod buddy;
+pub mod slab;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::PageKey;
 use buddy::Buddy;
+use slab::Slabs;
+
+/// The allocator a region's blocks come from: the buddy (the VRAM tier) or slabs of size
+/// classes over one (the compressed tier).
+pub(crate) trait Region {
+    /// Gives back the span of `span` bytes at `at`.
+    fn release_span(&mut self, at: u64, span: u64);
+    /// The bytes it manages.
+    fn capacity(&self) -> u64;
+}
+
+impl Region for Buddy {
+    fn release_span(&mut self, at: u64, span: u64) {
+        let order = self.order_of(span);
+        self.release(at, order);
+    }
+    fn capacity(&self) -> u64 {
+        Buddy::capacity(self)
+    }
+}
+
+impl Region for Slabs {
+    fn release_span(&mut self, at: u64, span: u64) {
+        Slabs::release_span(self, at, span);
+    }
+    fn capacity(&self) -> u64 {
+        Slabs::capacity(self)
+    }
+}
 
 /// One page's block.
 #[derive(Debug)]
 pub(crate) struct Block {
     /// Offset of the block in the region.
     pub at: u64,
-    /// The block is `1 << order` bytes.
-    pub order: u32,
+    /// Bytes the block holds of the region (a power of two from the buddy, a span of
+    /// [`Slabs::span_of`]).
+    pub span: u64,
     /// Bytes stored at `at` (the page's, or fewer when compressed).
     pub stored: u32,
     /// Bytes of the page.
@@ -36,22 +67,22 @@ pub(crate) struct Block {
 }
 
 /// Blocks by key, their clock order, the allocator of their region and their totals.
-pub(crate) struct Blocks {
+pub(crate) struct Blocks<R: Region = Buddy> {
     pub map: HashMap<PageKey, Block>,
     order: VecDeque<(PageKey, u64)>,
-    pub buddy: Buddy,
+    pub region: R,
     /// Bytes of blocks in use.
     pub used: u64,
     /// Bytes of the dirty pages.
     pub dirty: u64,
 }
 
-impl Blocks {
-    pub fn new(buddy: Buddy) -> Self {
+impl<R: Region> Blocks<R> {
+    pub fn new(region: R) -> Self {
         Blocks {
             map: HashMap::new(),
             order: VecDeque::new(),
-            buddy,
+            region,
             used: 0,
             dirty: 0,
         }
@@ -60,7 +91,7 @@ impl Blocks {
     /// Enters `block` for `key` (whose old block the caller has forgotten) at the clock's
     /// tail.
     pub fn insert(&mut self, key: PageKey, block: Block) {
-        self.used += 1 << block.order;
+        self.used += block.span;
         if block.dirty {
             self.dirty += block.len as u64;
         }
@@ -76,8 +107,8 @@ impl Blocks {
     /// Removes `key`'s block and gives it back to the allocator.
     pub fn forget(&mut self, key: PageKey) -> Option<Block> {
         let s = self.map.remove(&key)?;
-        self.buddy.release(s.at, s.order);
-        self.used -= 1 << s.order;
+        self.region.release_span(s.at, s.span);
+        self.used -= s.span;
         if s.dirty {
             self.dirty -= s.len as u64;
         }
@@ -135,7 +166,7 @@ impl Blocks {
 
     /// The tier's status: capacity of the region, bytes of blocks in use, dirty bytes.
     pub fn status(&self, name: &str, counters: &crate::TierCounters) -> crate::TierStatus {
-        counters.snapshot(name, self.buddy.capacity(), self.used, self.dirty)
+        counters.snapshot(name, self.region.capacity(), self.used, self.dirty)
     }
 
     /// DRAM its tables hold.

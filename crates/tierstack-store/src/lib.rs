@@ -455,6 +455,14 @@ impl TieredStore {
         self.lower.iter().map(|t| t.index_bytes()).sum()
     }
 
+    /// The most [`TieredStore::index_bytes`] may reach: the lower tiers that grow by choice
+    /// (the compressed tier) stay under it ([`Tier::limit_index`]).
+    pub fn limit_index(&self, bytes: u64) {
+        for t in &self.lower {
+            t.limit_index(bytes);
+        }
+    }
+
     /// Status of the first lower tier named `name` (only that tier is asked: an array's
     /// status walks its whole index).
     pub fn tier_status(&self, name: &str) -> Option<TierStatus> {

@@ -108,6 +108,10 @@ pub trait Tier: Send + Sync {
     fn index_bytes(&self) -> u64 {
         0
     }
+    /// The most [`Tier::index_bytes`] may reach, this tier and those below together: a tier
+    /// that grows by choice (the compressed tier's arena) stops growing there and replaces
+    /// its own pages instead. Nothing by default (an index grows with what is stored).
+    fn limit_index(&self, _bytes: u64) {}
     /// Whether the tier would keep a clean copy of `key` handed to [`Tier::admit`] (a tier
     /// that keeps copies of pages the tiers below hold: the compressed tier). Asking may count
     /// as a try (the compressed tier's give-up streak). No by default.

@@ -50,12 +50,15 @@ impl Inner {
     /// `limit` (the budget or a watermark) less the DRAM the store's index holds: the index
     /// grows with what is paged out (about 15 to 25 MiB per GiB of 4 KiB pages, deleted
     /// pages included) and lives in the process too, so it comes out of the resident pages'
-    /// share. Never below a quarter of `limit`: an index that large (a store 50 times the
-    /// budget) would otherwise leave no room to page; `run --help` says so.
+    /// share. Never below an eighth of `limit`: an index that large (a store 50 times the
+    /// budget) would otherwise leave no room to page; `run --help` says so. What grows by
+    /// choice (the compressed tier's arena) is held to three quarters of the low watermark
+    /// ([`Inner::observe`]), so the floor binds only for such an index, and an arena past its
+    /// limit between two looks takes resident pages' room, not more than the budget.
     pub(super) fn charged(&self, limit: u64) -> u64 {
         limit
             .saturating_sub(self.counters.index_bytes.load(Relaxed))
-            .max(limit / 4)
+            .max(limit / 8)
             .max(self.page as u64)
     }
 
@@ -83,6 +86,11 @@ impl Inner {
     /// The evictor's look at each round: reads the store's index size into the counters, and
     /// keeps the wide gap for a second after the last read-ahead.
     fn observe(&self) {
+        // What grows by choice (the compressed tier) stays within what [`Inner::charged`]
+        // takes out of the low watermark before its floor: past it, the floor would let the
+        // resident pages and the index together pass the budget.
+        let floor_free = self.budget.saturating_sub(2 * self.slack_wide);
+        self.store.limit_index(floor_free - floor_free / 4);
         let bytes = self.store.index_bytes();
         self.counters.index_bytes.store(bytes, Relaxed);
         let now = self.counters.prefetched.load(Relaxed);

@@ -131,7 +131,7 @@ impl VramTier {
     /// has no block that large.
     fn take(&self, st: &mut State, order: u32) -> Result<Option<u64>> {
         loop {
-            if let Some(at) = st.blocks.buddy.alloc(order) {
+            if let Some(at) = st.blocks.region.alloc(order) {
                 return Ok(Some(at));
             }
             if !self.evict_one(st)? {
@@ -150,7 +150,7 @@ impl VramTier {
             st.changes != seq || st.blocks.map.contains_key(&key)
         };
         if stale {
-            st.blocks.buddy.release(at, order);
+            st.blocks.region.release(at, order);
             return;
         }
         st.blocks.forget(key);
@@ -158,7 +158,7 @@ impl VramTier {
             key,
             Block {
                 at,
-                order,
+                span: 1 << order,
                 stored: len as u32,
                 len: len as u32,
                 packed: 0,
@@ -196,7 +196,7 @@ impl VramTier {
         // The block is this put's alone until it enters the map.
         if let Err(e) = self.buf.write(at, data) {
             let mut st = self.state.write();
-            st.blocks.buddy.release(at, order);
+            st.blocks.region.release(at, order);
             if admit.is_none() {
                 st.changes += 1;
             }
@@ -252,7 +252,7 @@ impl Tier for VramTier {
                     Err(e) => {
                         for &(at, j) in &placed {
                             st.blocks
-                                .buddy
+                                .region
                                 .release(at, order_for(pages[j].1.len() as u64));
                         }
                         st.changes += 1;
@@ -300,7 +300,7 @@ impl Tier for VramTier {
             if let Some(e) = failed {
                 for &(at, i) in &placed {
                     st.blocks
-                        .buddy
+                        .region
                         .release(at, order_for(pages[i].1.len() as u64));
                 }
                 return Err(gpu_err(e));
@@ -359,7 +359,7 @@ impl Tier for VramTier {
                 match st.blocks.map.get(k) {
                     Some(s) => {
                         s.referenced.store(true, Relaxed);
-                        hits.push((s.at, 1 << s.order, s.len as usize, i));
+                        hits.push((s.at, s.span, s.len as usize, i));
                     }
                     None => missing.push(i),
                 }
