@@ -169,9 +169,18 @@ impl<R: Region> Blocks<R> {
         counters.snapshot(name, self.region.capacity(), self.used, self.dirty)
     }
 
-    /// DRAM its tables hold.
+    /// DRAM its tables hold, with their next growth once nearly full
+    /// ([`tierstack_common::size::table_charge`]).
     pub fn table_bytes(&self) -> u64 {
-        (self.map.capacity() * (std::mem::size_of::<(PageKey, Block)>() + 1)
-            + self.order.capacity() * std::mem::size_of::<(PageKey, u64)>()) as u64
+        use tierstack_common::size::table_charge;
+        table_charge(
+            self.map.len(),
+            self.map.capacity(),
+            std::mem::size_of::<(PageKey, Block)>(),
+        ) + table_charge(
+            self.order.len(),
+            self.order.capacity(),
+            std::mem::size_of::<(PageKey, u64)>(),
+        )
     }
 }

@@ -84,14 +84,21 @@ impl Array {
     }
 
     /// DRAM the array's index holds: its tables' allocated entries (a hash table keeps its
-    /// capacity when entries go), about 50 to 100 bytes per stored value. A paging process
-    /// charges this to its budget.
+    /// capacity when entries go), about 50 to 100 bytes per stored value, and a table's next
+    /// growth once it is nearly full ([`tierstack_common::size::table_charge`]). A paging
+    /// process charges this to its budget.
     pub fn index_bytes(&self) -> u64 {
+        use tierstack_common::size::table_charge;
         let idx = self.inner.index.read();
-        let entry = |kv: usize| (kv + 1) as u64;
-        idx.map.capacity() as u64 * entry(std::mem::size_of::<(Key, Loc)>())
-            + idx.tombs.capacity() as u64 * entry(std::mem::size_of::<(Key, Tomb)>())
-            + (idx.segs.capacity() * std::mem::size_of::<SegInfo>()) as u64
+        table_charge(
+            idx.map.len(),
+            idx.map.capacity(),
+            std::mem::size_of::<(Key, Loc)>(),
+        ) + table_charge(
+            idx.tombs.len(),
+            idx.tombs.capacity(),
+            std::mem::size_of::<(Key, Tomb)>(),
+        ) + (idx.segs.capacity() * std::mem::size_of::<SegInfo>()) as u64
     }
 
     /// A snapshot of the array's configuration, state, space and counters.
