@@ -1047,7 +1047,7 @@ fn a_dram_below_tierstacks_own_needs_is_refused_with_the_minimum() {
 /// most 1.2 times that, and writes no more (each page written once per pass).
 #[test]
 fn each_pass_of_a_sweep_larger_than_the_budget_reads_what_cannot_stay_once() {
-    let Some(b) = build("gcc", "footprint.c", &[]) else {
+    let Some(b) = build("gcc", "footprint.c", &["-lm"]) else {
         return;
     };
     let prog = b.exe.to_str().expect("utf8");
