@@ -916,18 +916,10 @@ fn bench_mem_measures_the_engine_run_builds() {
 /// 256M; at 1G that last case is over the bound (see the ignored test below).
 #[test]
 fn peak_rss_is_the_budget_plus_unpaged_memory_plus_16_mib() {
-    let Some(Built {
-        _serial,
-        _tmp,
-        exe,
-        dir,
-    }) = build("gcc", "footprint.c", &["-lm"])
-    else {
+    let Some((b, unpaged)) = footprint_program() else {
         return;
     };
-    let prog = exe.to_str().expect("utf8");
-    // The program's own memory: run plainly, allocating nothing (its peak RSS from wait4).
-    let unpaged = plain_peak_rss(&[prog, "0", "0"]);
+    let (prog, dir) = (b.exe.to_str().expect("utf8"), &b.dir);
     let mut report = Vec::new();
     let budgets = [("32M", 32u64), ("48M", 48), ("256M", 256), ("1G", 1024)];
     // Pages that compress (the arena fills) and pages that do not (the drives and the
@@ -943,7 +935,7 @@ fn peak_rss_is_the_budget_plus_unpaged_memory_plus_16_mib() {
         if !fill.is_empty() {
             argv.push(fill);
         }
-        let r = run(&argv, &dir);
+        let r = run(&argv, dir);
         assert_eq!(r.code, 0, "--dram {dram}: {}\n{}", r.stdout, r.stderr);
         assert!(r.stdout.starts_with("ok"), "{}", r.stdout);
         assert!(
@@ -970,25 +962,26 @@ fn peak_rss_is_the_budget_plus_unpaged_memory_plus_16_mib() {
 #[test]
 #[ignore = "issue 41: a smooth field of doubles under --dram 1G peaks 34 MiB over the bound; not fixed"]
 fn peak_rss_of_smooth_doubles_under_dram_1g_is_within_the_bound() {
-    let Some(Built {
-        _serial,
-        _tmp,
-        exe,
-        dir,
-    }) = build("gcc", "footprint.c", &["-lm"])
-    else {
+    let Some((b, unpaged)) = footprint_program() else {
         return;
     };
-    let prog = exe.to_str().expect("utf8");
-    let unpaged = plain_peak_rss(&[prog, "0", "0"]);
+    let prog = b.exe.to_str().expect("utf8");
     let r = run(
         &["--dram", "1G", "--stats", "--", prog, "1280", "1", "smooth"],
-        &dir,
+        &b.dir,
     );
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     let rss = peak_rss(&r.stderr);
     let bound = (1u64 << 30) + unpaged + (16 << 20);
     assert!(rss <= bound, "peak RSS {rss} > bound {bound}\n{}", r.stderr);
+}
+
+/// `footprint.c` built, and its own memory: run plainly, allocating nothing (its peak RSS
+/// from wait4). None where there is no compiler.
+fn footprint_program() -> Option<(Built, u64)> {
+    let b = build("gcc", "footprint.c", &["-lm"])?;
+    let unpaged = plain_peak_rss(&[b.exe.to_str().expect("utf8"), "0", "0"]);
+    Some((b, unpaged))
 }
 
 /// Peak RSS of `argv` run plainly (no tierstack), in bytes: `ru_maxrss` from `wait4`.

@@ -847,10 +847,18 @@ impl Tier for CompressedTier {
     /// holds more already (the index below grew), it gives back its excess at once: clean
     /// pages dropped, dirty ones written below, emptied memory returned to the kernel.
     fn limit_index(&self, bytes: u64) {
-        let others = self.state.read().blocks.table_bytes() + self.below.index_bytes();
-        let limit = bytes.saturating_sub(others);
+        let (others, held) = {
+            let st = self.state.read();
+            (st.blocks.table_bytes(), st.touched_pages * 4096)
+        };
+        let limit = bytes.saturating_sub(others + self.below.index_bytes());
         self.limit.store(limit, Relaxed);
         self.below.limit_index(bytes);
+        // Called at every evictor round: the write lock (which a compressed hit waits for) only
+        // when over.
+        if held <= limit {
+            return;
+        }
         let mut st = self.state.write();
         // Evict the excess, then give back what is free; the free space between blocks in
         // use keeps memory too, so again, a few times at most (each round evicts at least
