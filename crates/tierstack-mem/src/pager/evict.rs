@@ -39,11 +39,10 @@ impl Inner {
             *self.kick.lock() = true;
             self.kick_cv.notify_one();
         }
-        let cap = self.charged(self.budget);
-        if want > cap {
+        if want > self.charged(self.budget) {
             self.counters.sync_evictions.fetch_add(1, Relaxed);
-            let target = cap.saturating_sub(pages * self.page as u64);
-            self.evict_to(target.min(self.low()));
+            let bytes = pages * self.page as u64;
+            self.evict_to(|s| s.charged(s.budget).saturating_sub(bytes).min(s.low()));
         }
     }
 
@@ -118,7 +117,7 @@ impl Inner {
             self.observe();
             let mut passes = 0;
             while self.resident.load(Relaxed) > self.high() && passes < 8 {
-                self.evict_to(self.low());
+                self.evict_to(Self::low);
                 self.observe();
                 passes += 1;
             }
@@ -133,10 +132,18 @@ impl Inner {
     }
 
     /// Evicts in clock order until resident bytes are at most `target` (or nothing is left to
-    /// evict).
-    fn evict_to(&self, target: u64) {
+    /// evict). The target is taken again after each batch, with the store's index as it is
+    /// then: pages evicted into the compressed tier grow its arena (by 1 to 3 KiB each), and
+    /// a target taken once would let resident pages and the arena together pass the budget
+    /// by what the arena grew during the eviction (a `--dram 1G` run that read a compressed
+    /// field back passed it by 40 MiB that way).
+    fn evict_to(&self, target: impl Fn(&Self) -> u64) {
         let page = self.page;
-        while self.resident.load(Relaxed) > target {
+        loop {
+            let target = target(self);
+            if self.resident.load(Relaxed) <= target {
+                break;
+            }
             let mut batch: Vec<(Arc<RegionCore>, u32)> = Vec::new();
             {
                 let need = (self.resident.load(Relaxed) - target).div_ceil(page as u64) as usize;
@@ -183,6 +190,9 @@ impl Inner {
                 self.evict_pages(&core, &idxs);
                 start = end;
             }
+            self.counters
+                .index_bytes
+                .store(self.store.index_bytes(), Relaxed);
             // A batch that evicted nothing because its pages could not be moved out (async
             // write-protect): the next round tries again rather than spinning here on them.
             if self.counters.evictions.load(Relaxed) == evicted
