@@ -650,15 +650,22 @@ impl CompressedTier {
         let Some(key) = st.blocks.next_victim() else {
             return Ok(false);
         };
+        if let Err(e) = self.leave(st, key) {
+            st.blocks.put_back(key, false);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// Takes `key`'s block out of the arena, writing it below first when dirty (on failure
+    /// it stays: nothing acknowledged is lost).
+    fn leave(&self, st: &mut State, key: PageKey) -> Result<()> {
         if let Some(s) = st.blocks.map.get(&key).filter(|s| s.dirty) {
-            if let Err(e) = decompress(st, s).and_then(|v| self.below.put(key, &v)) {
-                st.blocks.put_back(key, false);
-                return Err(e);
-            }
+            decompress(st, s).and_then(|v| self.below.put(key, &v))?;
         }
         st.blocks.forget(key);
         self.counters.evictions.fetch_add(1, Relaxed);
-        Ok(true)
+        Ok(())
     }
 
     /// Evicts every block on the arena's highest `pages` pages that hold memory (dirty ones
@@ -677,16 +684,9 @@ impl CompressedTier {
             .collect();
         let mut left = false;
         for key in keys {
-            if let Some(b) = st.blocks.map.get(&key).filter(|b| b.dirty) {
-                if decompress(st, b)
-                    .and_then(|v| self.below.put(key, &v))
-                    .is_err()
-                {
-                    return left;
-                }
+            if self.leave(st, key).is_err() {
+                break;
             }
-            st.blocks.forget(key);
-            self.counters.evictions.fetch_add(1, Relaxed);
             left = true;
         }
         left
@@ -709,10 +709,8 @@ impl CompressedTier {
     /// Keeps a dirty page here when the arena lets it in and it compresses (straight from
     /// the encoder's buffer into the arena); false when it must go below.
     fn keep(&self, key: PageKey, data: &[u8]) -> Result<bool> {
-        let drawn = match self.draw_when_full(data.len()) {
-            Some(false) => return Ok(false),
-            Some(true) => true,
-            None => false,
+        let Some(drawn) = self.let_in(data.len()) else {
+            return Ok(false);
         };
         let Some(entered) = self.try_compress(data, |c, codec| {
             self.enter(key, c, codec, data.len(), drawn)
@@ -727,16 +725,18 @@ impl CompressedTier {
         Ok(false)
     }
 
-    /// Whether a page of `len` bytes arriving now finds the arena full: None when it does
-    /// not; otherwise whether it is among the newcomers let in ([`admits_when_full`], drawn
-    /// here). The draw is made before the page is compressed, so that the pages refused are
-    /// not compressed for nothing (seven in eight of them when full: a quarter of the
-    /// machine's CPU in a simulator's run at `--dram 48M`). Full by the bytes in use and a
-    /// page compressed to half ([`good_enough`]); a page that finds it full only once
-    /// compressed is drawn for by [`CompressedTier::enter_as`].
-    fn draw_when_full(&self, len: usize) -> Option<bool> {
-        self.full_for(len)
-            .then(|| admits_when_full(self.full_arrivals.fetch_add(1, Relaxed)))
+    /// Whether a page of `len` bytes arriving now may be compressed and entered: None when
+    /// the arena is full ([`CompressedTier::full_for`]) and the page is not among the
+    /// newcomers let in ([`admits_when_full`], drawn here); otherwise whether that draw was
+    /// made (`enter_as`'s `drawn`). The draw comes before the page is compressed, so that the
+    /// pages refused are not compressed for nothing (seven in eight of them when full: a
+    /// third of the evictor's CPU in a simulator's run at `--dram 48M`); a page that finds
+    /// the arena full only once compressed is drawn for by [`CompressedTier::enter_as`].
+    fn let_in(&self, len: usize) -> Option<bool> {
+        if !self.full_for(len) {
+            return Some(false);
+        }
+        admits_when_full(self.full_arrivals.fetch_add(1, Relaxed)).then_some(true)
     }
 
     /// Whether the arena counts as full for a page of `len` bytes compressed to half: the
@@ -754,7 +754,7 @@ impl CompressedTier {
     }
 
     /// [`CompressedTier::enter`], dirty or clean (a copy of what the tier below holds).
-    /// `drawn`: the page was let in by [`CompressedTier::draw_when_full`] already.
+    /// `drawn`: the page was let in by [`CompressedTier::let_in`] already.
     fn enter_as(
         &self,
         key: PageKey,
@@ -1006,10 +1006,8 @@ impl Tier for CompressedTier {
         if data.len() < MIN_LEN {
             return Ok(());
         }
-        let drawn = match self.draw_when_full(data.len()) {
-            Some(false) => return Ok(()),
-            Some(true) => true,
-            None => false,
+        let Some(drawn) = self.let_in(data.len()) else {
+            return Ok(());
         };
         if let Some(entered) = self.compress_counted(data, |c, codec| {
             self.enter_as(key, c, codec, data.len(), false, drawn)
@@ -1151,6 +1149,24 @@ mod tests {
     }
 
     /// A page of `bench mem --fill floats` (a smooth field of doubles): the same formula.
+    /// Puts the smooth pages `range` under object `obj`.
+    fn put_smooth(t: &CompressedTier, obj: u64, range: impl Iterator<Item = u64>) {
+        for i in range {
+            t.put((obj, i), &smooth_page(i as usize)).expect("put");
+        }
+    }
+
+    /// Every smooth page `0..n` of object `obj` reads back whole.
+    fn assert_smooth_back(t: &CompressedTier, obj: u64, n: u64) {
+        for i in 0..n {
+            assert_eq!(
+                t.get((obj, i)).expect("get"),
+                Some(smooth_page(i as usize)),
+                "page {i}"
+            );
+        }
+    }
+
     fn smooth_page(p: usize) -> Vec<u8> {
         (0..512)
             .flat_map(|i| {
@@ -1370,9 +1386,7 @@ mod tests {
     #[test]
     fn the_arena_stays_under_the_index_limit_and_loses_nothing() {
         let (t, b) = tier(8 << 20);
-        for i in 0..2048u64 {
-            t.put((4, i), &smooth_page(i as usize)).expect("put");
-        }
+        put_smooth(&t, 4, 0..2048);
         let full = t.index_bytes();
         assert!(full > 3 << 20, "{full}");
         let limit = full / 3;
@@ -1383,10 +1397,7 @@ mod tests {
         // (the free space between them may take it past by a little); at each look it is
         // under it again.
         for round in 0..4u64 {
-            for i in 0..512u64 {
-                let k = 2048 + round * 512 + i;
-                t.put((4, k), &smooth_page(k as usize)).expect("put");
-            }
+            put_smooth(&t, 4, 2048 + round * 512..2048 + (round + 1) * 512);
             assert!(t.state.read().blocks.used <= limit);
             assert!(
                 t.index_bytes() <= limit + limit / 4,
@@ -1396,13 +1407,7 @@ mod tests {
             t.limit_index(limit);
             assert!(t.index_bytes() <= limit, "{} > {limit}", t.index_bytes());
         }
-        for i in 0..4096u64 {
-            assert_eq!(
-                t.get((4, i)).expect("get"),
-                Some(smooth_page(i as usize)),
-                "page {i}"
-            );
-        }
+        assert_smooth_back(&t, 4, 4096);
     }
 
     /// A limit under what the arena holds is met by evicting about the excess: pages leave
@@ -1412,17 +1417,13 @@ mod tests {
     #[test]
     fn a_lower_limit_evicts_about_the_excess_from_the_top() {
         let (t, _b) = tier(16 << 20);
-        for i in 0..4096u64 {
-            t.put((4, i), &smooth_page(i as usize)).expect("put");
-        }
+        put_smooth(&t, 4, 0..4096);
         // Every third page goes below (it no longer compresses), then comes back into the
         // holes it left: the newest pages lie between the oldest.
         for i in (0..4096u64).step_by(3) {
             t.put((4, i), &random_page(i)).expect("put");
         }
-        for i in (0..4096u64).step_by(3) {
-            t.put((4, i), &smooth_page(i as usize)).expect("put");
-        }
+        put_smooth(&t, 4, (0..4096u64).step_by(3));
         let (held, used) = {
             let st = t.state.read();
             (st.touched_pages * 4096, st.blocks.used)
@@ -1437,13 +1438,7 @@ mod tests {
             evicted <= excess + excess / 2,
             "evicted {evicted} bytes of blocks to give back {excess}"
         );
-        for i in 0..4096u64 {
-            assert_eq!(
-                t.get((4, i)).expect("get"),
-                Some(smooth_page(i as usize)),
-                "page {i}"
-            );
-        }
+        assert_smooth_back(&t, 4, 4096);
     }
 
     /// When the arena is full, only one newcomer in [`ADMIT_WHEN_FULL`] takes an older page's
@@ -1461,9 +1456,7 @@ mod tests {
         }
         let (before, kept_before) = (t.attempts(), t.counters.puts.load(Relaxed));
         let n = 800u64;
-        for k in i..i + n {
-            t.put((5, k), &smooth_page(k as usize)).expect("put");
-        }
+        put_smooth(&t, 5, i..i + n);
         let compressed = t.attempts() - before;
         let kept = t.counters.puts.load(Relaxed) - kept_before;
         // Each page kept made room for it and perhaps a few more (older pages of other
@@ -1475,13 +1468,7 @@ mod tests {
             "{compressed} of {n} pages compressed, {kept} kept"
         );
         assert!(b.puts.load(Relaxed) > 0);
-        for k in 0..i + n {
-            assert_eq!(
-                t.get((5, k)).expect("get"),
-                Some(smooth_page(k as usize)),
-                "page {k}"
-            );
-        }
+        assert_smooth_back(&t, 5, i + n);
     }
 
     /// A phase that compressed, then the same pages rewritten with data that does not: the
