@@ -999,6 +999,8 @@ pub fn umount(a: UmountArgs) -> Result<()> {
 /// Internal: the mount daemon (spawned by `tierstack mount`); takes its spec as JSON.
 pub fn daemon(spec: &str, metrics: Option<&str>) -> Result<()> {
     let spec: MountSpec = serde_json::from_str(spec).context("bad mount-daemon spec")?;
+    // Handles, held base files and client connections each take a descriptor.
+    tierstack_common::process::raise_nofile();
     if let Some(m) = metrics {
         tierstack_node::metrics::serve_mount(m, &spec.mountpoint).map_err(crate::node_err)?;
     }

@@ -342,6 +342,41 @@ fn readdir_of_ten_thousand_files() {
     );
 }
 
+/// A daemon started with a low descriptor limit reads more files from BACKING than it may
+/// hold open: each file's base is held open only while the mount holds fewer than a quarter
+/// of its limit (with every base held, the daemon hit EMFILE at the limit and every later
+/// open failed).
+#[test]
+fn reading_more_backing_files_than_the_descriptor_limit() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fs::create_dir(fx.b("many")).expect("mkdir");
+    for i in 0..700 {
+        fs::write(fx.b(&format!("many/f{i:04}")), format!("file {i}")).expect("write");
+    }
+    let args = fx.mount_args(&["--mode", "async"]);
+    let o = std::process::Command::new("prlimit")
+        .arg("--nofile=256:256")
+        .arg(BIN)
+        .args(&args)
+        .output()
+        .expect("run prlimit");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fx.pid = Some(fx.status()["pid"].as_u64().expect("pid") as u32);
+    for round in 0..2 {
+        for i in 0..700 {
+            let got = fs::read_to_string(fx.m(&format!("many/f{i:04}")))
+                .unwrap_or_else(|e| panic!("round {round}, file {i}: {e}"));
+            assert_eq!(got, format!("file {i}"));
+        }
+    }
+    fs::write(fx.m("many/new"), "after").expect("a write after the reads");
+    fx.umount();
+    assert_eq!(fs::read_to_string(fx.b("many/new")).expect("read"), "after");
+}
+
 #[test]
 fn sparse_five_gib_file() {
     if !can_run() {

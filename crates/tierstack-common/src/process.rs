@@ -71,3 +71,28 @@ pub fn name_mapping(addr: usize, len: usize, name: &std::ffi::CStr) -> bool {
         ) == 0
     }
 }
+
+/// Raises this process's soft limit on open descriptors to its hard limit (a daemon that
+/// holds files open for its clients should not stop at the login default of 1,024), and
+/// returns the soft limit in force after (the old one if it could not be read or raised).
+pub fn raise_nofile() -> u64 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into `rl`, a live local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return 1024;
+    }
+    if rl.rlim_cur < rl.rlim_max {
+        let want = libc::rlimit {
+            rlim_cur: rl.rlim_max,
+            rlim_max: rl.rlim_max,
+        };
+        // SAFETY: setrlimit reads `want`, a live local; lowering nothing.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            return want.rlim_cur;
+        }
+    }
+    rl.rlim_cur
+}

@@ -346,8 +346,8 @@ impl Core {
             self.unadopt(obj, &mut f, &taken);
             return Err(why);
         }
-        if f.base_fd.is_none() {
-            f.base_fd = Some(std::sync::Arc::new(base));
+        if f.base_fd.is_none() && self.base_fds.room() {
+            f.base_fd = Some(self.base_fds.count(base));
         }
         Ok(done)
     }

@@ -15,6 +15,82 @@ use crate::error::{FsError, Result};
 
 use super::{eio, moved, now_ns, Core, Kind, Ns, PAGE, R};
 
+/// A base file open in BACKING, counted in its mount's [`BaseFds`] while it is open.
+#[derive(Debug)]
+pub struct BaseFd {
+    file: File,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::ops::Deref for BaseFd {
+    type Target = File;
+    fn deref(&self) -> &File {
+        &self.file
+    }
+}
+
+impl Drop for BaseFd {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Relaxed);
+    }
+}
+
+/// The base files a mount has open: each file keeps its base open once read, so that its
+/// pages come from one file; without a bound, a job that reads more files than the daemon
+/// may open (`RLIMIT_NOFILE`) made every later open fail with EMFILE. Past [`BaseFds::cap`]
+/// a base is opened for the one read and closed after it.
+#[derive(Debug)]
+pub struct BaseFds {
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    cap: usize,
+}
+
+impl BaseFds {
+    /// A count with room for `cap` held bases.
+    pub fn new(cap: usize) -> Self {
+        BaseFds {
+            open: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            cap,
+        }
+    }
+
+    /// For this process: a quarter of its descriptor limit (the rest is for handles, the
+    /// drives, the journal, the drain), at most 65,536.
+    pub fn for_process() -> Self {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into `rl`, a live local.
+        let lim = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+            rl.rlim_cur
+        } else {
+            1024
+        };
+        Self::new((lim / 4).clamp(64, 65_536) as usize)
+    }
+
+    /// `file`, counted.
+    pub fn count(&self, file: File) -> Arc<BaseFd> {
+        self.open.fetch_add(1, Relaxed);
+        Arc::new(BaseFd {
+            file,
+            open: self.open.clone(),
+        })
+    }
+
+    /// Whether another base may be held open.
+    pub fn room(&self) -> bool {
+        self.open.load(Relaxed) < self.cap
+    }
+
+    /// Bases open now.
+    #[cfg(test)]
+    pub fn open(&self) -> usize {
+        self.open.load(Relaxed)
+    }
+}
+
 /// A page of a file held in the store.
 #[derive(Clone, Copy, Debug)]
 pub struct Page {
@@ -46,8 +122,9 @@ pub struct FileData {
     pub(super) pages: BTreeMap<u64, Page>,
     /// Bumped by every change of contents.
     pub(super) ver: u64,
-    /// The base file, held open once read (dropped when the base changes).
-    pub(super) base_fd: Option<Arc<File>>,
+    /// The base file, held open once read (dropped when the base changes), while the mount
+    /// holds fewer than [`BaseFds::cap`] bases.
+    pub(super) base_fd: Option<Arc<BaseFd>>,
     /// A data op for this file is queued in the journal and has not started.
     pub(super) data_pending: bool,
     /// Smallest size since the current drain took its snapshot.
@@ -89,7 +166,7 @@ pub(super) enum WriteErr {
 impl Core {
     // ------------------------------------------------------------------ contents
 
-    pub(super) fn base_file(&self, f: &mut FileData) -> Result<Option<Arc<File>>> {
+    pub(super) fn base_file(&self, f: &mut FileData) -> Result<Option<Arc<BaseFd>>> {
         if let Some(b) = &f.base_fd {
             return Ok(Some(b.clone()));
         }
@@ -114,8 +191,10 @@ impl Core {
             r => r,
         }
         .map_err(crate::error::io_err(&path))?;
-        let a = Arc::new(file);
-        f.base_fd = Some(a.clone());
+        let a = self.base_fds.count(file);
+        if self.base_fds.room() {
+            f.base_fd = Some(a.clone());
+        }
         Ok(Some(a))
     }
 
@@ -731,5 +810,34 @@ impl Core {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod base_fd_tests {
+    use super::*;
+
+    #[test]
+    fn held_bases_are_counted_until_their_last_reference_goes() {
+        let fds = BaseFds::new(2);
+        let open = || File::open("/proc/self/stat").expect("open");
+        let a = fds.count(open());
+        let a2 = a.clone();
+        let b = fds.count(open());
+        assert_eq!(fds.open(), 2);
+        assert!(!fds.room(), "two of two held");
+        drop(a);
+        assert_eq!(fds.open(), 2, "a clone still holds the first");
+        drop(a2);
+        assert_eq!(fds.open(), 1);
+        assert!(fds.room());
+        drop(b);
+        assert_eq!(fds.open(), 0);
+    }
+
+    #[test]
+    fn the_process_cap_is_a_quarter_of_the_descriptor_limit() {
+        let fds = BaseFds::for_process();
+        assert!(fds.cap >= 64 && fds.cap <= 65_536, "{}", fds.cap);
     }
 }

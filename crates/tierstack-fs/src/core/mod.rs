@@ -255,6 +255,8 @@ pub struct Core {
     /// and the descriptor handed to each client; None if the memfd could not be made (the
     /// clients then keep nothing).
     vers: Option<(Arc<Versions>, std::os::fd::OwnedFd)>,
+    /// The base files held open ([`data::BaseFds`]).
+    base_fds: data::BaseFds,
 }
 
 /// The longest a namespace operation waits in an open group transaction before the group is
@@ -337,6 +339,7 @@ impl Core {
             kernel_refs: Default::default(),
             coherence_ns: std::sync::atomic::AtomicI64::new(0),
             generation,
+            base_fds: data::BaseFds::for_process(),
             vers: match Versions::create() {
                 Ok((v, fd)) => Some((Arc::new(v), fd)),
                 Err(e) => {

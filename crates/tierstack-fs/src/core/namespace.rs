@@ -1199,6 +1199,13 @@ impl Core {
         } else {
             Vec::new()
         };
+        if !writes && paths.is_empty() {
+            // A handle that could not write changed nothing the row holds (reads keep clean
+            // pages in memory only, and every other change wrote its own row): no journal
+            // work, which on a read-mostly job was a savepoint per close under the database
+            // lock, serializing every daemon thread.
+            return Ok(drop_entries);
+        }
         let mut db = self.db.lock();
         drop(ns);
         self.tx_in(&mut db, |tx| {
