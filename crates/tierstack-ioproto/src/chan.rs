@@ -1,14 +1,23 @@
 //! The shared-memory slot of one client connection: a head of three state words and one
 //! buffer that holds a request, then its answer.
 //!
-//! The state word goes idle (0, as made)/`ANSWERED` → `ASKED` (the client wrote a request) → `ANSWERED`
-//! (the daemon wrote the answer over it). Whoever waits spins a bounded time (only with more
-//! than one CPU online: with one, the other side cannot run while we spin), then sleeps on a
-//! futex of the state word after saying so in its `*_sleeps` word; the other side wakes it
-//! only when that word is set (so a call between two running sides makes no system call).
-//! Both sides check their `*_sleeps` and the state in sequentially consistent order, and the
-//! futex wait itself sleeps only while the state is still the one seen, so no wake-up is
-//! lost.
+//! The state word goes idle (0, as made)/`ANSWERED` → `ASKED` (the client wrote a request) →
+//! `PICKED` (a running daemon thread took it) → `ANSWERED` (the daemon wrote the answer over
+//! it). Whoever waits spins a bounded time (only with more than one CPU online: with one, the
+//! other side cannot run while we spin), then sleeps on a futex of the state word after saying
+//! so in its `*_sleeps` word; the other side wakes it only when that word is set (so a call
+//! between two running sides makes no system call). Both sides check their `*_sleeps` and the
+//! state in sequentially consistent order, and the futex wait itself sleeps only while the
+//! state is still the one seen, so no wake-up is lost.
+//!
+//! The client spins for its answer only once the request is `PICKED`: then a daemon thread is
+//! running it and the answer is the operation's time away. A request still `ASKED` after
+//! [`ASKED_SPIN`] waits for a daemon thread that is not running (asleep, or waiting for a
+//! CPU): spinning then only takes the CPU that thread needs, so the client sleeps at once.
+//! With four programs and four daemon threads on two CPUs, spinning on `ASKED` made the
+//! programs' small-file reads 3-4x slower than sleeping (`bench meta --procs 4`'s read
+//! phase, docs/BENCHMARKS.md); with a CPU each, the daemon thread picks the request up
+//! within the first microsecond and the client spins as before.
 //!
 //! No Rust reference to the shared bytes is ever made: the other process may write them at
 //! any time (a misbehaving client), so they are copied in and out ([`Chan::put`],
@@ -32,8 +41,11 @@ pub const BUF: usize = MAX_DATA + 4096;
 pub const SLOT_BYTES: usize = HEAD + BUF;
 /// The longest a client waits for one answer before the call fails with EIO.
 pub const CALL_LIMIT: Duration = Duration::from_secs(120);
-/// How long the client spins for an answer before it sleeps.
+/// How long the client spins for the answer to a request a daemon thread has picked up
+/// before it sleeps.
 pub const CLIENT_SPIN: Duration = Duration::from_micros(40);
+/// How long the client spins for a daemon thread to pick its request up before it sleeps.
+pub const ASKED_SPIN: Duration = Duration::from_micros(1);
 /// How long the daemon spins for the next request after an answer before it sleeps.
 pub const SERVER_SPIN: Duration = Duration::from_micros(60);
 /// How often a sleeping side looks whether the other has gone.
@@ -41,6 +53,7 @@ const NAP: Duration = Duration::from_millis(50);
 
 const ASKED: u32 = 1;
 const ANSWERED: u32 = 2;
+const PICKED: u32 = 3;
 
 /// What a wait on the channel ends with, other than its answer.
 #[derive(Debug, thiserror::Error)]
@@ -157,8 +170,48 @@ impl Chan {
         if self.sleeps(Side::Server).load(SeqCst) != 0 {
             futex_wake(self.state());
         }
-        self.wait_for(ASKED, Side::Client, CLIENT_SPIN, CALL_LIMIT, gone)?;
+        self.wait_answer(gone)?;
         Ok(self.len().load(SeqCst) as usize)
+    }
+
+    /// The client: waits for the state to turn `ANSWERED`, spinning only while a daemon
+    /// thread runs the request (see the module's head), up to [`CALL_LIMIT`].
+    fn wait_answer(&self, gone: &dyn Fn() -> bool) -> Result<(), ChanError> {
+        let start = Instant::now();
+        let mut i = 0u32;
+        loop {
+            let s = self.state().load(SeqCst);
+            if s == ANSWERED {
+                return Ok(());
+            }
+            if self.spin {
+                i = i.wrapping_add(1);
+                // The clock is read every 32 looks.
+                if !i.is_multiple_of(32) {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let limit = if s == PICKED { CLIENT_SPIN } else { ASKED_SPIN };
+                if start.elapsed() < limit {
+                    std::hint::spin_loop();
+                    continue;
+                }
+            }
+            self.sleeps(Side::Client).store(1, SeqCst);
+            if self.state().load(SeqCst) == s {
+                futex_wait(self.state(), s, NAP);
+            }
+            self.sleeps(Side::Client).store(0, SeqCst);
+            if self.state().load(SeqCst) == ANSWERED {
+                return Ok(());
+            }
+            if gone() {
+                return Err(ChanError::Gone);
+            }
+            if start.elapsed() > CALL_LIMIT {
+                return Err(ChanError::Timeout(CALL_LIMIT));
+            }
+        }
     }
 
     /// The daemon: waits for the next request; its length. Ends with [`ChanError::Gone`]
@@ -167,6 +220,9 @@ impl Chan {
         loop {
             let cur = self.state().load(SeqCst);
             if cur == ASKED {
+                // The client's spin now pays (see the module's head). Only this thread
+                // moves the state on from ASKED: a client cannot see it answered early.
+                self.state().store(PICKED, SeqCst);
                 return Ok((self.len().load(SeqCst) as usize).min(BUF));
             }
             // Waits while the state stays `cur` (idle, or our last answer not yet replaced).
@@ -364,6 +420,31 @@ mod tests {
             let mut want = req.clone();
             want.reverse();
             assert_eq!(got, want);
+        }
+        t.join().expect("server");
+    }
+
+    #[test]
+    fn a_picked_up_request_is_waited_for_until_its_answer() {
+        let (mut server, fd) = Chan::create().expect("slot");
+        let mut client = Chan::attach(fd.as_fd()).expect("attach");
+        let t = std::thread::spawn(move || {
+            for i in 0..20u8 {
+                let n = server.next_request(&|| false).expect("request");
+                assert_eq!(n, 1);
+                // Picked up: a slow operation, longer than the client's spins.
+                std::thread::sleep(Duration::from_micros(100 * u64::from(i % 4)));
+                assert!(server.put(0, &[i, i]));
+                server.answer(2);
+            }
+        });
+        for i in 0..20u8 {
+            assert!(client.put(0, &[i]));
+            let n = client.call(1, &|| false).expect("answer");
+            let mut got = [0u8; 2];
+            assert_eq!(n, 2, "answered, not merely picked up");
+            assert!(client.get(0, &mut got));
+            assert_eq!(got, [i, i]);
         }
         t.join().expect("server");
     }
