@@ -175,6 +175,16 @@ def run(cmd, a):
     if cmd == "open": fds[a[0]] = os.open(a[0], os.O_RDWR | os.O_CREAT, 0o644); return fds[a[0]]
     if cmd == "pwrite": return os.pwrite(fds[a[0]], a[1].encode(), int(a[2]))
     if cmd == "fsync": os.fsync(fds[a[0]]); return None
+    if cmd == "ropen": fds["r:" + a[0]] = os.open(a[0], os.O_RDONLY); return None
+    if cmd == "rest":
+        out = b""
+        while True:
+            b = os.read(fds["r:" + a[0]], 65536)
+            if not b: return out.decode()
+            out += b
+    if cmd == "eofn":
+        fd = fds["r:" + a[0]]; end = os.fstat(fd).st_size
+        return sum(len(os.pread(fd, 100, end)) for _ in range(int(a[1])))
     raise ValueError(cmd)
 for line in sys.stdin:
     cmd, *a = json.loads(line)
@@ -522,6 +532,68 @@ fn what_the_client_keeps_of_stat_follows_every_change_made_elsewhere() {
     assert!(
         (1..100).contains(&calls),
         "2000 stats of one unchanged path made {calls} calls to the daemon"
+    );
+}
+
+/// The read at a file's end is answered by the client from the size it keeps (no call)
+/// only while that size holds: what another process appends, through FUSE or another
+/// client, or the program writes through another descriptor, is read after it.
+#[test]
+fn the_end_of_a_file_the_client_keeps_moves_with_every_write_made_elsewhere() {
+    let Some(py) = can_run() else { return };
+    let fx = Fx::new(&[]);
+    let f = p(&fx.m("f"));
+    fs::write(fx.m("f"), b"abc").expect("write");
+    let mut prog = Prog::start(py, &fx);
+    let mut other = Prog::start(py, &fx);
+    let rest = |prog: &mut Prog| prog.ask(serde_json::json!(["rest", f]));
+    assert_eq!(prog.ask(serde_json::json!(["ropen", f]))[0], "ok");
+    assert_eq!(rest(&mut prog), serde_json::json!(["ok", "abc"]));
+    assert_eq!(rest(&mut prog), serde_json::json!(["ok", ""]));
+    // Appended through FUSE.
+    fs::OpenOptions::new()
+        .append(true)
+        .open(fx.m("f"))
+        .and_then(|mut h| h.write_all(b"def"))
+        .expect("append through FUSE");
+    assert_eq!(rest(&mut prog), serde_json::json!(["ok", "def"]));
+    // Appended by another client.
+    assert_eq!(other.ask(serde_json::json!(["append", f, "gh"]))[0], "ok");
+    assert_eq!(rest(&mut prog), serde_json::json!(["ok", "gh"]));
+    // Written by the program itself through another descriptor.
+    assert_eq!(prog.ask(serde_json::json!(["open", f]))[0], "ok");
+    assert_eq!(
+        prog.ask(serde_json::json!(["pwrite", f, "ij", "8"])),
+        serde_json::json!(["ok", 2])
+    );
+    assert_eq!(rest(&mut prog), serde_json::json!(["ok", "ij"]));
+    // Truncated and grown again by another client: the offset (10) is past the end of 3
+    // bytes, then inside 12.
+    assert_eq!(other.ask(serde_json::json!(["truncate", f, "3"]))[0], "ok");
+    assert_eq!(rest(&mut prog), serde_json::json!(["ok", ""]));
+    assert_eq!(other.ask(serde_json::json!(["truncate", f, "12"]))[0], "ok");
+    assert_eq!(rest(&mut prog), serde_json::json!(["ok", "\u{0}\u{0}"]));
+    // Reads at the unchanged end make no call (the daemon counts a client's calls as it
+    // goes and at its exit).
+    drop(other);
+    let clients = |n: u64| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fx.status()["io_clients"].as_u64() != Some(n) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    clients(1);
+    let before = fx.io_calls();
+    assert_eq!(
+        prog.ask(serde_json::json!(["eofn", f, "2000"])),
+        serde_json::json!(["ok", 0])
+    );
+    drop(prog);
+    clients(0);
+    let calls = fx.io_calls() - before;
+    assert!(
+        calls < 100,
+        "2000 reads at the unchanged end of a file made {calls} calls to the daemon"
     );
 }
 

@@ -276,7 +276,9 @@ fn keep(cache: &mut Cache, req: &Req<'_>, rep: &Rep<'_>, now_ms: u64) {
         (Req::Stat { base, path, .. }, Rep::Absent { deps, ttl_ms }) => {
             cache.keep_absent(*base, path, deps, *ttl_ms, now_ms)
         }
-        (Req::Close { .. }, Rep::Known { attr, deps }) => cache.keep_node_deps(attr, deps),
+        (Req::Close { .. } | Req::Fstat { .. }, Rep::Known { attr, deps }) => {
+            cache.keep_node_deps(attr, deps)
+        }
         _ => {}
     }
 }

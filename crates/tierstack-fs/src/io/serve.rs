@@ -382,6 +382,18 @@ impl Server<'_> {
         }
     }
 
+    /// `ino`'s attributes with the count they rest on, for the client to keep (its `fstat`
+    /// and the end of file it reads at are answered from them while the count holds).
+    fn known(&self, ino: u64) -> std::result::Result<Rep<'static>, i32> {
+        let (a, c) = self.fs.core.getattr_v(ino)?;
+        let mut deps = Deps::default();
+        deps.push(vers::attr_slot(ino), c.attr());
+        Ok(Rep::Known {
+            attr: wire_attr(&a),
+            deps,
+        })
+    }
+
     fn op(&self, op: Op<'_>) -> std::result::Result<Out, i32> {
         // Not the kernel's: the FUSE device's polling does not turn on for these.
         self.fs.core.ops().note_io();
@@ -456,17 +468,7 @@ impl Server<'_> {
                 }
                 // Its attributes as its writes left them, for the client to keep (the
                 // release changes none of them).
-                let rep = match self.fs.core.getattr_v(ino) {
-                    Ok((a, c)) => {
-                        let mut deps = Deps::default();
-                        deps.push(vers::attr_slot(ino), c.attr());
-                        Rep::Known {
-                            attr: wire_attr(&a),
-                            deps,
-                        }
-                    }
-                    Err(_) => Rep::Done,
-                };
+                let rep = self.known(ino).unwrap_or(Rep::Done);
                 return (rep, Handle::Closed(ino, fh));
             }
             Req::GetXattr {
@@ -557,7 +559,7 @@ impl Server<'_> {
         let core = &self.fs.core;
         Ok(match req {
             Req::Stat { base, path, follow } => self.stat(base, path, follow)?,
-            Req::Fstat { ino } => Rep::Attr(wire_attr(&core.getattr(ino)?)),
+            Req::Fstat { ino } => self.known(ino)?,
             Req::Access { base, path, mask } => {
                 let a = self.node(base, path, true)?;
                 self.may(&a, mask)?;
