@@ -377,6 +377,44 @@ fn reading_more_backing_files_than_the_descriptor_limit() {
     assert_eq!(fs::read_to_string(fx.b("many/new")).expect("read"), "after");
 }
 
+/// Drained files removed in bulk, one of them held open and one with a second name: the
+/// open one keeps its contents (its base is copied into the fast tier before BACKING loses
+/// it), the second name keeps the file, and BACKING ends with exactly what the mount shows.
+#[test]
+fn removing_drained_files_keeps_an_open_one_and_a_second_name() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fs::create_dir(fx.b("d")).expect("mkdir");
+    let body = |i: usize| random(20_000 + i, i as u64);
+    for i in 0..300 {
+        fs::write(fx.b(&format!("d/f{i:03}")), body(i)).expect("write");
+    }
+    fx.mount(&[]);
+    fs::hard_link(fx.m("d/f005"), fx.m("d/second")).expect("link");
+    let held = File::open(fx.m("d/f007")).expect("open");
+    ok(&["drain", fx.mnt.to_str().expect("utf8"), "--wait"]);
+    for i in 0..300 {
+        fs::remove_file(fx.m(&format!("d/f{i:03}"))).expect("unlink");
+    }
+    ok(&["drain", fx.mnt.to_str().expect("utf8"), "--wait"]);
+    let names: Vec<_> = fs::read_dir(fx.b("d"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name())
+        .filter(|n| !n.to_string_lossy().starts_with(".tierstack"))
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("second")]);
+    let mut got = vec![0u8; body(7).len()];
+    held.read_exact_at(&mut got, 0).expect("read the open file");
+    assert!(got == body(7), "the open file's contents changed");
+    assert!(fs::read(fx.m("d/second")).expect("read") == body(5));
+    drop(held);
+    fx.umount();
+    assert!(fs::read(fx.b("d/second")).expect("read") == body(5));
+    assert_eq!(fs::read_dir(fx.b("d")).expect("readdir").count(), 1);
+}
+
 #[test]
 fn sparse_five_gib_file() {
     if !can_run() {

@@ -16,7 +16,22 @@ use parking_lot::Mutex;
 use crate::backing::{Attrs, Backing};
 use crate::db;
 
+use super::node::Node;
 use super::{join_rel, under, Core, FileData, Kind};
+
+/// The nodes whose base may lie at a path BACKING is about to lose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holders {
+    /// Any node but the one given: a folder's path (every file under it) or a rename's
+    /// target (all but the node the rename moves there).
+    AllBut(Option<u64>),
+    /// Only this node: the path is the name of a file (not a folder) that this node's
+    /// journal row removes. The drain keeps one node per BACKING file name, and a row names
+    /// the node at its path as of that row (renames over it applied before), so no other
+    /// node's base lies there; one look instead of a walk of every node, which per row made
+    /// removing n drained files cost n times the namespace, under its lock.
+    Only(u64),
+}
 
 impl Core {
     /// Whether node `ino` is gone from the namespace or has no name left. Takes `ns`.
@@ -88,21 +103,31 @@ impl Core {
     pub fn pin_bases_under(
         &self,
         path: &[u8],
-        except: Option<u64>,
+        holders: Holders,
         pinned: &AtomicU64,
     ) -> io::Result<()> {
         let victims: Vec<(u64, u64, Arc<Mutex<FileData>>)> = {
             let ns = self.ns.lock();
-            ns.nodes
-                .iter()
-                .filter(|(i, _)| Some(**i) != except)
-                .filter_map(|(i, n)| {
-                    let d = n.data.as_ref()?;
-                    let f = d.lock();
-                    let bp = f.base_path()?;
-                    (f.has_base && under(bp, path)).then(|| (*i, n.obj, d.clone()))
-                })
-                .collect()
+            let hit = |i: u64, n: &Node| {
+                let d = n.data.as_ref()?;
+                let f = d.lock();
+                let bp = f.base_path()?;
+                (f.has_base && under(bp, path)).then(|| (i, n.obj, d.clone()))
+            };
+            match holders {
+                Holders::Only(i) => ns
+                    .nodes
+                    .get(&i)
+                    .and_then(|n| hit(i, n))
+                    .into_iter()
+                    .collect(),
+                Holders::AllBut(except) => ns
+                    .nodes
+                    .iter()
+                    .filter(|(i, _)| Some(**i) != except)
+                    .filter_map(|(i, n)| hit(*i, n))
+                    .collect(),
+            }
         };
         if victims.is_empty() {
             return Ok(());
@@ -143,13 +168,19 @@ impl Core {
     /// After `path` was removed or replaced in BACKING: nothing is there any more (but
     /// `except`). Takes `ns` (with each file's lock inside it), lets it go, then writes the
     /// journal (`db`).
-    pub fn clear_backing_paths(&self, path: &[u8], except: Option<u64>) {
+    pub fn clear_backing_paths(&self, path: &[u8], holders: Holders) {
         let mut changed = Vec::new();
         let mut ns = self.ns.lock();
-        for (ino, n) in ns.nodes.iter_mut() {
-            if Some(*ino) == except {
-                continue;
-            }
+        let nodes: Vec<(u64, &mut Node)> = match holders {
+            Holders::Only(i) => ns.nodes.get_mut(&i).map(|n| (i, n)).into_iter().collect(),
+            Holders::AllBut(except) => ns
+                .nodes
+                .iter_mut()
+                .filter(|(i, _)| Some(**i) != except)
+                .map(|(i, n)| (*i, n))
+                .collect(),
+        };
+        for (ino, n) in nodes {
             let Some(bp) = &n.bpath else { continue };
             if under(bp, path) {
                 n.bpath = None;
@@ -167,7 +198,7 @@ impl Core {
                         f.has_base = false;
                     }
                 }
-                changed.push(*ino);
+                changed.push(ino);
             }
         }
         drop(ns);
@@ -239,7 +270,7 @@ impl Core {
     /// is under `to` now. Takes `ns` (with each file's lock inside it), lets it go, then
     /// writes the journal (`db`).
     pub fn rename_backing_paths(&self, ino: u64, from: &[u8], to: &[u8]) {
-        self.clear_backing_paths(to, Some(ino));
+        self.clear_backing_paths(to, Holders::AllBut(Some(ino)));
         let mut changed = Vec::new();
         let mut staged = Vec::new();
         let mut ns = self.ns.lock();

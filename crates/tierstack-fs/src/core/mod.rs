@@ -63,6 +63,7 @@ mod signals;
 mod space;
 mod status;
 
+pub use bpaths::Holders;
 pub use data::{FileData, Page};
 pub use drain_pass::{DrainPass, Drained};
 pub use namespace::STALE_NS;

@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 use rustix::fs::OFlags;
 
 use crate::backing::Backing;
-use crate::core::{rdev_of, Kind, TMP_PREFIX};
+use crate::core::{rdev_of, Holders, Kind, TMP_PREFIX};
 use crate::db::{JOp, OpKind};
 
 use super::{tmp_name, Drainer};
@@ -116,7 +116,7 @@ impl Drainer {
                 let (od, oname) = bk.parent(&op.p1)?;
                 let (nd, nname) = bk.parent(&op.p2)?;
                 self.core
-                    .pin_bases_under(&op.p2, Some(op.ino), &self.pinned)?;
+                    .pin_bases_under(&op.p2, Holders::AllBut(Some(op.ino)), &self.pinned)?;
                 // From here until the row is deleted, BACKING and the backing paths below
                 // differ: a crash in between is mended by the next start (`Drainer::start`).
                 self.core
@@ -146,7 +146,8 @@ impl Drainer {
             }
             OpKind::Unlink => {
                 let (d, name) = bk.parent(&op.p1)?;
-                self.core.pin_bases_under(&op.p1, None, &self.pinned)?;
+                self.core
+                    .pin_bases_under(&op.p1, Holders::Only(op.ino), &self.pinned)?;
                 if let Err(e) = Backing::unlink(&d, name, false) {
                     if e.kind() != io::ErrorKind::NotFound {
                         return Err(e);
@@ -162,14 +163,16 @@ impl Drainer {
                         op.ino,
                         String::from_utf8_lossy(&staging)
                     );
-                    self.core.pin_bases_under(&staging, None, &self.pinned)?;
+                    self.core
+                        .pin_bases_under(&staging, Holders::Only(op.ino), &self.pinned)?;
                     let _ = Backing::unlink(&d, &tmp_name(op.ino, ""), false);
                 }
-                self.core.clear_backing_paths(&op.p1, None);
+                self.core.clear_backing_paths(&op.p1, Holders::Only(op.ino));
             }
             OpKind::Rmdir => {
                 let (d, name) = bk.parent(&op.p1)?;
-                self.core.pin_bases_under(&op.p1, None, &self.pinned)?;
+                self.core
+                    .pin_bases_under(&op.p1, Holders::AllBut(None), &self.pinned)?;
                 match Backing::unlink(&d, name, true) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -190,7 +193,7 @@ impl Drainer {
                     }
                     Err(e) => return Err(e),
                 }
-                self.core.clear_backing_paths(&op.p1, None);
+                self.core.clear_backing_paths(&op.p1, Holders::AllBut(None));
             }
             OpKind::SetAttr => {
                 let r = if op.p1.is_empty() {
