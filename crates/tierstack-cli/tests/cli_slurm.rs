@@ -1634,7 +1634,7 @@ fn slurm_task_prolog_puts_tasks_under_the_io_client() {
             assert!(
                 io.starts_with(&format!("{}/", s.fast.join("jobs").display()))
                     && io.contains("/mnt=")
-                    && io.ends_with(".io"),
+                    && io.ends_with(".io2"),
                 "{out}"
             );
         } else {

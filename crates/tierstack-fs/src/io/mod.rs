@@ -30,10 +30,14 @@ use crate::fuse::{Caller, Op, TierFs};
 use serve::{Handle, Server};
 
 /// The interception client's socket of a mount whose control socket is `control`: the same
-/// name with `.io` for `.sock` (not `*.sock`: `top`, the exporter and `buffers` look for
-/// control sockets by that extension).
+/// name with `.io2` for `.sock` (not `*.sock`: `top`, the exporter and `buffers` look for
+/// control sockets by that extension). The `2` is the channel's version
+/// ([`tierstack_ioproto::chan`]'s `PICKED` state came with it): a client library of
+/// another version, still loaded in a job's tasks across an upgrade, names a socket that
+/// no daemon of this version listens on, finds none, and goes through FUSE instead of
+/// misreading the channel.
 pub fn io_socket_path(control: &Path) -> PathBuf {
-    control.with_extension("io")
+    control.with_extension("io2")
 }
 
 /// The listening channel of a mount.
