@@ -67,6 +67,32 @@ impl DrainPass {
     }
 }
 
+/// A dirty page as a pass reads it ([`Core::read_dirty_page`]).
+pub struct DirtyPage {
+    data: PageData,
+    ver: u64,
+    alloc: Option<Vec<(u64, u64)>>,
+}
+
+impl DirtyPage {
+    /// Its bytes (they may reach past the file's size).
+    pub fn data(&self) -> &PageData {
+        &self.data
+    }
+
+    /// Its version: the pass that writes these bytes to BACKING makes it clean unless it
+    /// was written again since.
+    pub fn ver(&self) -> u64 {
+        self.ver
+    }
+
+    /// The file's allocated ranges within the page's bytes (file offsets), if the
+    /// allocation is known; the rest of the page is holes.
+    pub fn alloc(&self) -> Option<&[(u64, u64)]> {
+        self.alloc.as_deref()
+    }
+}
+
 /// What a pass wrote, for [`Core::finish_drain`]. Plain data.
 pub struct Drained<'a> {
     /// (page, version) of the pages now in BACKING.
@@ -140,16 +166,27 @@ impl Core {
             .collect()
     }
 
-    /// Page `p` of the pass's file and its version, if it is still dirty and holds data
-    /// (read from the store, or the base, not cached). Takes the file's lock.
-    pub fn read_dirty_page(&self, pass: &DrainPass, p: u64) -> Result<Option<(PageData, u64)>> {
+    /// Page `p` of the pass's file, if it is still dirty and holds data (read from the
+    /// store, or the base, not cached): its bytes, its version, and the file's allocated
+    /// ranges within them when the allocation is known. All three as the file is now, under
+    /// one hold of its lock: the file may have changed since the pass began, and the
+    /// allocation noted then ([`DrainPass::extents`]) may not cover what the page holds now
+    /// (a truncation and a write since left BACKING with zeros where the page had data).
+    /// Takes the file's lock.
+    pub fn read_dirty_page(&self, pass: &DrainPass, p: u64) -> Result<Option<DirtyPage>> {
         let mut f = pass.data.lock();
         let Some(ver) = f.pages.get(&p).filter(|pg| pg.dirty).map(|pg| pg.ver) else {
             return Ok(None);
         };
-        Ok(self
-            .read_page(pass.obj, &mut f, p, false)?
-            .map(|v| (v, ver)))
+        let Some(data) = self.read_page(pass.obj, &mut f, p, false)? else {
+            return Ok(None);
+        };
+        let start = p * PAGE;
+        let alloc = f
+            .extents
+            .as_ref()
+            .map(|e| e.within(start, start + data.len() as u64));
+        Ok(Some(DirtyPage { data, ver, alloc }))
     }
 
     /// Ends a pass once BACKING holds its contents (staged, or in place after the last
@@ -162,16 +199,22 @@ impl Core {
     pub fn finish_drain(&self, pass: &DrainPass, done: &Drained<'_>) -> Result<()> {
         let row = {
             let mut f = pass.data.lock();
+            // BACKING's copy is the file's up to here: a truncation since the pass began
+            // took the rest away from it, even where the pass then wrote a page written
+            // after that truncation.
+            let base_len = pass.size.min(f.min_size);
             for (p, ver) in done.pages {
                 if let Some(pg) = f.pages.get_mut(p) {
-                    if pg.ver == *ver && pg.dirty {
+                    // Clean only if BACKING's copy, as recorded below, covers it (else a
+                    // page dropped later would read as zeros from there).
+                    if pg.ver == *ver && pg.dirty && p * PAGE + pg.len as u64 <= base_len {
                         pg.dirty = false;
                         self.dirty_bytes.fetch_sub(pg.len as u64, Relaxed);
                     }
                 }
             }
             f.has_base = true;
-            f.base_len = pass.size.min(f.min_size);
+            f.base_len = base_len;
             f.base_blocks = done.base_blocks;
             // Its blocks as `stat` counts them may have changed.
             self.changed(pass.ino, false);

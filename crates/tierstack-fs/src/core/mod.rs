@@ -65,7 +65,7 @@ mod status;
 
 pub use bpaths::Holders;
 pub use data::{FileData, Page};
-pub use drain_pass::{DrainPass, Drained};
+pub use drain_pass::{DirtyPage, DrainPass, Drained};
 pub use namespace::STALE_NS;
 pub use node::{check_name, rdev_of, Attr, Counts, Kind, Node, Ns, Seen, NAME_MAX};
 pub use status::Figures;

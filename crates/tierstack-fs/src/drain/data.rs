@@ -187,6 +187,12 @@ impl Drainer {
         let Some(w) = self.write_file(op)? else {
             return Ok(());
         };
+        self.commit_written(w)
+    }
+
+    /// The steps of [`Drainer::drain_file`] after [`Drainer::write_file`]: synced, put in
+    /// place, its folders synced, the pass finished.
+    pub(super) fn commit_written(&self, w: Written) -> io::Result<()> {
         let mut dirs = Dirs::new(self.core.backing());
         let r = (|| {
             sync_written(&w)?;
@@ -209,13 +215,19 @@ impl Drainer {
     /// ([`Drainer::put_in_place`]): BACKING never shows a half-written file, and each byte is
     /// written to BACKING once however often the drain runs. None: nothing to drain.
     pub(super) fn write_file(&self, op: &JOp) -> io::Result<Option<Written>> {
-        let c = &self.core;
-        let bk = c.backing();
-        let Some(pass) = c.begin_drain(op.ino) else {
+        let Some(pass) = self.core.begin_drain(op.ino) else {
             // Deleted since (its later unlink removes every path this op would write), or
             // nothing to drain.
             return Ok(None);
         };
+        self.write_pass(op, pass).map(Some)
+    }
+
+    /// [`Drainer::write_file`] once its pass has begun. The file may change meanwhile (no
+    /// lock of the core is held between the pass's steps).
+    pub(super) fn write_pass(&self, op: &JOp, pass: DrainPass) -> io::Result<Written> {
+        let c = &self.core;
+        let bk = c.backing();
         let (open, size) = (pass.open(), pass.size());
         let (staged, base, ext) = (pass.staged(), pass.base(), pass.extents());
         tracing::debug!(
@@ -275,14 +287,14 @@ impl Drainer {
                 }
                 have = blen;
             }
-            let out = self.write_dirty(&pass, size, have, &file, ext, !fresh)?;
+            let out = self.write_dirty(&pass, size, have, &file)?;
             if !open {
                 self.final_attrs(op, &file, size, ext)?;
             }
             Ok(out)
         })();
         match res {
-            Ok((drained, written)) => Ok(Some(Written {
+            Ok((drained, written)) => Ok(Written {
                 op: op.clone(),
                 pass,
                 file,
@@ -290,7 +302,7 @@ impl Drainer {
                 fresh,
                 drained,
                 written,
-            })),
+            }),
             Err(e) => {
                 if fresh {
                     let _ = Backing::unlink(&sdir, &sname, false);
@@ -421,29 +433,29 @@ impl Drainer {
     }
 
     /// Writes the dirty pages of a file below `size` to `out`; `have`: bytes `out` already
-    /// holds (an all-zero page past them is a hole and is not written). Returns the (page,
+    /// holds (the base copied, or an earlier pass's staging file). Returns the (page,
     /// version) of the pages written and the bytes written.
-    /// With the file's allocation (`ext`), only its allocated ranges are written and, where
-    /// `out` may hold older bytes (`reused`: a staging file of an earlier pass), the rest
-    /// of each page is punched; without it, all-zero blocks past `have` stay holes.
+    /// Where the file's allocation is known, only its allocated ranges are written, as they
+    /// are when the page is read (the file may have changed since the pass began), and
+    /// where `out` holds older bytes the rest of each page is punched; without it, all-zero
+    /// blocks past `have` stay holes.
     pub(super) fn write_dirty(
         &self,
         pass: &DrainPass,
         size: u64,
         have: u64,
         out: &File,
-        ext: Option<&crate::core::extents::Extents>,
-        reused: bool,
     ) -> io::Result<(Vec<(u64, u64)>, u64)> {
         let c = &self.core;
         let dirty = c.pages_to_drain(pass, size);
         let mut drained = Vec::new();
         let mut written = 0u64;
         for p in dirty {
-            let data = c
+            let got = c
                 .read_dirty_page(pass, p)
                 .map_err(|e| io::Error::other(e.to_string()))?;
-            let Some((page, ver)) = data else { continue };
+            let Some(got) = got else { continue };
+            let (page, ver) = (got.data(), got.ver());
             let lim = (size - p * PAGE).min(PAGE) as usize;
             // A page that grew past the size this drain writes (the file was written to
             // since) is not all in BACKING: it stays dirty.
@@ -452,14 +464,15 @@ impl Drainer {
             }
             let v = &page[..lim.min(page.len())];
             let pstart = p * PAGE;
-            let runs: Vec<(usize, usize)> = match ext {
-                Some(e) => {
-                    let runs: Vec<(usize, usize)> = e
-                        .within(pstart, pstart + v.len() as u64)
-                        .into_iter()
-                        .map(|(a, b)| ((a - pstart) as usize, (b - pstart) as usize))
+            let runs: Vec<(usize, usize)> = match got.alloc() {
+                Some(alloc) => {
+                    let end = pstart + v.len() as u64;
+                    let runs: Vec<(usize, usize)> = alloc
+                        .iter()
+                        .filter(|(a, _)| *a < end)
+                        .map(|(a, b)| ((a - pstart) as usize, ((*b).min(end) - pstart) as usize))
                         .collect();
-                    if reused {
+                    if pstart < have {
                         punch_between(out, pstart, v.len(), &runs)?;
                     }
                     runs
@@ -469,7 +482,7 @@ impl Drainer {
                 None => vec![(0, v.len())],
             };
             tracing::debug!(
-                "drain page {p} (ver {ver}, {} bytes, have {have}, reused {reused}): runs {runs:?}",
+                "drain page {p} (ver {ver}, {} bytes, have {have}): runs {runs:?}",
                 v.len()
             );
             for (a, b) in runs {
