@@ -778,6 +778,19 @@ fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
         crate::BAR_CHARS,
     ));
     let mut most = 0u64;
+    // Where stderr is no terminal (a job script's log, systemd's journal) the bar shows
+    // nothing: a plain line every `TIERSTACK_PROGRESS_EVERY` seconds (30) says the wait is
+    // moving, and what is left.
+    let lines = !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let every = Duration::from_secs_f64(
+        std::env::var("TIERSTACK_PROGRESS_EVERY")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| *v > 0.0 && v.is_finite())
+            .unwrap_or(30.0),
+    );
+    let t0 = Instant::now();
+    let mut last_line = t0;
     let r = fsmount::wait_drained(mp, timeout, &mut |s| {
         most = most.max(s.drain.dirty_bytes);
         bar.set_length(most);
@@ -790,6 +803,16 @@ fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
             if s.drain_retries > 0 {
                 msg.push_str(&format!("; retrying: {e}"));
             }
+        }
+        if lines && !s.idle && last_line.elapsed() >= every {
+            last_line = Instant::now();
+            eprintln!(
+                "tierstack: draining {} ({:.0} s): {} left, {}",
+                mp.display(),
+                t0.elapsed().as_secs_f64(),
+                fmt_size(s.drain.dirty_bytes),
+                msg
+            );
         }
         bar.set_message(msg);
     });

@@ -1517,7 +1517,25 @@ fn umount_drains_pending_data_first() {
     );
     assert_eq!(st["tiers"][0]["name"], "dram");
     assert_eq!(st["tiers"][1]["name"], "array");
-    fx.umount();
+    // Its stderr a pipe (a job script's log): no bar, but a line now and then saying what
+    // is left (every 30 s; every 0.3 s here).
+    let o = Command::new(BIN)
+        .args(["umount", fx.mnt.to_str().expect("utf8")])
+        .env("TIERSTACK_PROGRESS_EVERY", "0.3")
+        .output()
+        .expect("umount");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "umount failed: {err}");
+    assert!(!is_mounted(&fx.mnt), "still mounted after umount");
+    fx.pid = None;
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("tierstack: draining ") && l.contains(" left, "))
+        .collect();
+    assert!(
+        lines.len() >= 2,
+        "a 2-second drain with stderr a pipe said nothing of its progress: {err}"
+    );
     assert_eq!(fs::read(fx.b("out.bin")).expect("read"), data);
 }
 
