@@ -468,10 +468,15 @@ proptest! {
                 (files, unsettled) == again || files >= again.0,
                 "operation {}: one walk {:?}, two walks {:?}", i, (files, unsettled), again
             );
+            // The drain's index of paths in BACKING lacks none a node has.
+            let misses = core.path_index_misses();
+            prop_assert!(misses.is_empty(), "operation {}: the index of paths lacks {:?}", i, misses);
         }
         let want = folder_tree(&bed.model);
         same("the mount", &mount_tree(&bed), &want)?;
         drain(&bed);
+        let misses = bed.fs.core.path_index_misses();
+        prop_assert!(misses.is_empty(), "after the drain, the index of paths lacks {:?}", misses);
         same("BACKING after the drain", &folder_tree(&bed.backing), &want)?;
         // What the mount shows is unchanged by the drain (pages now also read from BACKING).
         same("the mount after the drain", &mount_tree(&bed), &want)?;

@@ -107,27 +107,20 @@ impl Core {
         pinned: &AtomicU64,
     ) -> io::Result<()> {
         let victims: Vec<(u64, u64, Arc<Mutex<FileData>>)> = {
-            let ns = self.ns.lock();
+            let mut ns = self.ns.lock();
+            let inos = match holders {
+                Holders::Only(i) => vec![i],
+                Holders::AllBut(except) => ns.nodes_at_or_under(path, except),
+            };
             let hit = |i: u64, n: &Node| {
                 let d = n.data.as_ref()?;
                 let f = d.lock();
                 let bp = f.base_path()?;
                 (f.has_base && under(bp, path)).then(|| (i, n.obj, d.clone()))
             };
-            match holders {
-                Holders::Only(i) => ns
-                    .nodes
-                    .get(&i)
-                    .and_then(|n| hit(i, n))
-                    .into_iter()
-                    .collect(),
-                Holders::AllBut(except) => ns
-                    .nodes
-                    .iter()
-                    .filter(|(i, _)| Some(**i) != except)
-                    .filter_map(|(i, n)| hit(*i, n))
-                    .collect(),
-            }
+            inos.into_iter()
+                .filter_map(|i| ns.nodes.get(&i).and_then(|n| hit(i, n)))
+                .collect()
         };
         if victims.is_empty() {
             return Ok(());
@@ -147,12 +140,41 @@ impl Core {
             .map_err(|e| io::Error::other(e.to_string()))
     }
 
+    /// The invariant of the index of paths ([`super::pindex`]), checked: each path a node
+    /// has (its backing path, its file's, its file's staging file) that the index lacks, as
+    /// "inode N: path". Empty when it holds. For tests; walks every node under `ns`.
+    pub fn path_index_misses(&self) -> Vec<String> {
+        let ns = self.ns.lock();
+        let mut out = Vec::new();
+        for (i, n) in &ns.nodes {
+            let mut have = vec![n.bpath.clone()];
+            if let Some(d) = &n.data {
+                let f = d.lock();
+                have.push(f.bpath.clone());
+                have.push(f.staged.clone());
+            }
+            for p in have.into_iter().flatten() {
+                if !ns.paths.under(&p).contains(&(p.clone(), *i)) {
+                    out.push(format!("inode {i}: {}", String::from_utf8_lossy(&p)));
+                }
+            }
+        }
+        out
+    }
+
     /// Records that node `ino` is at `bp` in BACKING (None: nowhere yet); a file's base
     /// handle is dropped. Takes `ns` (with the file's lock inside it, let go), and writes the
     /// journal (`db`) while it holds `ns`.
     pub fn set_backing_path(&self, ino: u64, bp: Option<&[u8]>) {
         let mut ns = self.ns.lock();
+        let ns = &mut *ns;
         if let Some(n) = ns.nodes.get_mut(&ino) {
+            if let Some(old) = &n.bpath {
+                ns.paths.forget(old, ino);
+            }
+            if let Some(b) = bp {
+                ns.paths.note(b, ino);
+            }
             n.bpath = bp.map(|b| b.to_vec());
             if let Some(d) = &n.data {
                 let mut f = d.lock();
@@ -170,19 +192,19 @@ impl Core {
     /// journal (`db`).
     pub fn clear_backing_paths(&self, path: &[u8], holders: Holders) {
         let mut changed = Vec::new();
-        let mut ns = self.ns.lock();
-        let nodes: Vec<(u64, &mut Node)> = match holders {
-            Holders::Only(i) => ns.nodes.get_mut(&i).map(|n| (i, n)).into_iter().collect(),
-            Holders::AllBut(except) => ns
-                .nodes
-                .iter_mut()
-                .filter(|(i, _)| Some(**i) != except)
-                .map(|(i, n)| (*i, n))
-                .collect(),
+        let mut guard = self.ns.lock();
+        let inos = match holders {
+            Holders::Only(i) => vec![i],
+            Holders::AllBut(except) => guard.nodes_at_or_under(path, except),
         };
-        for (ino, n) in nodes {
+        let ns = &mut *guard;
+        for ino in inos {
+            let Some(n) = ns.nodes.get_mut(&ino) else {
+                continue;
+            };
             let Some(bp) = &n.bpath else { continue };
             if under(bp, path) {
+                ns.paths.forget(bp, ino);
                 n.bpath = None;
                 if let Some(d) = &n.data {
                     let mut f = d.lock();
@@ -201,7 +223,7 @@ impl Core {
                 changed.push(ino);
             }
         }
-        drop(ns);
+        drop(guard);
         let r = self.tx(|tx| {
             for i in &changed {
                 db::set_bpath(tx, *i, None)?;
@@ -218,25 +240,28 @@ impl Core {
     /// removes it. Holds the file's lock while it renames in BACKING and writes the journal
     /// (`db`); `ns` only to find the file, let go before.
     pub fn move_staged(&self, ino: u64, to: &[u8], name: &[u8]) -> io::Result<()> {
+        let (tdir, _) = crate::backing::split(to);
+        let nsp = join_rel(tdir, name);
         let d = {
-            let ns = self.ns.lock();
-            match ns.nodes.get(&ino).and_then(|n| n.data.clone()) {
+            let mut ns = self.ns.lock();
+            let d = match ns.nodes.get(&ino).and_then(|n| n.data.clone()) {
                 Some(d) => d,
                 None => return Ok(()),
-            }
+            };
+            // Before the change (the index may hold more than is true, never less).
+            ns.paths.note(&nsp, ino);
+            d
         };
         let mut f = d.lock();
         let Some(sp) = f.staged.clone() else {
             return Ok(());
         };
         let (sdir, _) = crate::backing::split(&sp);
-        let (tdir, _) = crate::backing::split(to);
         if sdir == tdir {
             return Ok(());
         }
         let (od, oname) = self.bk.parent(&sp)?;
         let nd = self.bk.dir(tdir)?;
-        let nsp = join_rel(tdir, name);
         self.note_staging(&nsp, ino)
             .map_err(|e| io::Error::other(e.to_string()))?;
         Backing::rename(&od, oname, &nd, name)?;
@@ -249,6 +274,7 @@ impl Core {
         f.staged = Some(nsp.clone());
         f.base_fd = None;
         drop(f);
+        self.ns.lock().paths.forget(&sp, ino);
         self.tx(|tx| {
             tx.execute(
                 "UPDATE inodes SET staged=?2 WHERE ino=?1",
@@ -273,8 +299,13 @@ impl Core {
         self.clear_backing_paths(to, Holders::AllBut(Some(ino)));
         let mut changed = Vec::new();
         let mut staged = Vec::new();
-        let mut ns = self.ns.lock();
-        for (i, n) in ns.nodes.iter_mut() {
+        let mut guard = self.ns.lock();
+        let inos = guard.nodes_at_or_under(from, None);
+        let ns = &mut *guard;
+        for i in inos {
+            let Some(n) = ns.nodes.get_mut(&i) else {
+                continue;
+            };
             // Staging files inside a renamed directory move with it.
             if let Some(d) = &n.data {
                 let mut f = d.lock();
@@ -286,25 +317,29 @@ impl Core {
                         String::from_utf8_lossy(&sp),
                         String::from_utf8_lossy(&ns2)
                     );
+                    ns.paths.forget(&sp, i);
+                    ns.paths.note(&ns2, i);
                     f.staged = Some(ns2.clone());
                     f.base_fd = None;
-                    staged.push((*i, ns2));
+                    staged.push((i, ns2));
                 }
             }
             let Some(bp) = &n.bpath else { continue };
             if under(bp, from) {
                 let mut nb = to.to_vec();
                 nb.extend_from_slice(&bp[from.len()..]);
+                ns.paths.forget(bp, i);
+                ns.paths.note(&nb, i);
                 n.bpath = Some(nb.clone());
                 if let Some(d) = &n.data {
                     let mut f = d.lock();
                     f.bpath = Some(nb.clone());
                     f.base_fd = None;
                 }
-                changed.push((*i, nb));
+                changed.push((i, nb));
             }
         }
-        drop(ns);
+        drop(guard);
         let r = self.tx(|tx| {
             for (i, b) in &changed {
                 db::set_bpath(tx, *i, Some(b))?;

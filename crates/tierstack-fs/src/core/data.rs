@@ -800,8 +800,14 @@ impl Core {
     pub(super) fn destroy(&self, ns: &mut Ns, ino: u64) {
         ns.seen.remove(&ino);
         if let Some(n) = ns.nodes.remove(&ino) {
+            if let Some(b) = &n.bpath {
+                ns.paths.forget(b, ino);
+            }
             if let Some(d) = &n.data {
                 let mut f = d.lock();
+                for p in [&f.bpath, &f.staged].into_iter().flatten() {
+                    ns.paths.forget(p, ino);
+                }
                 let pages: Vec<u64> = f.pages.keys().copied().collect();
                 for p in pages {
                     if let Err(e) = self.drop_page(n.obj, &mut f, p) {

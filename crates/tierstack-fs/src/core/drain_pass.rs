@@ -3,8 +3,8 @@
 //! them to BACKING on its own (no lock of the core held), and ends the pass
 //! ([`Core::finish_drain`]: pages clean, the base is BACKING's copy, the inode row).
 //!
-//! Locks: each method takes the namespace lock (`ns`) or the file's lock, never one inside
-//! the other, and `db` only after the file's lock is let go.
+//! Locks: each method takes the namespace lock (`ns`) or the file's lock, the file's inside
+//! `ns` at most (`finish_drain`), and `db` only after both are let go.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -193,12 +193,25 @@ impl Core {
     /// close): the pages it wrote are clean unless written since, the base is BACKING's copy
     /// (the staging file while the file is open, else its path), the file stays dirty if it
     /// changed since the pass began; all of that recorded in the inode row before anything
-    /// is dropped. Then the node's backing path (in place), the drained bytes, and clean
-    /// pages dropped under pressure. Takes the file's lock, lets it go, then `db` (the
-    /// row), then `ns` (the path); an error of the row ends it there.
+    /// is dropped; the node's backing path (in place) with them. Then the drained bytes,
+    /// and clean pages dropped under pressure. Takes `ns` and the file's lock inside it,
+    /// lets them go, then `db` (the row); an error of the row ends it there.
     pub fn finish_drain(&self, pass: &DrainPass, done: &Drained<'_>) -> Result<()> {
         let row = {
+            // The namespace first (its lock, then the file's): the node's backing path, its
+            // file's, its staging file and the index of paths change together.
+            let mut guard = self.ns.lock();
+            let ns = &mut *guard;
             let mut f = pass.data.lock();
+            let node = ns.nodes.get_mut(&pass.ino);
+            let before: Vec<Vec<u8>> = [
+                f.staged.clone(),
+                f.bpath.clone(),
+                node.as_ref().and_then(|n| n.bpath.clone()),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
             // BACKING's copy is the file's up to here: a truncation since the pass began
             // took the rest away from it, even where the pass then wrote a page written
             // after that truncation.
@@ -228,6 +241,19 @@ impl Core {
                 f.bpath = Some(done.path.to_vec());
                 f.dirty = f.ver != pass.start_ver;
             }
+            let mut after = vec![f.staged.clone(), f.bpath.clone()];
+            if let Some(n) = node {
+                if !pass.open {
+                    n.bpath = Some(done.path.to_vec());
+                }
+                after.push(n.bpath.clone());
+                for p in before.iter().filter(|p| !after.contains(&Some(p.to_vec()))) {
+                    ns.paths.forget(p, pass.ino);
+                }
+                for p in after.iter().flatten() {
+                    ns.paths.note(p, pass.ino);
+                }
+            }
             tracing::debug!(
                 "drained inode {}: base_len {} staged {:?} dirty {} ({} bytes written)",
                 pass.ino,
@@ -236,13 +262,16 @@ impl Core {
                 f.dirty,
                 done.written
             );
-            (
+            let row = (
                 f.has_base,
                 f.base_len,
                 f.dirty,
                 f.bpath.clone(),
                 f.staged.clone(),
-            )
+            );
+            drop(f);
+            drop(guard);
+            row
         };
         self.tx(|tx| {
             tx.execute(
@@ -258,12 +287,6 @@ impl Core {
             )?;
             Ok(())
         })?;
-        if !pass.open {
-            let mut ns = self.ns.lock();
-            if let Some(n) = ns.nodes.get_mut(&pass.ino) {
-                n.bpath = Some(done.path.to_vec());
-            }
-        }
         self.note_drained(done.written);
         if self.under_pressure() {
             self.drop_clean(0);

@@ -59,6 +59,7 @@ pub mod extents;
 mod journal;
 mod namespace;
 mod node;
+mod pindex;
 mod signals;
 mod space;
 mod status;
@@ -394,6 +395,9 @@ impl Core {
                     ..Default::default()
                 }))
             });
+            for p in [&r.bpath, &r.staged].into_iter().flatten() {
+                ns.paths.note(p, r.ino);
+            }
             ns.nodes.insert(
                 r.ino,
                 Node {
@@ -473,6 +477,7 @@ impl Core {
             };
             let row = row_of(ROOT, &root, None);
             self.tx(|tx| db::put_inode(tx, &row))?;
+            ns.paths.note(b"", ROOT);
             ns.nodes.insert(ROOT, root);
         }
         // Orphans (unlinked while open when the daemon stopped) are dropped.

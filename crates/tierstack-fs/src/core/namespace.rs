@@ -229,6 +229,9 @@ impl Core {
             ns.ino_reserved = r;
         }
         for (ino, name, node) in new {
+            if let Some(b) = &node.bpath {
+                ns.paths.note(b, ino);
+            }
             ns.nodes.insert(ino, node);
             ns.insert_child(dir, name, ino);
         }

@@ -93,6 +93,18 @@ pub struct Node {
     pub(super) data: Option<Arc<Mutex<FileData>>>,
 }
 
+impl Node {
+    /// Whether `p` is this node's backing path, or its file's or its file's staging file.
+    /// Takes the file's lock.
+    pub(super) fn has_path(&self, p: &[u8]) -> bool {
+        self.bpath.as_deref() == Some(p)
+            || self.data.as_ref().is_some_and(|d| {
+                let f = d.lock();
+                f.bpath.as_deref() == Some(p) || f.staged.as_deref() == Some(p)
+            })
+    }
+}
+
 /// The change counts of a node's facts, read before them (see `tierstack_ioproto::vers`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -136,6 +148,9 @@ pub struct Ns {
     /// raises the counts of its directory's names and attributes and of its node's
     /// attributes, under this lock.
     pub(super) vers: Option<Arc<Versions>>,
+    /// The nodes by their paths in BACKING (see [`super::pindex`]): whoever gives a node a
+    /// backing path or its file a staging file notes it here, under this lock.
+    pub(super) paths: super::pindex::PathIndex,
 }
 
 /// When a loaded directory's folder in BACKING was last looked at, and its modification
@@ -152,6 +167,22 @@ pub struct Seen {
 const INO_BLOCK: u64 = 4096;
 
 impl Ns {
+    /// The nodes with a path at or under `root` in BACKING (their backing path, their
+    /// file's staging file) and the node `except` excluded, from the index: each checked by
+    /// the caller against the node. The index is first swept of pairs no longer true when
+    /// it holds more than twice as many as there are nodes. Takes each file's lock then
+    /// (the caller holds none).
+    pub(super) fn nodes_at_or_under(&mut self, root: &[u8], except: Option<u64>) -> Vec<u64> {
+        if self.paths.len() > 2 * self.nodes.len() + 4096 {
+            let nodes = &self.nodes;
+            self.paths
+                .retain(|p, i| nodes.get(&i).is_some_and(|n| n.has_path(p)));
+        }
+        let mut v = self.paths.nodes_under(root);
+        v.retain(|i| Some(*i) != except);
+        v
+    }
+
     /// The reservation to record (`db::set_ino_next`) with nodes numbered below
     /// `next_ino` (the next number after the last one taken), if those pass the current one.
     pub(super) fn reserve_ino(&self, next_ino: u64) -> Option<u64> {

@@ -98,6 +98,8 @@ impl Bed {
     fn ask(&self, op: Op<'_>) -> Out {
         let (r, then) = self.fs.answer(op, Caller { uid: 0, gid: 0 });
         self.fs.after_reply(then);
+        // The drain's index of paths in BACKING lacks none a node has.
+        assert_eq!(self.fs.core.path_index_misses(), Vec::<String>::new());
         r.expect("the file system answers")
     }
 
