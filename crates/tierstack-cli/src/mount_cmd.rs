@@ -207,8 +207,17 @@ fn stuck_message(mp: &Path, s: &MountStatus) -> String {
             .unwrap_or(0);
         path = format!("...{}", &path[cut..]);
     }
+    // A folder on the way gone from BACKING (removed by someone else while the mount still
+    // shows it): say which, and how to make it again.
+    let fix = match first.path.rsplit_once('/') {
+        Some((dir, _)) if first.error.contains("(os error 2)") => format!(
+            "make the folder again if it is missing (`mkdir -p {}`)",
+            s.backing.join(dir).display()
+        ),
+        _ => "fix the backing".to_string(),
+    };
     format!(
-        "{} record(s) refused by the backing directory (first: {} {}: {}); their data is kept in the fast tier: fix the backing and run `tierstack drain {} --retry`, or `tierstack umount {} --force` to keep them for the next mount",
+        "{} record(s) refused by the backing directory (first: {} {}: {}); their data is kept in the fast tier: {fix} and run `tierstack drain {} --retry`, or `tierstack umount {} --force` to keep them for the next mount",
         s.stuck.len(),
         first.op,
         path,

@@ -1548,6 +1548,54 @@ fn umount_drains_pending_data_first() {
     assert_eq!(fs::read(fx.b("out.bin")).expect("read"), data);
 }
 
+/// A folder of BACKING removed by someone else (`rm -rf` in the shared folder) while the
+/// mount still shows it and has more to drain there: the rows are refused with an error that
+/// names the missing folder and the command that makes it again, the data stays in the
+/// fast tier, and once the folder is back `drain --retry` drains everything, a file whose
+/// earlier copy went with the folder too (from the fast tier, which holds all of it). Before,
+/// that file's row was refused for good.
+#[test]
+fn a_backing_folder_removed_by_someone_else_is_named_and_drains_once_made_again() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let mnt = fx.mnt.to_str().expect("utf8").to_string();
+    fs::create_dir_all(fx.m("d/e")).expect("mkdir");
+    fs::write(fx.m("d/e/a"), "one\n").expect("write a");
+    ok(&["drain", &mnt, "--wait", "--timeout", "1m"]);
+    assert_eq!(fs::read_to_string(fx.b("d/e/a")).expect("a"), "one\n");
+    fs::remove_dir_all(fx.b("d")).expect("rm -rf in BACKING");
+    fs::write(fx.m("d/e/b"), "two\n").expect("write b");
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(fx.m("d/e/a"))
+        .expect("open a");
+    f.write_all(b"three\n").expect("append");
+    drop(f);
+    let o = run(&["drain", &mnt, "--wait", "--timeout", "2m"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "the drain into a missing folder succeeded: {err}"
+    );
+    let want = format!("mkdir -p {}", fx.b("d/e").display());
+    assert!(err.contains(&want), "the error names `{want}`: {err}");
+    assert_eq!(
+        fs::read_to_string(fx.m("d/e/a")).expect("a"),
+        "one\nthree\n"
+    );
+    fs::create_dir_all(fx.b("d/e")).expect("mkdir -p in BACKING");
+    ok(&["drain", &mnt, "--retry", "--wait", "--timeout", "1m"]);
+    assert_eq!(
+        fs::read_to_string(fx.b("d/e/a")).expect("a"),
+        "one\nthree\n"
+    );
+    assert_eq!(fs::read_to_string(fx.b("d/e/b")).expect("b"), "two\n");
+    fx.umount();
+}
+
 #[test]
 fn backing_read_only_for_a_while_delays_the_drain() {
     if !can_run() {

@@ -65,6 +65,11 @@ impl DrainPass {
     pub fn extents(&self) -> Option<&Extents> {
         self.extents.as_ref()
     }
+
+    /// The file's inode number.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
 }
 
 /// A dirty page as a pass reads it ([`Core::read_dirty_page`]).
@@ -182,6 +187,40 @@ impl Core {
             return Ok(None);
         };
         let start = p * PAGE;
+        let alloc = f
+            .extents
+            .as_ref()
+            .map(|e| e.within(start, start + data.len() as u64));
+        Ok(Some(DirtyPage { data, ver, alloc }))
+    }
+
+    /// Page `p` of the pass's file's first `blen` bytes as the fast tier holds it (dirty or
+    /// clean), with the file's allocated ranges within it when known; `Ok(None)` when the
+    /// fast tier holds none and none of those bytes are allocated; `Err(NotFound)` when it
+    /// holds none but some are (or the allocation is not known): then they were only in the
+    /// file's base in BACKING. For a base removed from BACKING by someone else. Takes the
+    /// file's lock.
+    pub fn read_held_page(
+        &self,
+        pass: &DrainPass,
+        p: u64,
+        blen: u64,
+    ) -> std::io::Result<Option<DirtyPage>> {
+        let f = pass.data.lock();
+        let start = p * PAGE;
+        let end = (start + PAGE).min(blen);
+        let missing = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let Some(ver) = f.pages.get(&p).map(|pg| pg.ver) else {
+            return match &f.extents {
+                Some(e) if !e.touches(start, end) => Ok(None),
+                _ => Err(missing()),
+            };
+        };
+        let data = self
+            .store
+            .get_shared((pass.obj, p))
+            .map_err(|e| std::io::Error::other(e.to_string()))?
+            .ok_or_else(missing)?;
         let alloc = f
             .extents
             .as_ref()

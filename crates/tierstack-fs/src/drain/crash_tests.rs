@@ -581,3 +581,51 @@ fn a_file_rewritten_during_its_drain_pass_reaches_backing_whole() {
         "BACKING's g differs from the file"
     );
 }
+
+/// A drained file's copy in BACKING removed by someone else (`rm` in the shared folder)
+/// while the mount still shows the file, which is then written again: its drain needs the
+/// bytes it did not change. Where the fast tier holds all of them (the write read the page
+/// in), the file drains from there; where it does not, the drain refuses the row with an
+/// error naming the removed copy and keeps the file (it never drains holes in place of
+/// data). Found by hand: the row was refused for good even once the user had made the
+/// folder again, with the whole file in the fast tier.
+#[test]
+fn a_base_removed_by_someone_else_drains_from_the_fast_tier_when_it_holds_all() {
+    let (_tmp, fast, backing) = folders();
+    let bed = Bed::open_with(&fast, &backing, true, false);
+    let first = bytes(5000, 1);
+    let f = create(&bed, b"f");
+    bed.write(f, 0, &first);
+    drain_now(&bed, f, "f");
+    std::fs::remove_file(backing.join("f")).expect("rm in BACKING");
+    bed.write(f, 5000, b"three");
+    drain_now(&bed, f, "f");
+    let mut want = first.clone();
+    want.extend_from_slice(b"three");
+    assert_eq!(std::fs::read(backing.join("f")).expect("BACKING f"), want);
+    // Its pages left the fast tier before the copy was removed: refused, kept.
+    let g = create(&bed, b"g");
+    bed.write(g, 0, &first);
+    bed.write(g, 3 * PAGE, b"x");
+    drain_now(&bed, g, "g");
+    assert!(bed.fs.core.drop_clean(u64::MAX), "clean pages dropped");
+    std::fs::remove_file(backing.join("g")).expect("rm in BACKING");
+    bed.write(g, 4 * PAGE, b"y");
+    let op = crate::drain::test_op(1, crate::db::OpKind::Data, g, "g");
+    let e = bed
+        .drainer
+        .drain_file(&op)
+        .expect_err("the drain of g refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    assert!(
+        e.to_string().contains("was removed by someone else"),
+        "the error names the removed copy: {e}"
+    );
+    assert!(!backing.join("g").exists(), "nothing half-made in BACKING");
+    assert!(
+        strays(&backing).is_empty(),
+        "no staging file left: {:?}",
+        strays(&backing)
+    );
+    assert!(bed.fs.core.begin_drain(g).is_some(), "g stays dirty");
+}

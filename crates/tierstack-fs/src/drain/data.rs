@@ -277,13 +277,34 @@ impl Drainer {
             if let Some((brel, blen)) = base {
                 // The file was drained whole before: its unchanged bytes come from there.
                 // Only its allocated ranges: its holes stay holes.
-                let src = bk.open_file(brel, OFlags::RDONLY, 0)?;
-                let ranges = match ext {
-                    Some(e) => e.within(0, blen),
-                    None => crate::backing::data_ranges(&src, blen)?,
-                };
-                for (a, b) in ranges {
-                    copy_within_backing(&src, &file, a, b)?;
+                match bk.open_file(brel, OFlags::RDONLY, 0) {
+                    Ok(src) => {
+                        let ranges = match ext {
+                            Some(e) => e.within(0, blen),
+                            None => crate::backing::data_ranges(&src, blen)?,
+                        };
+                        for (a, b) in ranges {
+                            copy_within_backing(&src, &file, a, b)?;
+                        }
+                    }
+                    // Removed from BACKING by someone else (the mount still shows the
+                    // file): drained from the pages the fast tier holds if they are all of
+                    // it; else the row is refused, naming the removed copy.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        self.write_held(&pass, blen, &file).map_err(|e| {
+                            if e.kind() != io::ErrorKind::NotFound {
+                                return e;
+                            }
+                            io::Error::new(
+                                io::ErrorKind::NotFound,
+                                format!(
+                                    "{}, this file's earlier copy in BACKING, was removed by someone else and the fast tier holds only part of it",
+                                    String::from_utf8_lossy(brel)
+                                ),
+                            )
+                        })?;
+                    }
+                    Err(e) => return Err(e),
                 }
                 have = blen;
             }
@@ -429,6 +450,36 @@ impl Drainer {
                 let _ = c.forget_staging(&crate::core::join_rel(opart, &t2));
             }
         }
+        Ok(())
+    }
+
+    /// Writes the pages the fast tier holds of a file's first `blen` bytes (dirty or clean)
+    /// to `out`, their allocated ranges only, in place of its base in BACKING (removed by
+    /// someone else). Err(NotFound) when they are not all of its data there (`out`, a fresh
+    /// staging file, is then removed by the caller).
+    fn write_held(&self, pass: &DrainPass, blen: u64, out: &File) -> io::Result<()> {
+        let c = &self.core;
+        for p in 0..blen.div_ceil(PAGE) {
+            let Some(got) = c.read_held_page(pass, p, blen)? else {
+                continue;
+            };
+            let pstart = p * PAGE;
+            let end = (pstart + got.data().len() as u64).min(blen);
+            let runs = match got.alloc() {
+                Some(a) => a.to_vec(),
+                None => vec![(pstart, end)],
+            };
+            for (a, b) in runs {
+                let b = b.min(end);
+                if a < b {
+                    out.write_all_at(&got.data()[(a - pstart) as usize..(b - pstart) as usize], a)?;
+                }
+            }
+        }
+        tracing::warn!(
+            "drain: inode {}'s copy in BACKING was removed by someone else; drained from the fast tier, which holds all of it",
+            pass.ino()
+        );
         Ok(())
     }
 

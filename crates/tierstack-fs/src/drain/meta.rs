@@ -145,7 +145,12 @@ impl Drainer {
                     .store(true, std::sync::atomic::Ordering::Relaxed);
             }
             OpKind::Unlink => {
-                let (d, name) = bk.parent(&op.p1)?;
+                // Its folder removed from BACKING by someone else: the name is gone already
+                // (and any base there with it: nothing to pin).
+                let Some((d, name)) = present(bk.parent(&op.p1))? else {
+                    self.core.clear_backing_paths(&op.p1, Holders::Only(op.ino));
+                    return Ok(());
+                };
                 self.core
                     .pin_bases_under(&op.p1, Holders::Only(op.ino), &self.pinned)?;
                 if let Err(e) = Backing::unlink(&d, name, false) {
@@ -170,7 +175,10 @@ impl Drainer {
                 self.core.clear_backing_paths(&op.p1, Holders::Only(op.ino));
             }
             OpKind::Rmdir => {
-                let (d, name) = bk.parent(&op.p1)?;
+                let Some((d, name)) = present(bk.parent(&op.p1))? else {
+                    self.core.clear_backing_paths(&op.p1, Holders::AllBut(None));
+                    return Ok(());
+                };
                 self.core
                     .pin_bases_under(&op.p1, Holders::AllBut(None), &self.pinned)?;
                 match Backing::unlink(&d, name, true) {
@@ -233,5 +241,14 @@ impl Drainer {
             OpKind::Data => return Err(errno(libc::EINVAL)),
         }
         Ok(())
+    }
+}
+
+/// `r`'s value, or None when it failed because something on the way is not there.
+fn present<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
