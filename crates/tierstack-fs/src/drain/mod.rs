@@ -99,6 +99,9 @@ impl RateLimit {
 #[derive(Default)]
 struct Inflight {
     per_ino: HashMap<u64, usize>,
+    /// The paths in BACKING each inode's data row in flight writes (its name and further
+    /// links; one data row per inode at most is in flight).
+    names: HashMap<u64, Vec<Vec<u8>>>,
     total: usize,
     parked: usize,
 }
@@ -121,8 +124,19 @@ impl Inflight {
             *c -= 1;
             if *c == 0 {
                 self.per_ino.remove(&ino);
+                self.names.remove(&ino);
             }
         }
+    }
+
+    /// Whether a data row in flight is of inode `ino` or writes one of `paths`.
+    fn touches(&self, ino: u64, paths: &[&[u8]]) -> bool {
+        self.per_ino.contains_key(&ino)
+            || self
+                .names
+                .values()
+                .flatten()
+                .any(|n| paths.contains(&n.as_slice()))
     }
 }
 
@@ -499,6 +513,68 @@ impl Drainer {
         }
     }
 
+    /// The paths a row of one node that is not a directory names, for the rows that may be
+    /// held ([`Drainer::run_batch`]): an unlink, a link, a rename (of a directory, or of a
+    /// node gone from the namespace: a barrier, None), a regular file's attributes (`kind`:
+    /// the node's kind for an attribute row).
+    fn one_node_row<'o>(&self, op: &'o JOp, kind: Option<Kind>) -> Option<Vec<&'o [u8]>> {
+        match op.kind {
+            OpKind::Unlink => Some(vec![&op.p1]),
+            OpKind::Link => Some(vec![&op.p1, &op.p2]),
+            OpKind::Rename => match self.core.backing_attrs(op.ino) {
+                Some((k, ..)) if k != Kind::Dir => Some(vec![&op.p1, &op.p2]),
+                _ => None,
+            },
+            OpKind::SetAttr if kind == Some(Kind::File) => Some(vec![&op.p1]),
+            _ => None,
+        }
+    }
+
+    /// Applies the held rows from the first on while no data row in flight touches them
+    /// (none waits here); false when the drainer stops.
+    fn apply_ready(&self, held: &mut Vec<JOp>) -> bool {
+        while let Some(op) = held.first() {
+            let kind = (op.kind == OpKind::SetAttr).then_some(Kind::File);
+            let paths = self
+                .one_node_row(op, kind)
+                .unwrap_or_else(|| vec![&op.p1, &op.p2]);
+            if self.inflight.lock().touches(op.ino, &paths) {
+                return true;
+            }
+            let op = held.remove(0);
+            self.apply_with_retry(&op, |op| self.apply_meta(op));
+            if self.stop.load(Relaxed) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Applies every held row in order, each once no data row in flight touches it (parked
+    /// ones are committed at once); false when the drainer stops.
+    fn flush_held(&self, held: &mut Vec<JOp>) -> bool {
+        for op in held.drain(..) {
+            let kind = (op.kind == OpKind::SetAttr).then_some(Kind::File);
+            let paths = self
+                .one_node_row(&op, kind)
+                .unwrap_or_else(|| vec![&op.p1, &op.p2]);
+            {
+                let mut fl = self.inflight.lock();
+                while fl.touches(op.ino, &paths) {
+                    if fl.parked > 0 {
+                        self.commit_now();
+                    }
+                    self.inflight_cv.wait(&mut fl);
+                }
+            }
+            self.apply_with_retry(&op, |op| self.apply_meta(op));
+            if self.stop.load(Relaxed) {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Moves the quarantined rows back into the journal once nothing is in flight; the
     /// dispatcher then reads the journal from its start.
     fn release_stuck(&self) -> bool {
@@ -639,10 +715,22 @@ impl Drainer {
         // Directories' attribute rows put off to the next barrier or the batch's end
         // (`defer_dir_attrs`).
         let mut deferred: Vec<JOp> = Vec::new();
+        // Rows of one node that is not a directory (an unlink, link or rename of it, its
+        // attributes) that wait for a data row in flight (their node's, or one writing a
+        // path they name) or for an earlier such row: put aside in journal order and applied
+        // once what they wait for is done (`apply_ready`, `flush_held`), while the rows after
+        // them that touch none of their nodes and paths go on. As barriers, each of the link
+        // and unlink rows of `git`'s object writes, and each file's times `tar` set after
+        // writing it, committed the batch of files being synced: the drain of a tree synced
+        // BACKING once per file.
+        let mut held: Vec<JOp> = Vec::new();
         for op in ops {
             *last = op.seq;
             if dropped.remove(&op.seq) {
                 continue;
+            }
+            if !self.apply_ready(&mut held) {
+                return Flow::End;
             }
             if op.kind == OpKind::Create {
                 if let Some(seqs) = self.cancel(&op) {
@@ -652,9 +740,21 @@ impl Drainer {
                 }
             }
             if op.kind == OpKind::Data {
+                let mut names = vec![op.p1.clone()];
+                names.extend(
+                    op.p2
+                        .split(|b| *b == 0)
+                        .filter(|n| !n.is_empty())
+                        .map(<[u8]>::to_vec),
+                );
+                let refs: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+                if held_touch(&held, op.ino, &refs) && !self.flush_held(&mut held) {
+                    return Flow::End;
+                }
                 let mut fl = self.wait_slot(RowKind::Data, op.ino);
                 fl.total += 1;
                 *fl.per_ino.entry(op.ino).or_default() += 1;
+                fl.names.insert(op.ino, names);
                 drop(fl);
                 if tx.send(op).is_err() {
                     return Flow::End;
@@ -665,23 +765,29 @@ impl Drainer {
                 OpKind::SetAttr => self.core.backing_attrs(op.ino).map(|a| a.0),
                 _ => None,
             };
-            if kind == Some(Kind::File) {
-                drop(self.wait_slot(RowKind::OwnFile, op.ino));
+            if let Some(paths) = self.one_node_row(&op, kind) {
+                if held_touch(&held, op.ino, &paths) || self.inflight.lock().touches(op.ino, &paths)
+                {
+                    held.push(op);
+                    continue;
+                }
             } else if kind == Some(Kind::Dir) && self.defer_dir_attrs {
                 deferred.push(op);
                 continue;
             } else if op.kind.is_barrier() {
-                if !self.apply_deferred(&mut deferred) {
+                if !self.flush_held(&mut held) || !self.apply_deferred(&mut deferred) {
                     return Flow::End;
                 }
                 drop(self.wait_slot(RowKind::Barrier, op.ino));
+            } else if held_touch(&held, op.ino, &[&op.p1, &op.p2]) && !self.flush_held(&mut held) {
+                return Flow::End;
             }
             self.apply_with_retry(&op, |op| self.apply_meta(op));
             if self.stop.load(Relaxed) {
                 return Flow::End;
             }
         }
-        if !self.apply_deferred(&mut deferred) {
+        if !self.flush_held(&mut held) || !self.apply_deferred(&mut deferred) {
             return Flow::End;
         }
         if !self.drop_cancelled(&cancelled) {
@@ -693,18 +799,21 @@ impl Drainer {
         Flow::Next
     }
 
-    /// Applies the directories' attribute rows put off (`deferred`, in journal order) once no
-    /// data row is in flight, and empties it; false when the drainer stops.
+    /// Applies the attribute rows put off (`deferred`, in journal order) once no data row is
+    /// in flight, and empties it; false when the drainer stops.
     ///
-    /// Such a row sets a directory's mode, owner and times to what the namespace holds when
-    /// it is applied, so applying it later gives BACKING the same directory (its times even
-    /// after the names that later rows add to it); as a barrier in its place, each of the
+    /// Such a row sets a directory's or a file's mode, owner and times to what the namespace
+    /// holds when it is applied, so applying it later gives BACKING the same node (a
+    /// directory's times even after the names that later rows add to it; a file's after a
+    /// later drain of its data, which sets them too); as a barrier in its place, each of the
     /// directories of a `tar` (which sets each directory's times once its contents are
-    /// written) emptied the drain's pipeline, and with it the batch of files being synced.
-    /// Put off only while the drain may write into any directory whatever its mode (run as
-    /// root: `defer_dir_attrs`), never past a barrier (which may move or remove the
-    /// directory), and retired only once applied: a crash before that leaves them in the
-    /// journal, applied again by the next mount.
+    /// written) emptied the drain's pipeline, and with it the batch of files being synced; a
+    /// file's, waiting for its own data row, committed that batch at once. A directory's is
+    /// put off only while the drain may write into any directory whatever its mode (run as
+    /// root: `defer_dir_attrs`), a file's only while its data row is in flight; never past a
+    /// barrier (which may move or remove the node: a rename, unlink or link of a file is
+    /// one), and retired only once applied: a crash before that leaves them in the journal,
+    /// applied again by the next mount.
     fn apply_deferred(&self, deferred: &mut Vec<JOp>) -> bool {
         if deferred.is_empty() {
             return true;
@@ -868,6 +977,16 @@ pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
 }
 
 /// A journal row for the drain's tests: `kind` of inode `ino` at `p1`.
+/// Whether a held row is of node `ino` or names one of `paths`.
+fn held_touch(held: &[JOp], ino: u64, paths: &[&[u8]]) -> bool {
+    held.iter().any(|h| {
+        h.ino == ino
+            || paths
+                .iter()
+                .any(|p| !p.is_empty() && (h.p1.as_slice() == *p || h.p2.as_slice() == *p))
+    })
+}
+
 #[cfg(test)]
 pub(crate) fn test_op(seq: i64, kind: OpKind, ino: u64, p1: &str) -> JOp {
     JOp {
