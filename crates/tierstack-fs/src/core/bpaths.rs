@@ -162,6 +162,58 @@ impl Core {
         out
     }
 
+    /// Before `path` is removed from BACKING by an unlink row of node `ino`: if the node's
+    /// base lies there and another of its names in the namespace names the same file in
+    /// BACKING (a hard link an earlier row made there: `git` writes each object under a
+    /// temporary name, links it to its own name and removes the first), its base moves to
+    /// that name and nothing has to be pinned (a pin copies the file back into the fast
+    /// tier, makes both durable and drains the file again). Whether it moved. Takes `ns`
+    /// (with the file's lock inside it), lets it go, looks at BACKING, then
+    /// [`Core::set_backing_path`].
+    pub fn move_base_to_link(&self, ino: u64, path: &[u8]) -> bool {
+        let others: Vec<Vec<u8>> = {
+            let ns = self.ns.lock();
+            let Some(n) = ns.nodes.get(&ino) else {
+                return false;
+            };
+            let Some(d) = &n.data else {
+                return false;
+            };
+            {
+                let f = d.lock();
+                if !f.has_base || f.staged.is_some() || f.bpath.as_deref() != Some(path) {
+                    return false;
+                }
+            }
+            Self::link_paths(&ns, n)
+                .into_iter()
+                .filter(|p| p.as_slice() != path)
+                .collect()
+        };
+        let id = |p: &[u8]| {
+            self.bk
+                .parent(p)
+                .and_then(|(d, name)| Backing::stat(&d, name))
+                .ok()
+                .map(|st| (st.st_dev, st.st_ino))
+        };
+        let Some(here) = id(path) else {
+            return false;
+        };
+        for q in others {
+            if id(&q) == Some(here) {
+                tracing::debug!(
+                    "inode {ino}'s base moves from {} to {}, the same file in BACKING",
+                    String::from_utf8_lossy(path),
+                    String::from_utf8_lossy(&q)
+                );
+                self.set_backing_path(ino, Some(&q));
+                return true;
+            }
+        }
+        false
+    }
+
     /// Records that node `ino` is at `bp` in BACKING (None: nowhere yet); a file's base
     /// handle is dropped. Takes `ns` (with the file's lock inside it, let go), and writes the
     /// journal (`db`) while it holds `ns`.

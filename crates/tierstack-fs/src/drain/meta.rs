@@ -151,6 +151,8 @@ impl Drainer {
                     self.core.clear_backing_paths(&op.p1, Holders::Only(op.ino));
                     return Ok(());
                 };
+                // Still named elsewhere in BACKING (a hard link): its base moves there.
+                self.core.move_base_to_link(op.ino, &op.p1);
                 self.core
                     .pin_bases_under(&op.p1, Holders::Only(op.ino), &self.pinned)?;
                 if let Err(e) = Backing::unlink(&d, name, false) {
