@@ -80,6 +80,17 @@ pub struct DirtyPage {
 }
 
 impl DirtyPage {
+    /// Page `p` of file `f` (held locked) holding `data` at version `ver`, with the file's
+    /// allocation within it as it is now.
+    fn of(f: &FileData, p: u64, data: PageData, ver: u64) -> DirtyPage {
+        let start = p * PAGE;
+        let alloc = f
+            .extents
+            .as_ref()
+            .map(|e| e.within(start, start + data.len() as u64));
+        DirtyPage { data, ver, alloc }
+    }
+
     /// Its bytes (they may reach past the file's size).
     pub fn data(&self) -> &PageData {
         &self.data
@@ -186,12 +197,7 @@ impl Core {
         let Some(data) = self.read_page(pass.obj, &mut f, p, false)? else {
             return Ok(None);
         };
-        let start = p * PAGE;
-        let alloc = f
-            .extents
-            .as_ref()
-            .map(|e| e.within(start, start + data.len() as u64));
-        Ok(Some(DirtyPage { data, ver, alloc }))
+        Ok(Some(DirtyPage::of(&f, p, data, ver)))
     }
 
     /// Page `p` of the pass's file's first `blen` bytes as the fast tier holds it (dirty or
@@ -221,11 +227,7 @@ impl Core {
             .get_shared((pass.obj, p))
             .map_err(|e| std::io::Error::other(e.to_string()))?
             .ok_or_else(missing)?;
-        let alloc = f
-            .extents
-            .as_ref()
-            .map(|e| e.within(start, start + data.len() as u64));
-        Ok(Some(DirtyPage { data, ver, alloc }))
+        Ok(Some(DirtyPage::of(&f, p, data, ver)))
     }
 
     /// Ends a pass once BACKING holds its contents (staged, or in place after the last

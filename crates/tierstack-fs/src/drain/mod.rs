@@ -518,27 +518,23 @@ impl Drainer {
     /// node gone from the namespace: a barrier, None), a regular file's attributes (`kind`:
     /// the node's kind for an attribute row).
     fn one_node_row<'o>(&self, op: &'o JOp, kind: Option<Kind>) -> Option<Vec<&'o [u8]>> {
-        match op.kind {
-            OpKind::Unlink => Some(vec![&op.p1]),
-            OpKind::Link => Some(vec![&op.p1, &op.p2]),
-            OpKind::Rename => match self.core.backing_attrs(op.ino) {
-                Some((k, ..)) if k != Kind::Dir => Some(vec![&op.p1, &op.p2]),
-                _ => None,
-            },
-            OpKind::SetAttr if kind == Some(Kind::File) => Some(vec![&op.p1]),
-            _ => None,
-        }
+        let one = match op.kind {
+            OpKind::Unlink | OpKind::Link => true,
+            OpKind::Rename => self
+                .core
+                .backing_attrs(op.ino)
+                .is_some_and(|(k, ..)| k != Kind::Dir),
+            OpKind::SetAttr => kind == Some(Kind::File),
+            _ => false,
+        };
+        one.then(|| row_paths(op))
     }
 
     /// Applies the held rows from the first on while no data row in flight touches them
     /// (none waits here); false when the drainer stops.
     fn apply_ready(&self, held: &mut Vec<JOp>) -> bool {
         while let Some(op) = held.first() {
-            let kind = (op.kind == OpKind::SetAttr).then_some(Kind::File);
-            let paths = self
-                .one_node_row(op, kind)
-                .unwrap_or_else(|| vec![&op.p1, &op.p2]);
-            if self.inflight.lock().touches(op.ino, &paths) {
+            if self.inflight.lock().touches(op.ino, &row_paths(op)) {
                 return true;
             }
             let op = held.remove(0);
@@ -554,10 +550,7 @@ impl Drainer {
     /// ones are committed at once); false when the drainer stops.
     fn flush_held(&self, held: &mut Vec<JOp>) -> bool {
         for op in held.drain(..) {
-            let kind = (op.kind == OpKind::SetAttr).then_some(Kind::File);
-            let paths = self
-                .one_node_row(&op, kind)
-                .unwrap_or_else(|| vec![&op.p1, &op.p2]);
+            let paths = row_paths(&op);
             {
                 let mut fl = self.inflight.lock();
                 while fl.touches(op.ino, &paths) {
@@ -981,10 +974,19 @@ pub fn tmp_path(dir: &Path, ino: u64) -> PathBuf {
 fn held_touch(held: &[JOp], ino: u64, paths: &[&[u8]]) -> bool {
     held.iter().any(|h| {
         h.ino == ino
-            || paths
+            || row_paths(h)
                 .iter()
-                .any(|p| !p.is_empty() && (h.p1.as_slice() == *p || h.p2.as_slice() == *p))
+                .any(|p| !p.is_empty() && paths.contains(p))
     })
+}
+
+/// The paths in BACKING a namespace row names: its path, and the second one of a link or a
+/// rename.
+fn row_paths(op: &JOp) -> Vec<&[u8]> {
+    match op.kind {
+        OpKind::Link | OpKind::Rename => vec![&op.p1, &op.p2],
+        _ => vec![&op.p1],
+    }
 }
 
 #[cfg(test)]
