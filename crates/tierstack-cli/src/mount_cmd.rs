@@ -162,7 +162,7 @@ pub struct DrainArgs {
     #[arg(long)]
     pub wait: bool,
     /// Try the quarantined records (`status` lists them under `stuck`) again, e.g. after
-    /// fixing the backing directory's permissions.
+    /// fixing the backing directory's permissions or making again a folder someone removed.
     #[arg(long)]
     pub retry: bool,
     /// With --wait: give up after this long (e.g. 90s, 10m, 2h) with a non-zero exit. Also
@@ -778,7 +778,7 @@ fn request_drain_with(mp: &Path, retry: bool, timeout: Option<Duration>) -> Resu
 }
 
 /// Waits until nothing is left to drain (`tierstack_fs::mount::wait_drained`), with a
-/// progress bar. Stops with an error when only records the backing refused again are left,
+/// progress bar (a line every 30 s where stderr is no terminal). Stops with an error when only records the backing refused again are left,
 /// or `timeout` passed.
 fn wait_drained(mp: &Path, timeout: Option<Duration>) -> Result<()> {
     let bar = ProgressBar::new(0);
