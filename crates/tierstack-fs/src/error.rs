@@ -37,6 +37,17 @@ pub enum FsError {
     },
 }
 
+impl FsError {
+    /// Whether the fast tier (the store or the array under it) had no room.
+    pub fn is_full(&self) -> bool {
+        matches!(
+            self,
+            FsError::Store(tierstack_store::StoreError::Full(_))
+                | FsError::Array(tierstack_array::ArrayError::NoSpace(_))
+        )
+    }
+}
+
 /// A result whose error defaults to [`FsError`].
 pub type Result<T, E = FsError> = std::result::Result<T, E>;
 

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -770,8 +771,7 @@ impl Daemon {
             .array(array.clone())
             .tiers(&spec.tiers, 0)
             .build()?;
-        // The array is a log: keep half of it free for the cleaner.
-        let limit = spec.dram + spec.tiers.device_bytes() + capacity / 2;
+        let limit = crate::core::hold_limit(spec.dram, spec.tiers.device_bytes(), capacity);
         // The intent log of sync mode's small fsyncs, beside the journal; its records are
         // replayed whatever the mode now (they were acknowledged as durable).
         let log_path = dbp.with_extension("intent");
@@ -925,6 +925,10 @@ impl Daemon {
         tune_bdi(&mp);
         let (shutdown_tx, shutdown_rx) = mpsc::channel();
         let watch_tx = shutdown_tx.clone();
+        // Set while a `shutdown` request unmounts: the mount leaves mountinfo before the
+        // kernel has written its cache back through this daemon, and the watcher must not
+        // take that for an unmount from outside (the daemon would exit before answering).
+        let unmounting = Arc::new(AtomicBool::new(false));
         {
             // The first signal starts the stop; a second one while it drains (OnStop::Drain)
             // cuts the drain short.
@@ -951,6 +955,7 @@ impl Daemon {
             let drainer = drainer.clone();
             let mp = mp.clone();
             let spec2 = spec.clone();
+            let unmounting = unmounting.clone();
             std::thread::Builder::new()
                 .name("control".into())
                 .spawn(move || {
@@ -960,9 +965,20 @@ impl Daemon {
                         let mp = mp.clone();
                         let spec = spec2.clone();
                         let tx = shutdown_tx.clone();
+                        let unmounting = unmounting.clone();
                         let _ = std::thread::Builder::new()
                             .name("control-conn".into())
-                            .spawn(move || serve(conn, &core, &drainer, &mp, &spec, &tx));
+                            .spawn(move || {
+                                let ctl = Control {
+                                    core: &core,
+                                    drainer: &drainer,
+                                    mp: &mp,
+                                    spec: &spec,
+                                    shutdown: &tx,
+                                    unmounting: &unmounting,
+                                };
+                                ctl.serve(conn)
+                            });
                     }
                 })
                 .map_err(|e| FsError::Config(format!("cannot start the control thread: {e}")))?;
@@ -993,7 +1009,7 @@ impl Daemon {
                             own_dev.is_some()
                                 && std::fs::symlink_metadata(&mp).ok().map(|m| m.dev()) == own_dev
                         };
-                        if mounted_type(&mp).is_some() || ours() {
+                        if unmounting.load(Relaxed) || mounted_type(&mp).is_some() || ours() {
                             misses = 0;
                             continue;
                         }
@@ -1363,49 +1379,80 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
     }
 }
 
-fn serve(
-    conn: UnixStream,
-    core: &Core,
-    drainer: &Drainer,
-    mp: &Path,
-    spec: &MountSpec,
-    shutdown: &mpsc::Sender<Stop>,
-) {
-    let mut r = BufReader::new(&conn);
-    let mut line = String::new();
-    if r.read_line(&mut line).is_err() {
-        return;
+/// What a connection to the control socket answers from.
+struct Control<'a> {
+    core: &'a Core,
+    drainer: &'a Drainer,
+    mp: &'a Path,
+    spec: &'a MountSpec,
+    shutdown: &'a mpsc::Sender<Stop>,
+    /// Set while a `shutdown` request unmounts (the mount watcher then waits).
+    unmounting: &'a AtomicBool,
+}
+
+impl Control<'_> {
+    /// Answers one request on `conn`. A `shutdown` is answered before the daemon is told to
+    /// stop: it may exit at once after (nothing left to drain), and the caller must hear that
+    /// its unmount was done.
+    fn serve(&self, conn: UnixStream) {
+        let mut r = BufReader::new(&conn);
+        let mut line = String::new();
+        if r.read_line(&mut line).is_err() {
+            return;
+        }
+        let req: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        let (ans, then) = self.answer(&conn, &req);
+        // One write of the whole line: `Value`'s Display writes token by token, a system
+        // call each (about a thousand for a status) straight onto the socket.
+        let mut w = &conn;
+        let _ = w.write_all(format!("{ans}\n").as_bytes());
+        if let Some(stop) = then {
+            let _ = self.shutdown.send(stop);
+        }
     }
-    let req: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-    let ans = match req.get("cmd").and_then(|c| c.as_str()) {
-        Some("status") => serde_json::to_value(status_of(core, drainer, mp, spec))
-            .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()})),
-        Some("drain") => {
-            core.request_drain(req.get("retry").and_then(|v| v.as_bool()) == Some(true));
-            serde_json::json!({"ok": true})
-        }
-        Some("shutdown") => {
-            if req.get("force").and_then(|v| v.as_bool()) == Some(true) {
-                core.force_stop();
+
+    /// The answer to `req`, and the stop it asks for once answered.
+    fn answer(
+        &self,
+        conn: &UnixStream,
+        req: &serde_json::Value,
+    ) -> (serde_json::Value, Option<Stop>) {
+        let (core, drainer, mp, spec) = (self.core, self.drainer, self.mp, self.spec);
+        let ans = match req.get("cmd").and_then(|c| c.as_str()) {
+            Some("status") => serde_json::to_value(status_of(core, drainer, mp, spec))
+                .unwrap_or_else(|e| serde_json::json!({"error": e.to_string()})),
+            Some("drain") => {
+                core.request_drain(req.get("retry").and_then(|v| v.as_bool()) == Some(true));
+                serde_json::json!({"ok": true})
             }
-            match unmount_when_free(mp) {
-                Ok(()) => {
-                    let keep = req.get("keep").and_then(|v| v.as_bool()) == Some(true);
-                    let _ = shutdown.send(Stop::Unmounted { keep });
-                    serde_json::json!({"ok": true})
+            Some("shutdown") => {
+                if req.get("force").and_then(|v| v.as_bool()) == Some(true) {
+                    core.force_stop();
                 }
-                Err(e) => {
-                    serde_json::json!({"ok": false, "error": format!("cannot unmount {}: {e}", mp.display())})
-                }
+                self.unmounting.store(true, Relaxed);
+                let r = unmount_when_free(mp);
+                return match r {
+                    Ok(()) => {
+                        let keep = req.get("keep").and_then(|v| v.as_bool()) == Some(true);
+                        (
+                            serde_json::json!({"ok": true}),
+                            Some(Stop::Unmounted { keep }),
+                        )
+                    }
+                    Err(e) => {
+                        self.unmounting.store(false, Relaxed);
+                        (
+                            serde_json::json!({"ok": false, "error": format!("cannot unmount {}: {e}", mp.display())}),
+                            None,
+                        )
+                    }
+                };
             }
-        }
-        Some("adopt") => serve_adopt(&conn, core, &req),
-        _ => serde_json::json!({"ok": false, "error": "unknown request"}),
-    };
-    // One write of the whole line: `Value`'s Display writes token by token, a system call
-    // each (about a thousand for a status) straight onto the socket.
-    let mut w = &conn;
-    let _ = w.write_all(format!("{ans}\n").as_bytes());
+            Some("adopt") => serve_adopt(conn, core, req),
+            _ => serde_json::json!({"ok": false, "error": "unknown request"}),
+        };
+        (ans, None)
+    }
 }
 
 /// The `adopt` request: `{"cmd":"adopt","path":REL,"copy":LOCAL,"len":N,"mtime_ns":T,

@@ -13,6 +13,7 @@ use tierstack_store::{PageData, StoreError};
 
 use crate::error::{FsError, Result};
 
+use super::space::footprint;
 use super::{eio, moved, now_ns, Core, Kind, Ns, PAGE, R};
 
 /// A base file open in BACKING, counted in its mount's [`BaseFds`] while it is open.
@@ -163,6 +164,17 @@ pub(super) enum WriteErr {
     Other(FsError),
 }
 
+impl WriteErr {
+    /// A store's error: `Full` (the writer waits for room and writes again: the same bytes
+    /// at the same place, whatever of them the store took) or another.
+    fn of(e: StoreError) -> WriteErr {
+        match e {
+            StoreError::Full(_) => WriteErr::Full,
+            e => WriteErr::Other(e.into()),
+        }
+    }
+}
+
 impl Core {
     // ------------------------------------------------------------------ contents
 
@@ -261,7 +273,7 @@ impl Core {
     pub(super) fn cache_clean(&self, obj: u64, f: &mut FileData, p: u64, buf: PageData) -> bool {
         let len = buf.len() as u64;
         if self.pressure.load(Relaxed)
-            || self.held.load(Relaxed) + len > self.limit / 2
+            || self.held.load(Relaxed) + footprint(len) > self.limit / 2
             || self.store.put_shared((obj, p), buf).is_err()
         {
             return false;
@@ -274,7 +286,7 @@ impl Core {
                 len: len as u32,
             },
         );
-        self.held.fetch_add(len, Relaxed);
+        self.held.fetch_add(footprint(len), Relaxed);
         true
     }
 
@@ -307,11 +319,7 @@ impl Core {
         data: Vec<u8>,
     ) -> Result<(), WriteErr> {
         let len = data.len() as u64;
-        match self.store.put_owned((obj, p), data) {
-            Ok(()) => {}
-            Err(StoreError::Full(_)) => return Err(WriteErr::Full),
-            Err(e) => return Err(WriteErr::Other(e.into())),
-        }
+        self.store.put_owned((obj, p), data).map_err(WriteErr::of)?;
         self.note_page_written(f, p, len);
         Ok(())
     }
@@ -325,12 +333,12 @@ impl Core {
             len: len as u32,
         };
         if let Some(old) = f.pages.insert(p, new) {
-            self.held.fetch_sub(old.len as u64, Relaxed);
+            self.held.fetch_sub(footprint(old.len as u64), Relaxed);
             if old.dirty {
                 self.dirty_bytes.fetch_sub(old.len as u64, Relaxed);
             }
         }
-        self.held.fetch_add(len, Relaxed);
+        self.held.fetch_add(footprint(len), Relaxed);
         self.dirty_bytes.fetch_add(len, Relaxed);
     }
 
@@ -349,7 +357,7 @@ impl Core {
 
     pub(super) fn drop_page(&self, obj: u64, f: &mut FileData, p: u64) -> Result<()> {
         if let Some(old) = f.pages.remove(&p) {
-            self.held.fetch_sub(old.len as u64, Relaxed);
+            self.held.fetch_sub(footprint(old.len as u64), Relaxed);
             if old.dirty {
                 self.dirty_bytes.fetch_sub(old.len as u64, Relaxed);
             }
@@ -395,7 +403,7 @@ impl Core {
                     .update((obj, p), keep, plen, |b| {
                         b[at..at + src.len()].copy_from_slice(src)
                     })
-                    .map_err(|e| WriteErr::Other(e.into()))?;
+                    .map_err(WriteErr::of)?;
                 if done {
                     self.note_page_written(f, p, plen as u64);
                     p += 1;

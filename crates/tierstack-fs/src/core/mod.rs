@@ -49,7 +49,7 @@ use tierstack_store::{TieredStore, MAX_OBJECT_ID};
 
 use crate::backing::Backing;
 use crate::db::{self, Db, InodeRow, OpKind};
-use crate::error::Result;
+use crate::error::{FsError, Result};
 
 pub mod adopt;
 mod bpaths;
@@ -69,6 +69,7 @@ pub use data::{FileData, Page};
 pub use drain_pass::{DirtyPage, DrainPass, Drained};
 pub use namespace::STALE_NS;
 pub use node::{check_name, rdev_of, Attr, Counts, Kind, Node, Ns, Seen, NAME_MAX};
+pub use space::hold_limit;
 pub use status::Figures;
 
 pub use crate::attr::PAGE;
@@ -136,9 +137,19 @@ pub fn moved(p: &[u8], from: &[u8], to: &[u8]) -> Option<Vec<u8>> {
     })
 }
 
-fn eio(e: impl std::fmt::Display) -> Errno {
-    tracing::error!("{e}");
-    libc::EIO
+/// The errno of a failed operation: ENOSPC when the fast tier is full (waiting for the drain
+/// did not make room), EIO for everything else; logged either way.
+fn eio<E: std::fmt::Display + 'static>(e: E) -> Errno {
+    let full = (&e as &dyn std::any::Any)
+        .downcast_ref::<FsError>()
+        .is_some_and(FsError::is_full);
+    if full {
+        tracing::warn!("{e}");
+        libc::ENOSPC
+    } else {
+        tracing::error!("{e}");
+        libc::EIO
+    }
 }
 
 /// The file system's state, as the FUSE layer, the drainer and the daemon use it: only
@@ -560,7 +571,7 @@ impl Core {
                             len: len as u32,
                         },
                     );
-                    self.held.fetch_add(len, Relaxed);
+                    self.held.fetch_add(space::footprint(len), Relaxed);
                     if dirty {
                         self.dirty_bytes.fetch_add(len, Relaxed);
                     }

@@ -15,6 +15,30 @@ use super::{eio, Core, FileData, PAGE, R, WRITE_BACK_START};
 /// the next writer does not raise it again at once.
 const PRESSURE_SLACK: u64 = 4 * PAGE;
 
+/// How long a flush that finds the array full waits for the drain to make room without
+/// any progress (no page made clean, none dropped) before it fails with ENOSPC.
+const FULL_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The unit of the array's space: a page's bytes take whole blocks of it.
+const BLOCK: u64 = 4096;
+
+/// What a page of `len` bytes takes in the fast tier (whole blocks: a file of a few bytes
+/// takes a block of the array, and thousands of them fill it).
+pub(super) fn footprint(len: u64) -> u64 {
+    len.div_ceil(BLOCK) * BLOCK
+}
+
+/// The most a mount may hold in its fast tier, in [`footprint`] bytes: `dram` of the DRAM
+/// tier and `tiers` of the tiers between it and the array, on top of half the array's
+/// `capacity` (the array is a log: its cleaner needs free segments), but never more than
+/// two thirds of the array. Everything held reaches the array at the latest when the mount
+/// stops (and at every `fsync` in sync mode), so a DRAM tier larger than half the array
+/// cannot add to what it holds: with small drives, more would fill the array and fail a
+/// flush instead of making writers wait for the drain.
+pub fn hold_limit(dram: u64, tiers: u64, capacity: u64) -> u64 {
+    (dram + tiers + capacity / 2).min(capacity / 3 * 2)
+}
+
 /// Whether `len` more bytes fit in the fast tier, `held` of `limit` bytes held: if not, the
 /// writer waits and raises the pressure (the drain turns urgent: see `drain::policy`).
 fn fits(held: u64, len: u64, limit: u64) -> bool {
@@ -77,7 +101,7 @@ impl Core {
                 .map(|(p, _)| *p)
                 .collect();
             for p in clean {
-                let len = f.pages.get(&p).map_or(0, |pg| pg.len as u64);
+                let len = f.pages.get(&p).map_or(0, |pg| footprint(pg.len as u64));
                 if self.drop_page(obj, &mut f, p).is_ok() {
                     freed += len;
                 }
@@ -256,7 +280,7 @@ impl Core {
         self.flush_gen.fetch_add(1, SeqCst);
         self.unloggable.store(0, SeqCst);
         let commits = self.db_commits.load(SeqCst);
-        self.store.flush()?;
+        self.flush_store()?;
         self.db.lock().make_durable()?;
         self.db_durable.fetch_max(commits, SeqCst);
         if let Some(log) = &self.intent {
@@ -266,6 +290,39 @@ impl Core {
         }
         self.sync_covered.store(covers, SeqCst);
         Ok(())
+    }
+
+    /// Writes every page of the store down to the array and makes it durable. When the array
+    /// is full (more is held than it takes at once: pages of files being drained, blocks of
+    /// small files), waits for the drain to make pages clean and drops them, as a writer
+    /// does ([`Core::wait_space`]); gives up with the store's `Full` error (ENOSPC) once
+    /// [`FULL_PATIENCE`] passes with nothing made clean or dropped, and at once while
+    /// recovering (no drainer runs yet).
+    fn flush_store(&self) -> Result<()> {
+        let mut last = (self.held.load(Relaxed), self.dirty_bytes.load(Relaxed));
+        let mut since = std::time::Instant::now();
+        loop {
+            match self.store.flush() {
+                Ok(()) => return Ok(()),
+                Err(e @ tierstack_store::StoreError::Full(_)) => {
+                    if self.replaying.load(Relaxed) || since.elapsed() >= FULL_PATIENCE {
+                        return Err(e.into());
+                    }
+                    self.pressure.store(true, Relaxed);
+                    self.wake_drainer();
+                    if !self.drop_clean(8 * PAGE) {
+                        let mut g = self.space_lock.lock();
+                        self.space_cv.wait_for(&mut g, Duration::from_millis(50));
+                    }
+                    let now = (self.held.load(Relaxed), self.dirty_bytes.load(Relaxed));
+                    if now.0 < last.0 || now.1 < last.1 {
+                        since = std::time::Instant::now();
+                    }
+                    last = now;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// The store's background work, until the daemon stops: eviction ahead of need (so a
@@ -483,5 +540,22 @@ mod tests {
         // Room for the write alone does not end it: four pages must be free.
         assert!(!pressure_relieved(96 * PAGE, limit));
         assert!(pressure_relieved(96 * PAGE - 1, limit));
+    }
+
+    #[test]
+    fn what_a_mount_holds_fits_its_array_whatever_its_dram_tier() {
+        const G: u64 = 1 << 30;
+        // The defaults (1 GiB of DRAM, four 2 GiB drives in RAID 5: 6 GiB): DRAM on top of
+        // half the array.
+        assert_eq!(hold_limit(G, 0, 6 * G), 4 * G);
+        // Small drives (four of 512 MiB) under the default DRAM tier: two thirds of the
+        // array, not more than it takes.
+        assert_eq!(hold_limit(G, 0, 3 * G / 2), G);
+        assert!(hold_limit(64 * G, 8 * G, 6 * G) <= 4 * G);
+        // A small file's bytes take whole blocks.
+        assert_eq!(footprint(0), 0);
+        assert_eq!(footprint(1), 4096);
+        assert_eq!(footprint(4096), 4096);
+        assert_eq!(footprint(PAGE - 1), PAGE);
     }
 }

@@ -38,6 +38,11 @@ impl Bed {
 
     /// As [`Bed::open`]; without a drainer running unless `drain`.
     fn open_with(fast: &Path, backing: &Path, create: bool, drain: bool) -> Bed {
+        Bed::open_sized(fast, backing, create, drain, Sizes::default())
+    }
+
+    /// As [`Bed::open_with`], with drives, DRAM tier and limit of `sizes`.
+    fn open_sized(fast: &Path, backing: &Path, create: bool, drain: bool, sizes: Sizes) -> Bed {
         let opts = ArrayOptions::default();
         let desc = fast.join("array.toml");
         let array = if create {
@@ -46,7 +51,7 @@ impl Bed {
                 level: Level::Raid5,
                 chunk: 64 << 10,
                 groups: None,
-                size: Some(96 << 20),
+                size: Some(sizes.drive),
             };
             let a = Array::create(&drives, &params, &opts).expect("array");
             descriptor::Descriptor::for_array(&a)
@@ -57,22 +62,16 @@ impl Bed {
             descriptor::open_array(&desc, &opts).expect("open array")
         };
         let array = Arc::new(array);
-        let store = tierstack_store::StackSpec::new(8 << 20)
+        let store = tierstack_store::StackSpec::new(sizes.dram)
             .array(array.clone())
             .build()
             .expect("store");
+        let limit = sizes.limit.unwrap_or_else(|| {
+            crate::core::hold_limit(sizes.dram, 0, array.status().capacity_bytes)
+        });
         let db = Db::open(&fast.join("journal.db")).expect("journal");
         let core = Arc::new(
-            Core::new(
-                backing.to_path_buf(),
-                true,
-                store,
-                array,
-                db,
-                64 << 20,
-                None,
-            )
-            .expect("core"),
+            Core::new(backing.to_path_buf(), true, store, array, db, limit, None).expect("core"),
         );
         let drainer = Drainer::new(core.clone(), 2, None);
         let threads = if drain {
@@ -151,6 +150,27 @@ impl Bed {
         self.fs.core.wake_drainer();
         for t in self.threads {
             let _ = t.join();
+        }
+    }
+}
+
+/// The sizes of a [`Bed`]'s fast tier.
+struct Sizes {
+    /// Each of the 4 drives (RAID 5).
+    drive: u64,
+    /// The DRAM tier.
+    dram: u64,
+    /// What the mount may hold; None: what a mount of these sizes holds
+    /// ([`crate::core::hold_limit`]).
+    limit: Option<u64>,
+}
+
+impl Default for Sizes {
+    fn default() -> Sizes {
+        Sizes {
+            drive: 96 << 20,
+            dram: 8 << 20,
+            limit: Some(64 << 20),
         }
     }
 }
@@ -662,4 +682,51 @@ fn a_file_linked_then_unlinked_keeps_its_base_at_its_other_name() {
     // Its pages leave the fast tier: the mount reads them from its base, now at `obj`.
     bed.fs.core.drop_clean(u64::MAX);
     assert_eq!(bed.read_all(x, data.len() as u64), data);
+}
+
+#[test]
+fn small_drives_under_a_large_dram_tier_make_fsync_wait_for_the_drain_not_fail() {
+    // Drives small enough that the DRAM tier is larger than half the array: what the mount
+    // holds must still fit the array, where every fsync (sync mode) writes it.
+    let (_tmp, fast, backing) = folders();
+    let sizes = Sizes {
+        drive: 24 << 20,
+        dram: 64 << 20,
+        limit: None,
+    };
+    let bed = Bed::open_sized(&fast, &backing, true, true, sizes);
+    let cap = bed
+        .fs
+        .core
+        .store()
+        .status()
+        .last()
+        .map_or(0, |t| t.capacity_bytes);
+    assert!(
+        cap > 0 && cap < 2 * (64 << 20),
+        "the array is the smaller: {cap}"
+    );
+    const LEN: usize = 3 << 20;
+    // Twice what the array holds, each file fsynced.
+    let n = (2 * cap / LEN as u64) as u8;
+    let mut inos = Vec::new();
+    for i in 0..n {
+        let ino = create(&bed, format!("f{i}").as_bytes());
+        bed.write(ino, 0, &bytes(LEN, i));
+        // An error (EIO, ENOSPC) fails `ask`.
+        bed.ask(Op::Fsync { ino });
+        inos.push(ino);
+    }
+    bed.drain();
+    for i in 0..n {
+        let got = std::fs::read(backing.join(format!("f{i}"))).expect("drained");
+        assert!(got == bytes(LEN, i), "f{i} differs in BACKING");
+    }
+    // The mount reads them back the same (from the fast tier or BACKING).
+    for (i, ino) in inos.iter().enumerate() {
+        assert!(
+            bed.read_all(*ino, LEN as u64) == bytes(LEN, i as u8),
+            "f{i} reads wrong"
+        );
+    }
 }
