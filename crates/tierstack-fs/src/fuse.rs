@@ -94,7 +94,7 @@ impl TierFs {
         let (r, then) = match d.request {
             wire::Request::Serve(op) if !self.serves(h.uid, &op) => (Err(libc::EACCES), None),
             wire::Request::Serve(op) => {
-                let making = self.core.kernel_refs().begin();
+                let making = self.core.kernel_refs().begin_naming(dirs_named(&op));
                 let (r, then) = self.answer(
                     op,
                     Caller {
@@ -102,7 +102,11 @@ impl TierFs {
                         gid: h.gid,
                     },
                 );
-                making.done(entries_given(&r));
+                let attrs = match &r {
+                    Ok(Out::Attr(a)) => Some(a.ino),
+                    _ => None,
+                };
+                making.done(entries_given(&r), attrs);
                 (r, then)
             }
             wire::Request::Answer(0) => (Ok(Out::Empty), None),
@@ -474,6 +478,27 @@ impl TierFs {
 
 /// The nodes an answer gives the kernel an entry of (each adds one to the node's lookup
 /// count: see [`crate::kernel_refs`]); `.` and `..` of a listing add none.
+/// The directories under which the kernel may hold an entry once `op` is answered (see
+/// [`crate::kernel_refs`]).
+fn dirs_named(op: &Op<'_>) -> impl Iterator<Item = u64> {
+    let dirs = match *op {
+        Op::Lookup { parent, .. }
+        | Op::Mknod { parent, .. }
+        | Op::Mkdir { parent, .. }
+        | Op::Unlink { parent, .. }
+        | Op::Rmdir { parent, .. }
+        | Op::Symlink { parent, .. }
+        | Op::Create { parent, .. } => [Some(parent), None],
+        Op::Rename {
+            parent, newparent, ..
+        } => [Some(parent), Some(newparent)],
+        Op::Link { newparent, .. } => [Some(newparent), None],
+        Op::Readdirplus { ino, .. } => [Some(ino), None],
+        _ => [None, None],
+    };
+    dirs.into_iter().flatten()
+}
+
 fn entries_given(r: &Answer) -> Vec<u64> {
     match r {
         Ok(Out::Entry(a)) | Ok(Out::Created(a, ..)) => vec![a.ino],

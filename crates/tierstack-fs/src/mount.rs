@@ -1101,7 +1101,7 @@ impl Daemon {
             io.close();
         }
         self.core.set_stopping();
-        self.core.store().flush()?;
+        self.core.sync_all()?;
         self.core.record_clean_stop()?;
         let _ = std::fs::remove_file(&self.sock);
         tracing::info!("unmounted {}", self.spec.mountpoint.display());

@@ -405,13 +405,17 @@ impl Server<'_> {
     /// The kernel forgets `name` in `parent` (a negative entry included) and the
     /// directory's attributes (its times and link count changed).
     fn inval_entry(&self, parent: u64, name: &[u8]) {
-        // A directory the kernel holds no count of has no entries cached under it.
-        if !self.fs.core.kernel_refs().may_hold(parent) {
-            return;
-        }
+        // A directory the kernel holds no count of has no entries cached under it, nor one
+        // under which no answer named anything; its attributes once dropped stay so until
+        // the kernel asks for them (see `crate::kernel_refs`).
+        let refs = self.fs.core.kernel_refs();
         if let Some(n) = self.notifier {
-            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
-            let _ = n.inval_inode(INodeNo(parent), -1, 0);
+            if refs.inval_entry(parent) {
+                let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
+            }
+            if refs.inval_attrs(parent) {
+                let _ = n.inval_inode(INodeNo(parent), -1, 0);
+            }
         }
     }
 
@@ -430,7 +434,7 @@ impl Server<'_> {
         }
         self.inval_inode(ino, -1, 0);
         for (parent, name) in self.fs.core.links_of(ino) {
-            if let Some(n) = self.notifier.filter(|_| refs.may_hold(parent)) {
+            if let Some(n) = self.notifier.filter(|_| refs.inval_entry(parent)) {
                 let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
             }
         }
@@ -439,7 +443,14 @@ impl Server<'_> {
     /// Drops `len` bytes at `off` of `ino` from the kernel's page cache (-1, 0: its
     /// attributes), unless the kernel holds no copy of the node.
     fn inval_inode(&self, ino: u64, off: i64, len: i64) {
-        if !self.fs.core.kernel_refs().may_hold(ino) {
+        let refs = self.fs.core.kernel_refs();
+        // Attributes only (off < 0): not again until the kernel has asked for them.
+        let send = if off < 0 {
+            refs.inval_attrs(ino)
+        } else {
+            refs.may_hold(ino)
+        };
+        if !send {
             return;
         }
         if let Some(n) = self.notifier {
