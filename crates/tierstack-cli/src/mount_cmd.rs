@@ -690,6 +690,12 @@ fn print_status(s: &MountStatus) {
             s.cancelled_ops
         );
     }
+    if s.pinned_bases > 0 {
+        println!(
+            "pinned      {} files copied back from BACKING before a drained rename or removal took their names",
+            s.pinned_bases
+        );
+    }
     if s.fsync_logged + s.fsync_flushed + s.intent_replayed > 0 {
         println!(
             "fsync       {} in the intent log, {} by a full flush{}",

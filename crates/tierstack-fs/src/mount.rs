@@ -188,6 +188,11 @@ pub struct MountStatus {
     /// within one burst).
     #[serde(default)]
     pub cancelled_ops: u64,
+    /// Files whose copy in BACKING was copied back into the fast tier since the mount started,
+    /// before a drained rename or removal took that copy's name (each costs a read of the
+    /// file and a flush; a file with another name in BACKING moves there instead).
+    #[serde(default)]
+    pub pinned_bases: u64,
     /// `fsync`s made durable in the intent log (sync mode, small changes), and by a full
     /// flush of the fast tier.
     #[serde(default)]
@@ -1361,6 +1366,7 @@ fn status_of(core: &Core, drainer: &Drainer, mp: &Path, spec: &MountSpec) -> Mou
             .collect(),
         drain_retries: drainer.retries.load(Relaxed),
         cancelled_ops: drainer.cancelled_rows.load(Relaxed),
+        pinned_bases: drainer.pinned.load(Relaxed),
         fsync_logged: fig.fsync_logged,
         fsync_flushed: fig.fsync_flushed,
         intent_replayed: fig.intent_replayed,
