@@ -13,7 +13,7 @@ use tierstack_store::{PageData, StoreError};
 
 use crate::error::{FsError, Result};
 
-use super::space::footprint;
+use super::space::{footprint, RoomWait};
 use super::{eio, moved, now_ns, Core, Kind, Ns, PAGE, R};
 
 /// A base file open in BACKING, counted in its mount's [`BaseFds`] while it is open.
@@ -342,14 +342,18 @@ impl Core {
         self.dirty_bytes.fetch_add(len, Relaxed);
     }
 
-    /// [`Core::put_page`] of a copy of `data`, retried until the store has room.
+    /// [`Core::put_page`] of a copy of `data`, retried while the store has no room and the
+    /// drain makes progress ([`RoomWait`]; ENOSPC after that). `f` stays locked meanwhile:
+    /// the drain makes room with the other files' pages.
     pub(super) fn put_page_retry(&self, obj: u64, f: &mut FileData, p: u64, data: &[u8]) -> R<()> {
+        let mut room = RoomWait::new(self);
         loop {
             let mut v = self.store.page_buf(data.len());
             v.extend_from_slice(data);
             match self.put_page(obj, f, p, v) {
                 Ok(()) => return Ok(()),
-                Err(WriteErr::Full) => std::thread::sleep(Duration::from_millis(50)),
+                Err(WriteErr::Full) if room.wait(self) => {}
+                Err(WriteErr::Full) => return Err(libc::ENOSPC),
                 Err(WriteErr::Other(e)) => return Err(eio(e)),
             }
         }

@@ -19,6 +19,43 @@ const PRESSURE_SLACK: u64 = 4 * PAGE;
 /// any progress (no page made clean, none dropped) before it fails with ENOSPC.
 const FULL_PATIENCE: Duration = Duration::from_secs(60);
 
+/// A wait for room in a full fast tier by an operation that cannot go on without it (a
+/// flush, a page put while its file is locked): each step wakes the drainer, raises the
+/// pressure and drops clean pages (or naps 50 ms); it gives up once [`FULL_PATIENCE`] passed
+/// with no page made clean or dropped, and at once while recovering (no drainer runs yet).
+pub(super) struct RoomWait {
+    last: (u64, u64),
+    since: std::time::Instant,
+}
+
+impl RoomWait {
+    pub(super) fn new(core: &Core) -> RoomWait {
+        RoomWait {
+            last: (core.held.load(Relaxed), core.dirty_bytes.load(Relaxed)),
+            since: std::time::Instant::now(),
+        }
+    }
+
+    /// One step of the wait; false when the operation is to fail instead (ENOSPC).
+    pub(super) fn wait(&mut self, core: &Core) -> bool {
+        if core.replaying.load(Relaxed) || self.since.elapsed() >= FULL_PATIENCE {
+            return false;
+        }
+        core.pressure.store(true, Relaxed);
+        core.wake_drainer();
+        if !core.drop_clean(8 * PAGE) {
+            let mut g = core.space_lock.lock();
+            core.space_cv.wait_for(&mut g, Duration::from_millis(50));
+        }
+        let now = (core.held.load(Relaxed), core.dirty_bytes.load(Relaxed));
+        if now.0 < self.last.0 || now.1 < self.last.1 {
+            self.since = std::time::Instant::now();
+        }
+        self.last = now;
+        true
+    }
+}
+
 /// The unit of the array's space: a page's bytes take whole blocks of it.
 const BLOCK: u64 = 4096;
 
@@ -299,26 +336,14 @@ impl Core {
     /// [`FULL_PATIENCE`] passes with nothing made clean or dropped, and at once while
     /// recovering (no drainer runs yet).
     fn flush_store(&self) -> Result<()> {
-        let mut last = (self.held.load(Relaxed), self.dirty_bytes.load(Relaxed));
-        let mut since = std::time::Instant::now();
+        let mut room = RoomWait::new(self);
         loop {
             match self.store.flush() {
                 Ok(()) => return Ok(()),
                 Err(e @ tierstack_store::StoreError::Full(_)) => {
-                    if self.replaying.load(Relaxed) || since.elapsed() >= FULL_PATIENCE {
+                    if !room.wait(self) {
                         return Err(e.into());
                     }
-                    self.pressure.store(true, Relaxed);
-                    self.wake_drainer();
-                    if !self.drop_clean(8 * PAGE) {
-                        let mut g = self.space_lock.lock();
-                        self.space_cv.wait_for(&mut g, Duration::from_millis(50));
-                    }
-                    let now = (self.held.load(Relaxed), self.dirty_bytes.load(Relaxed));
-                    if now.0 < last.0 || now.1 < last.1 {
-                        since = std::time::Instant::now();
-                    }
-                    last = now;
                 }
                 Err(e) => return Err(e.into()),
             }
