@@ -346,7 +346,7 @@ impl Core {
     /// drain makes progress ([`RoomWait`]; ENOSPC after that). `f` stays locked meanwhile:
     /// the drain makes room with the other files' pages.
     pub(super) fn put_page_retry(&self, obj: u64, f: &mut FileData, p: u64, data: &[u8]) -> R<()> {
-        let mut room = RoomWait::new(self);
+        let mut room = RoomWait::new(self, false);
         loop {
             let mut v = self.store.page_buf(data.len());
             v.extend_from_slice(data);

@@ -15,24 +15,32 @@ use super::{eio, Core, FileData, PAGE, R, WRITE_BACK_START};
 /// the next writer does not raise it again at once.
 const PRESSURE_SLACK: u64 = 4 * PAGE;
 
-/// How long a flush that finds the array full waits for the drain to make room without
-/// any progress (no page made clean, none dropped) before it fails with ENOSPC.
+/// How long an operation that finds the array full ([`RoomWait`]) waits for the drain to
+/// make room without any progress (no page made clean, none dropped) before it fails with
+/// ENOSPC.
 const FULL_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A wait for room in a full fast tier by an operation that cannot go on without it (a
 /// flush, a page put while its file is locked): each step wakes the drainer, raises the
-/// pressure and drops clean pages (or naps 50 ms); it gives up once [`FULL_PATIENCE`] passed
-/// with no page made clean or dropped, and at once while recovering (no drainer runs yet).
+/// pressure (under which the drainer drops clean pages after each file it drains) and drops
+/// clean pages itself unless it holds a file's lock (the namespace lock comes before a
+/// file's: see `Core::finish_drain`), or naps 50 ms; it gives up once [`FULL_PATIENCE`]
+/// passed with no page made clean or dropped, and at once while recovering (no drainer runs
+/// yet).
 pub(super) struct RoomWait {
     last: (u64, u64),
     since: std::time::Instant,
+    /// No file's lock is held: clean pages may be dropped here.
+    may_drop: bool,
 }
 
 impl RoomWait {
-    pub(super) fn new(core: &Core) -> RoomWait {
+    /// A wait by a caller that holds no file's lock (`may_drop`) or holds one.
+    pub(super) fn new(core: &Core, may_drop: bool) -> RoomWait {
         RoomWait {
             last: (core.held.load(Relaxed), core.dirty_bytes.load(Relaxed)),
             since: std::time::Instant::now(),
+            may_drop,
         }
     }
 
@@ -43,7 +51,7 @@ impl RoomWait {
         }
         core.pressure.store(true, Relaxed);
         core.wake_drainer();
-        if !core.drop_clean(8 * PAGE) {
+        if !(self.may_drop && core.drop_clean(8 * PAGE)) {
             let mut g = core.space_lock.lock();
             core.space_cv.wait_for(&mut g, Duration::from_millis(50));
         }
@@ -336,7 +344,7 @@ impl Core {
     /// [`FULL_PATIENCE`] passes with nothing made clean or dropped, and at once while
     /// recovering (no drainer runs yet).
     fn flush_store(&self) -> Result<()> {
-        let mut room = RoomWait::new(self);
+        let mut room = RoomWait::new(self, true);
         loop {
             match self.store.flush() {
                 Ok(()) => return Ok(()),
