@@ -388,10 +388,20 @@ impl Core {
         let mut ns = self.ns.lock();
         let mut max_ino = ROOT;
         let mut max_obj = 0;
+        // Files whose staging file a drain renamed into place just before the daemon stopped,
+        // before the journal recorded it (see `staged_renamed`).
+        let mut renamed: Vec<(u64, Vec<u8>)> = Vec::new();
         for r in &rows {
             max_ino = max_ino.max(r.ino);
             max_obj = max_obj.max(r.obj);
             let kind = Kind::from_u8(r.kind);
+            let staged = match &r.staged {
+                Some(sp) if kind == Kind::File && self.staged_renamed(r, sp) => {
+                    renamed.push((r.ino, sp.clone()));
+                    None
+                }
+                s => s.clone(),
+            };
             let data = (kind == Kind::File).then(|| {
                 Arc::new(Mutex::new(FileData {
                     size: r.size,
@@ -399,14 +409,14 @@ impl Core {
                     base_len: r.base_len,
                     bpath: r.bpath.clone(),
                     dirty: r.dirty,
-                    staged: r.staged.clone(),
+                    staged: staged.clone(),
                     base_blocks: r.base_len.div_ceil(512),
                     min_size: r.size,
                     extents: r.extents.as_deref().and_then(extents::Extents::decode),
                     ..Default::default()
                 }))
             });
-            for p in [&r.bpath, &r.staged].into_iter().flatten() {
+            for p in [&r.bpath, &staged].into_iter().flatten() {
                 ns.paths.note(p, r.ino);
             }
             ns.nodes.insert(
@@ -490,6 +500,17 @@ impl Core {
             self.tx(|tx| db::put_inode(tx, &row))?;
             ns.paths.note(b"", ROOT);
             ns.nodes.insert(ROOT, root);
+        }
+        for (ino, sp) in &renamed {
+            let d = ns.nodes.get(ino).and_then(|n| n.data.clone());
+            if let Some(d) = d {
+                self.persist_content(*ino, &d.lock())?;
+            }
+            self.db.lock().staging_del(sp)?;
+            tracing::warn!(
+                "recovery: inode {ino}: its staging file {} was renamed into place before the daemon stopped; its base is its own path",
+                String::from_utf8_lossy(sp)
+            );
         }
         // Orphans (unlinked while open when the daemon stopped) are dropped.
         let orphans: Vec<u64> = ns
@@ -864,6 +885,25 @@ impl Core {
         let mut db = self.db.lock();
         db.meta_set("clean", b"1")?;
         db.make_durable()
+    }
+
+    /// Whether the staging file `sp` of the file of row `r` was renamed into place by a drain
+    /// whose record did not reach the journal before the daemon stopped: the drain's last
+    /// pass after the last close renames the staging file over the file's path, then records
+    /// it (group commit: a `kill -9` within those milliseconds keeps the row of the pass
+    /// before). Then `sp` is gone from BACKING and the file's own path holds the base, with
+    /// its length; the row is taken as the drain left it. Anything else (the staging file
+    /// there, or neither) is left as it is.
+    fn staged_renamed(&self, r: &InodeRow, sp: &[u8]) -> bool {
+        let gone = matches!(
+            std::fs::symlink_metadata(self.bjoin(sp)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound
+        );
+        gone && r.has_base
+            && r.bpath.as_ref().is_some_and(|bp| {
+                std::fs::symlink_metadata(self.bjoin(bp))
+                    .is_ok_and(|m| m.is_file() && m.len() == r.base_len)
+            })
     }
 
     fn persist_content(&self, ino: u64, f: &FileData) -> Result<()> {

@@ -103,6 +103,12 @@ impl Bed {
     }
 
     fn write(&self, ino: u64, off: u64, data: &[u8]) {
+        let fh = self.write_open(ino, off, data);
+        self.ask(Op::Release { ino, fh });
+    }
+
+    /// Opens `ino` for writing and writes `data` at `off`; the handle stays open.
+    fn write_open(&self, ino: u64, off: u64, data: &[u8]) -> u64 {
         let fh = match self.ask(Op::Open {
             ino,
             flags: libc::O_WRONLY,
@@ -117,7 +123,7 @@ impl Bed {
             data,
             kill_suidgid: false,
         });
-        self.ask(Op::Release { ino, fh });
+        fh
     }
 
     fn read_all(&self, ino: u64, size: u64) -> Vec<u8> {
@@ -729,4 +735,73 @@ fn small_drives_under_a_large_dram_tier_make_fsync_wait_for_the_drain_not_fail()
             "f{i} reads wrong"
         );
     }
+}
+
+/// The drain's last pass of a file after its last close renames the staging file into place,
+/// then records that in the journal (group commit). A `kill -9` between the two left a row
+/// that named the staging file as the base: the next mount's intent-log replay, and any read
+/// of a page the fast tier no longer held, failed with EIO (the churn under the client: the
+/// mount could not start again). Now the next mount finds the base at the file's own path.
+#[test]
+fn a_staging_file_renamed_into_place_before_its_record_reads_from_the_files_path() {
+    let (_tmp, fast, backing) = folders();
+    let data = bytes(300_000, 5);
+    let (ino, staged) = {
+        let bed = Bed::open(&fast, &backing, true);
+        let ino = create(&bed, b"f");
+        let fh = bed.write_open(ino, 0, &data);
+        // Drained while open: into its staging file, which the journal records.
+        let t0 = Instant::now();
+        while strays(&backing).is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(60), "no staging file");
+            bed.fs.core.request_drain(false);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let staged = strays(&backing).pop().expect("the staging file");
+        bed.ask(Op::Release { ino, fh });
+        bed.drain();
+        assert_eq!(std::fs::read(backing.join("f")).expect("f"), data);
+        assert!(strays(&backing).is_empty(), "renamed into place");
+        // The pages leave the fast tier: BACKING's copy is their base.
+        assert!(bed.fs.core.drop_clean(u64::MAX), "clean pages dropped");
+        bed.fs.core.store().flush().expect("flush");
+        bed.crash();
+        (ino, staged)
+    };
+    // The rename's record lost with the last group commit: the row names the staging file.
+    let rel = std::path::Path::new(&staged)
+        .strip_prefix(&backing)
+        .expect("under BACKING")
+        .as_os_str()
+        .as_encoded_bytes()
+        .to_vec();
+    {
+        let db = rusqlite::Connection::open(fast.join("journal.db")).expect("journal");
+        db.execute(
+            "UPDATE inodes SET staged=?1 WHERE ino=?2",
+            rusqlite::params![rel, ino as i64],
+        )
+        .expect("row");
+        db.execute(
+            "INSERT OR REPLACE INTO staging(path, ino) VALUES (?1, ?2)",
+            rusqlite::params![rel, ino as i64],
+        )
+        .expect("staging");
+    }
+    let bed = Bed::open(&fast, &backing, false);
+    assert!(
+        bed.read_all(ino, data.len() as u64) == data,
+        "the file reads whole from its own path"
+    );
+    // And a write into it (as the intent log's replay makes) reads the base it keeps.
+    bed.write(ino, 1000, b"later");
+    let mut want = data.clone();
+    want[1000..1005].copy_from_slice(b"later");
+    assert!(bed.read_all(ino, data.len() as u64) == want, "written");
+    bed.drain();
+    assert!(
+        std::fs::read(backing.join("f")).expect("f") == want,
+        "drained"
+    );
+    bed.crash();
 }
