@@ -395,18 +395,21 @@ impl Core {
             max_ino = max_ino.max(r.ino);
             max_obj = max_obj.max(r.obj);
             let kind = Kind::from_u8(r.kind);
-            let staged = match &r.staged {
-                Some(sp) if kind == Kind::File && self.staged_renamed(r, sp) => {
-                    renamed.push((r.ino, sp.clone()));
-                    None
-                }
-                s => s.clone(),
+            let (staged, base_len) = match &r.staged {
+                Some(sp) if kind == Kind::File => match self.staged_renamed(r, sp) {
+                    Some(len) => {
+                        renamed.push((r.ino, sp.clone()));
+                        (None, r.base_len.min(len))
+                    }
+                    None => (Some(sp.clone()), r.base_len),
+                },
+                s => (s.clone(), r.base_len),
             };
             let data = (kind == Kind::File).then(|| {
                 Arc::new(Mutex::new(FileData {
                     size: r.size,
                     has_base: r.has_base,
-                    base_len: r.base_len,
+                    base_len,
                     bpath: r.bpath.clone(),
                     dirty: r.dirty,
                     staged: staged.clone(),
@@ -891,19 +894,23 @@ impl Core {
     /// whose record did not reach the journal before the daemon stopped: the drain's last
     /// pass after the last close renames the staging file over the file's path, then records
     /// it (group commit: a `kill -9` within those milliseconds keeps the row of the pass
-    /// before). Then `sp` is gone from BACKING and the file's own path holds the base, with
-    /// its length; the row is taken as the drain left it. Anything else (the staging file
-    /// there, or neither) is left as it is.
-    fn staged_renamed(&self, r: &InodeRow, sp: &[u8]) -> bool {
+    /// before). Then `sp` is gone from BACKING and the file's own path holds the base (that
+    /// pass's, which holds the row's base and what the fast tier still holds since: nothing
+    /// it drained was dropped before its record was durable); its length then. Anything else
+    /// (the staging file there, or neither) is left as it is.
+    fn staged_renamed(&self, r: &InodeRow, sp: &[u8]) -> Option<u64> {
         let gone = matches!(
             std::fs::symlink_metadata(self.bjoin(sp)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound
         );
-        gone && r.has_base
-            && r.bpath.as_ref().is_some_and(|bp| {
-                std::fs::symlink_metadata(self.bjoin(bp))
-                    .is_ok_and(|m| m.is_file() && m.len() == r.base_len)
-            })
+        if !gone || !r.has_base {
+            return None;
+        }
+        let bp = r.bpath.as_ref()?;
+        std::fs::symlink_metadata(self.bjoin(bp))
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
     }
 
     fn persist_content(&self, ino: u64, f: &FileData) -> Result<()> {
