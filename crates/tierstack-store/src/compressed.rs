@@ -896,8 +896,10 @@ impl Tier for CompressedTier {
     }
 
     fn remove(&self, key: PageKey) -> Result<bool> {
+        // Below first: if that fails, the copy here (newer than the one below) stays.
+        let below = self.below.remove(key)?;
         let here = self.state.write().forget(key).is_some();
-        Ok(self.below.remove(key)? || here)
+        Ok(below || here)
     }
 
     fn flush(&self) -> Result<()> {

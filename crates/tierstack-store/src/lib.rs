@@ -313,13 +313,16 @@ impl TieredStore {
         Self::check(key, 0)?;
         // Not while an eviction may be writing this page down (it would come back).
         let _g = self.evicting.lock();
-        let old = self.dram.remove(key);
-        let mut found = old.is_some();
-        if let Some(old) = old {
-            self.recycle(old);
-        }
-        for t in &self.lower {
+        // The lowest copy goes first: a removal that fails there (a full array cannot take
+        // the tombstone) leaves the newest copy where reads find it, never an older one
+        // below a page the caller then forgets (it would come back after a crash).
+        let mut found = false;
+        for t in self.lower.iter().rev() {
             found |= t.remove(key)?;
+        }
+        if let Some(old) = self.dram.remove(key) {
+            found = true;
+            self.recycle(old);
         }
         Ok(found)
     }

@@ -359,13 +359,18 @@ impl Core {
         }
     }
 
+    /// Forgets page `p` of `f`, once the store has removed it: a removal that fails (a full
+    /// array) leaves the page the file's, so that no copy the file no longer counts stays in
+    /// the store (the load would take it back after a crash).
     pub(super) fn drop_page(&self, obj: u64, f: &mut FileData, p: u64) -> Result<()> {
+        if f.pages.contains_key(&p) {
+            self.store.remove((obj, p))?;
+        }
         if let Some(old) = f.pages.remove(&p) {
             self.held.fetch_sub(footprint(old.len as u64), Relaxed);
             if old.dirty {
                 self.dirty_bytes.fetch_sub(old.len as u64, Relaxed);
             }
-            self.store.remove((obj, p))?;
             self.space_cv.notify_all();
         }
         Ok(())

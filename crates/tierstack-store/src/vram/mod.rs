@@ -405,17 +405,13 @@ impl Tier for VramTier {
     }
 
     fn remove(&self, key: PageKey) -> Result<bool> {
-        let here = {
-            let mut st = self.state.write();
-            st.changes += 1;
-            st.blocks.forget(key).is_some()
-        };
-        let below = self.below.remove(key);
-        // A copy admitted from below before the removal reached it goes too.
+        // Below first: if that fails, the copy here (newer than the one below) stays.
+        let below = self.below.remove(key)?;
+        // A copy admitted from below while the removal ran goes too.
         let mut st = self.state.write();
-        st.blocks.forget(key);
         st.changes += 1;
-        Ok(below? || here)
+        let here = st.blocks.forget(key).is_some();
+        Ok(below || here)
     }
 
     fn flush(&self) -> Result<()> {
