@@ -470,10 +470,10 @@ impl Server<'_> {
                 umask,
             } => return self.open(base, path, flags, mode, umask),
             Req::Close { ino, fh } => {
-                // The release itself (the inode row, the drain's queue) is made after the
-                // answer (`release`), as the kernel's FUSE close does not wait for it either:
-                // the program goes on meanwhile. Its size and times are the daemon's already,
-                // so the kernel's view is refreshed first.
+                // The release itself (the inode row, the drain's queue) is made by the
+                // connection's loop (`release`): before the answer for a handle that may have
+                // written, after it for a read-only one (see `io::connection`). Its size and
+                // times are the daemon's already, so the kernel's view is refreshed first.
                 if crate::refresh::may_write(fuser::FileHandle(fh)) {
                     self.drop_kernel_inode(ino);
                 }
