@@ -441,7 +441,7 @@ fn check_sysusers(conf: &Path, tmp: &Path) -> PathBuf {
 }
 
 /// tmpfiles.d: the folders with the modes the code expects; the commented-out enable_uring
-/// line, uncommented, writes Y (into the temporary root); `--clean` under an upstream-style
+/// and idle-polling lines, uncommented, write Y and 200000 (into the temporary root); `--clean` under an upstream-style
 /// 30-day /var/tmp line keeps the fast tiers' old files and removes others.
 fn check_tmpfiles(conf: &Path, tmp: &Path) {
     let root = tmp.join("tmpfiles-root");
@@ -471,27 +471,37 @@ fn check_tmpfiles(conf: &Path, tmp: &Path) {
     }
     assert!(
         !root.join("sys").exists(),
-        "the enable_uring line is a site choice, off"
+        "the enable_uring and idle-polling lines are site choices, off"
     );
 
+    // The site-choice lines (commented out), each uncommented alone: it writes its value into
+    // the temporary root's parameter, never the host's.
     let text = std::fs::read_to_string(conf).expect("tmpfiles conf");
-    let uring = tmp.join("tmpfiles-uring.conf");
-    std::fs::write(
-        &uring,
-        uncommented(&text, "w /sys/module/fuse/parameters/enable_uring "),
-    )
-    .expect("write");
-    let param = root.join("sys/module/fuse/parameters/enable_uring");
-    std::fs::create_dir_all(param.parent().expect("parent")).expect("mkdir");
-    std::fs::write(&param, "N\n").expect("write");
-    let host = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").ok();
-    tmpfiles(&["--create"], &[&uring]);
-    assert_eq!(std::fs::read_to_string(&param).expect("read").trim(), "Y");
-    assert_eq!(
-        std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").ok(),
-        host,
-        "the host's parameter is left alone"
-    );
+    for (i, (param, before, after)) in [
+        ("sys/module/fuse/parameters/enable_uring", "N", "Y"),
+        (
+            "sys/module/haltpoll/parameters/guest_halt_poll_ns",
+            "0",
+            "200000",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let one = tmp.join(format!("tmpfiles-site-{i}.conf"));
+        std::fs::write(&one, uncommented(&text, &format!("w /{param} "))).expect("write");
+        let at = root.join(param);
+        std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&at, format!("{before}\n")).expect("write");
+        let host = std::fs::read_to_string(format!("/{param}")).ok();
+        tmpfiles(&["--create"], &[&one]);
+        assert_eq!(std::fs::read_to_string(&at).expect("read").trim(), after);
+        assert_eq!(
+            std::fs::read_to_string(format!("/{param}")).ok(),
+            host,
+            "the host's {param} is left alone"
+        );
+    }
 
     // Fedora's and upstream's tmp.conf age /var/tmp after 30 days (Debian 13's too); `m:` ages
     // by mtime alone, which the test can set back (ctime it cannot).
