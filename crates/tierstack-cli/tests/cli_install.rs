@@ -441,8 +441,9 @@ fn check_sysusers(conf: &Path, tmp: &Path) -> PathBuf {
 }
 
 /// tmpfiles.d: the folders with the modes the code expects; the commented-out enable_uring
-/// and idle-polling lines, uncommented, write Y and 200000 (into the temporary root); `--clean` under an upstream-style
-/// 30-day /var/tmp line keeps the fast tiers' old files and removes others.
+/// and idle-polling lines, uncommented, write Y and 200000 (into the temporary root);
+/// `--clean` under an upstream-style 30-day /var/tmp line keeps the fast tiers' old files and
+/// removes others.
 fn check_tmpfiles(conf: &Path, tmp: &Path) {
     let root = tmp.join("tmpfiles-root");
     std::fs::create_dir_all(&root).expect("mkdir");
