@@ -6,7 +6,9 @@ mod common;
 
 use std::sync::Arc;
 
-use tierstack_store::{StackSpec, StoreError};
+use tierstack_store::{
+    CompressedTier, PageKey, StackSpec, StoreError, Tier, TierCounters, TierStatus, TieredStore,
+};
 
 #[test]
 fn builds_the_tiers_in_order_and_pages_reach_the_array() {
@@ -90,29 +92,31 @@ fn float_pages_the_dram_tier_evicts_stay_compressed() {
 /// A tier that keeps pages in a map and refuses every removal, as a full array that cannot
 /// take a tombstone does.
 #[derive(Default)]
-struct NoRemoval(parking_lot::Mutex<std::collections::HashMap<tierstack_store::PageKey, Vec<u8>>>);
+struct NoRemoval(parking_lot::Mutex<std::collections::HashMap<PageKey, Vec<u8>>>);
+
+type Result<T> = tierstack_store::Result<T>;
 
 struct Refusing(Arc<NoRemoval>);
 
-impl tierstack_store::Tier for Refusing {
+impl Tier for Refusing {
     fn name(&self) -> &str {
         "refusing"
     }
-    fn put(&self, key: tierstack_store::PageKey, data: &[u8]) -> tierstack_store::Result<()> {
+    fn put(&self, key: PageKey, data: &[u8]) -> Result<()> {
         self.0 .0.lock().insert(key, data.to_vec());
         Ok(())
     }
-    fn get(&self, key: tierstack_store::PageKey) -> tierstack_store::Result<Option<Vec<u8>>> {
+    fn get(&self, key: PageKey) -> Result<Option<Vec<u8>>> {
         Ok(self.0 .0.lock().get(&key).cloned())
     }
-    fn remove(&self, _key: tierstack_store::PageKey) -> tierstack_store::Result<bool> {
+    fn remove(&self, _key: PageKey) -> Result<bool> {
         Err(StoreError::Full("no segment for the tombstone".into()))
     }
-    fn flush(&self) -> tierstack_store::Result<()> {
+    fn flush(&self) -> Result<()> {
         Ok(())
     }
-    fn status(&self) -> tierstack_store::TierStatus {
-        tierstack_store::TierCounters::default().snapshot("refusing", 0, 0, 0)
+    fn status(&self) -> TierStatus {
+        TierCounters::default().snapshot("refusing", 0, 0, 0)
     }
 }
 
@@ -127,8 +131,7 @@ fn a_removal_that_fails_below_keeps_the_newest_copy_readable() {
     let new = common::page(4096, 2);
     assert_ne!(old, new);
     // The DRAM tier in front of the refusing tier.
-    let store = tierstack_store::TieredStore::new(1 << 20, vec![Box::new(Refusing(below.clone()))])
-        .expect("store");
+    let store = TieredStore::new(1 << 20, vec![Box::new(Refusing(below.clone()))]).expect("store");
     below.0.lock().insert((1, 0), old.clone());
     store.put_owned((1, 0), new.clone()).expect("put");
     assert!(store.remove((1, 0)).is_err(), "the removal below fails");
@@ -138,13 +141,13 @@ fn a_removal_that_fails_below_keeps_the_newest_copy_readable() {
         "the DRAM copy stays"
     );
     // The compressed tier in front of it.
-    let ct = tierstack_store::CompressedTier::new(1 << 20, Box::new(Refusing(below.clone())));
+    let ct = CompressedTier::new(1 << 20, Box::new(Refusing(below.clone())));
     let word = 9u64.to_le_bytes().repeat(512);
-    tierstack_store::Tier::put(&ct, (2, 0), &word).expect("put");
+    Tier::put(&ct, (2, 0), &word).expect("put");
     below.0.lock().insert((2, 0), old.clone());
-    assert!(tierstack_store::Tier::remove(&ct, (2, 0)).is_err());
+    assert!(Tier::remove(&ct, (2, 0)).is_err());
     assert_eq!(
-        tierstack_store::Tier::get(&ct, (2, 0)).expect("get"),
+        Tier::get(&ct, (2, 0)).expect("get"),
         Some(word),
         "the compressed copy stays"
     );

@@ -363,9 +363,10 @@ impl Core {
     /// array) leaves the page the file's, so that no copy the file no longer counts stays in
     /// the store (the load would take it back after a crash).
     pub(super) fn drop_page(&self, obj: u64, f: &mut FileData, p: u64) -> Result<()> {
-        if f.pages.contains_key(&p) {
-            self.store.remove((obj, p))?;
+        if !f.pages.contains_key(&p) {
+            return Ok(());
         }
+        self.store.remove((obj, p))?;
         if let Some(old) = f.pages.remove(&p) {
             self.held.fetch_sub(footprint(old.len as u64), Relaxed);
             if old.dirty {
