@@ -248,7 +248,7 @@ fn idle_polling() -> Check {
         );
     }
     match read_trim("/sys/module/haltpoll/parameters/guest_halt_poll_ns").and_then(|s| s.parse::<u64>().ok()) {
-        Some(0) => check(name, Status::Warn, "haltpoll, guest_halt_poll_ns=0", "an idle vCPU halts at once, and each FUSE request or page fault that wakes a thread on it waits for the host (measured here: 1.6-2.2x slower creates and unlinks through a mount, 1.5x slower stats; a futex round trip between two vCPUs 51 us against 7 us with polling): `echo 200000 > /sys/module/haltpoll/parameters/guest_halt_poll_ns` now, or at every boot the commented line of tmpfiles.d/tierstack.conf (it costs idle CPU time on the host)"),
+        Some(0) => check(name, Status::Warn, "haltpoll, guest_halt_poll_ns=0", "an idle vCPU halts at once, and each FUSE request or page fault that wakes a thread on it waits for the host (measured here with `tierstack bench meta --mount --client`: through the mount unlinks 1.4-1.5x and stats 1.2-1.3x slower, creates up to 1.9x; a futex round trip between two vCPUs 51 us against 7 us with polling): `echo 200000 > /sys/module/haltpoll/parameters/guest_halt_poll_ns` now, or at every boot the commented line of tmpfiles.d/tierstack.conf (it costs idle CPU time on the host)"),
         Some(v) => check(name, Status::Ok, format!("haltpoll, guest_halt_poll_ns={v}"), "idle vCPUs poll before halting, so wake-ups for FUSE requests and faults are quick"),
         None => check(name, Status::Warn, "haltpoll, unreadable", "cannot read /sys/module/haltpoll/parameters/guest_halt_poll_ns"),
     }
