@@ -704,13 +704,10 @@ mod tests {
                 line: 2
             }
         );
-        let r = rows
-            .iter()
-            .find(|r| r.key == "mount.drive_size")
-            .expect("row");
+        let r = rows.iter().find(|r| r.key == "mount.mode").expect("row");
         assert_eq!(
             (r.value.as_deref(), &r.source),
-            (Some("2G"), &Source::BuiltIn)
+            (Some("sync"), &Source::BuiltIn)
         );
     }
 

@@ -53,9 +53,11 @@ pub struct MountArgs {
     /// (/var/tmp/tierstack-UID/... for a user who is not root).
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Size of each of the 4 file drives made under --dir.
-    #[arg(long, default_value = "2G")]
-    pub drive_size: String,
+    /// Size of each of the 4 file drives made under --dir (sparse files). Default: 2G, or
+    /// three quarters of --dram plus --vram when that is more, so that the array (which a
+    /// mount fills to two thirds) can take the fast tiers whole.
+    #[arg(long)]
+    pub drive_size: Option<String>,
     /// The store's DRAM tier.
     #[arg(long, default_value = "1G")]
     pub dram: String,
@@ -351,7 +353,26 @@ impl MountSizes {
             }
             None => 0,
         };
-        let drive_size = size_arg("drive-size", &a.drive_size, 16 << 20)?;
+        let drive_size = match &a.drive_size {
+            Some(d) => {
+                let drive = size_arg("drive-size", d, 16 << 20)?;
+                let fast = dram + vram;
+                // Three drives of data, less a little for superblocks and summaries.
+                let held = tierstack_fs::core::hold_limit(dram, vram, drive * 3 / 100 * 98);
+                // Said for a VRAM tier, where the GPU memory would stand idle (a DRAM tier
+                // larger than the array still caches what is read).
+                if vram > 0 && held < fast {
+                    eprintln!(
+                        "tierstack: note: a new fast tier of 4 x --drive-size {d} holds at most {} of what is written, less than --dram plus --vram ({}): writers then wait for the drain; give --drive-size {}G (or leave it out) to use them whole",
+                        fmt_size(held),
+                        fmt_size(fast),
+                        tierstack_fs::core::default_drive_size(dram, vram) >> 30
+                    );
+                }
+                drive
+            }
+            None => tierstack_fs::core::default_drive_size(dram, vram),
+        };
         let drain_rate = match a.drain_rate {
             Some(r) if !(r.is_finite() && r > 0.0) => {
                 usage_bail!("--drain-rate {r} is not a rate: give MB/s above 0")

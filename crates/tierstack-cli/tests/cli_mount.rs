@@ -3091,6 +3091,40 @@ fn a_listing_with_attributes_shows_what_was_written() {
     assert_eq!(fs::metadata(b.join("f5")).expect("f5").len(), 5 * 37 + 4);
 }
 
+/// Without --drive-size, a large DRAM tier gets drives that can take it whole: the mount may
+/// hold all of --dram and more (with four 2 GiB drives it held at most 4 GiB, so a --vram 8G
+/// mount's writers waited for the drain with the GPU half empty). The drives are sparse.
+#[test]
+fn default_drives_grow_with_the_fast_tiers() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    let (b, m, d) = (
+        fx.backing.to_str().expect("utf8").to_string(),
+        fx.mnt.to_str().expect("utf8").to_string(),
+        fx.fast.to_str().expect("utf8").to_string(),
+    );
+    ok(&["mount", &b, &m, "--dir", &d, "--dram", "6G"]);
+    fx.pid = Some(fx.status()["pid"].as_u64().expect("pid") as u32);
+    let st = fx.status();
+    let limit = st["limit_bytes"].as_u64().expect("limit_bytes");
+    assert!(
+        limit >= 6 << 30,
+        "a 6 GiB DRAM tier over default drives may hold only {limit} bytes"
+    );
+    let mut drives = 0;
+    for e in fs::read_dir(&fx.fast).expect("fast dir") {
+        let md = e.expect("entry").metadata().expect("stat");
+        if md.len() == 5 << 30 {
+            drives += 1;
+            assert!(md.blocks() * 512 < 1 << 30, "a drive is not sparse");
+        }
+    }
+    assert_eq!(drives, 4, "four drives of 3/4 x 6 GiB, rounded up to 5 GiB");
+    fx.umount();
+}
+
 /// Drives smaller than the DRAM tier: the mount holds no more than its array takes, and a
 /// writer that `fsync`s file after file, three times what the array holds, waits for the
 /// drain instead of failing (the long churn's EIO on four 512 MiB drives under 1 GiB of

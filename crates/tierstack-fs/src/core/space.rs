@@ -84,6 +84,21 @@ pub fn hold_limit(dram: u64, tiers: u64, capacity: u64) -> u64 {
     (dram + tiers + capacity / 2).min(capacity / 3 * 2)
 }
 
+/// The default size of each of the four file drives of a new fast tier (a RAID 5: the
+/// array holds three of them): 2 GiB, or more when the DRAM tier and the tiers between it
+/// and the array (VRAM) are larger, so that [`hold_limit`]'s two thirds of the array take
+/// them whole and half as much again: an array of 9/4 of them holds 3/2. With the 2 GiB
+/// drives a mount with `--vram 8G` held at most 4 GiB, and writers waited for the drain
+/// while the GPU stood half empty. Drives are sparse files: the disk holds what is written.
+pub fn default_drive_size(dram: u64, tiers: u64) -> u64 {
+    const G: u64 = 1 << 30;
+    let fast = dram.saturating_add(tiers);
+    (fast.saturating_mul(3) / 4)
+        .div_ceil(G)
+        .saturating_mul(G)
+        .max(2 * G)
+}
+
 /// Whether `len` more bytes fit in the fast tier, `held` of `limit` bytes held: if not, the
 /// writer waits and raises the pressure (the drain turns urgent: see `drain::policy`).
 fn fits(held: u64, len: u64, limit: u64) -> bool {
@@ -585,6 +600,17 @@ mod tests {
         // array, not more than it takes.
         assert_eq!(hold_limit(G, 0, 3 * G / 2), G);
         assert!(hold_limit(64 * G, 8 * G, 6 * G) <= 4 * G);
+        // Default drives take the fast tiers in whole, with room to spare in the array
+        // (its capacity a little under three drives: superblocks and summaries).
+        for (dram, vram) in [(G, 0), (G / 2, 8 * G), (16 * G, 0), (4 * G, 80 * G), (0, 0)] {
+            let drive = default_drive_size(dram, vram);
+            let capacity = 3 * drive / 100 * 98;
+            assert!(drive >= 2 * G);
+            assert!(hold_limit(dram, vram, capacity) >= dram + vram + (dram + vram) / 4);
+        }
+        // The defaults stay as they were: four drives of 2 GiB.
+        assert_eq!(default_drive_size(G, 0), 2 * G);
+        assert_eq!(default_drive_size(G / 2, 8 * G), 7 * G);
         // A small file's bytes take whole blocks.
         assert_eq!(footprint(0), 0);
         assert_eq!(footprint(1), 4096);
