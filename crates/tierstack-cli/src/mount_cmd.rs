@@ -300,6 +300,10 @@ pub fn mount(a: MountArgs) -> Result<()> {
     let backing = check_backing(&a.backing)?;
     let mp = check_mountpoint(&a.mountpoint, &backing)?;
     let (array, dir) = fast_tier(&a, &backing, &mp)?;
+    let sizes = match &dir {
+        Some(d) if a.drive_size.is_none() => sizes.within_free(d),
+        _ => sizes,
+    };
     let spec = mount_spec(&a, sizes, backing, mp, array, dir)?;
     if let Some(m) = &a.metrics {
         tierstack_node::metrics::check_addr(m).map_err(crate::node_err)?;
@@ -342,6 +346,36 @@ struct MountSizes {
 }
 
 impl MountSizes {
+    /// The default drive size held to the free space where a new fast tier in `dir` would
+    /// be made (its nearest existing folder), with a note when that makes it smaller than
+    /// the fast tiers want. An existing fast tier keeps its drives whatever is asked.
+    fn within_free(self, dir: &Path) -> MountSizes {
+        if dir.join("array.toml").exists() {
+            return self;
+        }
+        let Some(free) = dir
+            .ancestors()
+            .find_map(|p| rustix::fs::statvfs(p).ok())
+            .map(|st| st.f_bavail.saturating_mul(st.f_frsize))
+        else {
+            return self;
+        };
+        let fits = tierstack_fs::core::drive_size_within(self.drive_size, free);
+        if fits < self.drive_size {
+            eprintln!(
+                "tierstack: note: the fast tier's drives are {}G each, not the {}G that would take the DRAM and VRAM tiers whole: {} has {} free; give --dir on a larger file system (or --drive-size)",
+                fits >> 30,
+                self.drive_size >> 30,
+                dir.display(),
+                fmt_size(free)
+            );
+        }
+        MountSizes {
+            drive_size: fits.min(self.drive_size),
+            ..self
+        }
+    }
+
     /// Checks --dram, --vram (against the GPU), --drive-size, --drain-rate and --drain-jobs.
     fn from_args(a: &MountArgs) -> Result<MountSizes> {
         let dram = size_arg("dram", &a.dram, 4 << 20)?;

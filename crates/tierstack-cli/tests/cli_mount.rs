@@ -12,7 +12,9 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use rand::{Rng, RngCore, SeedableRng};
 
 mod common;
-use common::{detach, is_mounted, ok, random, root_with_fuse as can_run, ts as run, BIN};
+use common::{
+    detach, is_mounted, ok, random, root_with_fuse as can_run, success_stdout, ts as run, BIN,
+};
 
 /// A backing directory, a mountpoint and a fast tier folder under one temporary directory;
 /// on drop the mount is detached (`umount -l`) and its daemon killed, whatever happened.
@@ -3105,6 +3107,12 @@ fn default_drives_grow_with_the_fast_tiers() {
         fx.mnt.to_str().expect("utf8").to_string(),
         fx.fast.to_str().expect("utf8").to_string(),
     );
+    // Four 5 GiB drives need 22.3 GiB free here (the next test holds them to less).
+    let st = rustix::fs::statvfs(fx.backing.as_path()).expect("statvfs");
+    if st.f_bavail * st.f_frsize < 23 << 30 {
+        eprintln!("SKIP: less than 23 GiB free in /tmp");
+        return;
+    }
     ok(&["mount", &b, &m, "--dir", &d, "--dram", "6G"]);
     fx.pid = Some(fx.status()["pid"].as_u64().expect("pid") as u32);
     let st = fx.status();
@@ -3122,6 +3130,57 @@ fn default_drives_grow_with_the_fast_tiers() {
         }
     }
     assert_eq!(drives, 4, "four drives of 3/4 x 6 GiB, rounded up to 5 GiB");
+    fx.umount();
+}
+
+/// The grown default stays within the free space of --dir's file system (the array writes
+/// its segments ahead of need while a tenth of it stays free), and says so.
+#[test]
+fn default_drives_stay_within_the_free_space() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    let small = fx.fast.with_file_name("small");
+    fs::create_dir(&small).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=10G", "tmpfs"])
+        .arg(&small)
+        .status()
+        .expect("mount tmpfs");
+    assert!(mounted.success(), "cannot mount a tmpfs");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _small = Unmount(small.clone());
+    let dir = small.join("fast");
+    let args = [
+        "mount",
+        fx.backing.to_str().expect("utf8"),
+        fx.mnt.to_str().expect("utf8"),
+        "--dir",
+        dir.to_str().expect("utf8"),
+        "--dram",
+        "6G",
+    ];
+    let o = run(&args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    success_stdout(&args, o);
+    fx.pid = Some(fx.status()["pid"].as_u64().expect("pid") as u32);
+    assert!(
+        err.contains("drives are 2G each, not the 5G"),
+        "no note on the smaller drives: {err}"
+    );
+    let sizes: Vec<u64> = fs::read_dir(&dir)
+        .expect("fast dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("drive"))
+        .map(|e| e.metadata().expect("stat").len())
+        .collect();
+    assert_eq!(sizes, vec![2 << 30; 4], "four drives of 2 GiB in 10 GiB");
     fx.umount();
 }
 

@@ -69,7 +69,7 @@ pub use data::{FileData, Page};
 pub use drain_pass::{DirtyPage, DrainPass, Drained};
 pub use namespace::STALE_NS;
 pub use node::{check_name, rdev_of, Attr, Counts, Kind, Node, Ns, Seen, NAME_MAX};
-pub use space::{default_drive_size, hold_limit};
+pub use space::{default_drive_size, drive_size_within, hold_limit};
 pub use status::Figures;
 
 pub use crate::attr::PAGE;

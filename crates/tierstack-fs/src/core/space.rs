@@ -99,6 +99,16 @@ pub fn default_drive_size(dram: u64, tiers: u64) -> u64 {
         .max(2 * G)
 }
 
+/// [`default_drive_size`]'s `want` for four drives on a file system with `free` bytes
+/// available: drives are sparse, but the array writes its segments ahead of need
+/// (conditioning) while a tenth of the file system stays free, so four of them are held to
+/// nine tenths of `free`, in whole GiB, never below the 2 GiB of the defaults.
+pub fn drive_size_within(want: u64, free: u64) -> u64 {
+    const G: u64 = 1 << 30;
+    let room = free / 10 * 9 / 4 / G * G;
+    want.min(room).max(2 * G)
+}
+
 /// Whether `len` more bytes fit in the fast tier, `held` of `limit` bytes held: if not, the
 /// writer waits and raises the pressure (the drain turns urgent: see `drain::policy`).
 fn fits(held: u64, len: u64, limit: u64) -> bool {
@@ -611,6 +621,10 @@ mod tests {
         // The defaults stay as they were: four drives of 2 GiB.
         assert_eq!(default_drive_size(G, 0), 2 * G);
         assert_eq!(default_drive_size(G / 2, 8 * G), 7 * G);
+        // Four drives fit in nine tenths of the free space, never below the defaults.
+        assert_eq!(drive_size_within(7 * G, 100 * G), 7 * G);
+        assert_eq!(drive_size_within(7 * G, 20 * G), 4 * G);
+        assert_eq!(drive_size_within(7 * G, G), 2 * G);
         // A small file's bytes take whole blocks.
         assert_eq!(footprint(0), 0);
         assert_eq!(footprint(1), 4096);
