@@ -27,6 +27,15 @@ fn gpu_here() -> bool {
     tierstack_store::Gpu::open(0).is_ok()
 }
 
+/// Whether the GPU tests can mount here: a GPU, and root with FUSE (says why not).
+fn gpu_mount_here() -> bool {
+    if !gpu_here() {
+        eprintln!("SKIP: no NVIDIA GPU here (vram_is_refused_cleanly_without_a_gpu runs)");
+        return false;
+    }
+    root_with_fuse()
+}
+
 #[test]
 fn vram_is_refused_cleanly_without_a_gpu() {
     if gpu_here() {
@@ -85,11 +94,7 @@ fn vram_is_refused_cleanly_without_a_gpu() {
 
 #[test]
 fn a_mount_with_a_vram_tier_keeps_every_byte() {
-    if !gpu_here() {
-        eprintln!("SKIP: no NVIDIA GPU here (vram_is_refused_cleanly_without_a_gpu runs)");
-        return;
-    }
-    if !root_with_fuse() {
+    if !gpu_mount_here() {
         return;
     }
     let _s = serial();
@@ -141,11 +146,7 @@ fn a_mount_with_a_vram_tier_keeps_every_byte() {
 /// size that would take it.
 #[test]
 fn a_vram_mount_with_default_drives_may_hold_the_whole_tier() {
-    if !gpu_here() {
-        eprintln!("SKIP: no NVIDIA GPU here (vram_is_refused_cleanly_without_a_gpu runs)");
-        return;
-    }
-    if !root_with_fuse() {
+    if !gpu_mount_here() {
         return;
     }
     let _s = serial();
