@@ -605,6 +605,28 @@ fn native_and_run(cmd: &[&str], dir: &Path, secs: u64) -> (String, Run) {
     (String::from_utf8_lossy(&native.stdout).into(), r)
 }
 
+/// `mlockall(MCL_CURRENT | MCL_FUTURE)` and `munlockall` thirty times while the pager pages a
+/// block three times the budget and new allocations come and go under the lock: the same
+/// output as natively (no wrong page), and no hang. Added after the battery's `mlock` case
+/// hung once under `make test` (thirty-first session; not reproduced since).
+#[test]
+fn mlockall_rounds_beside_the_pager() {
+    let Some(b) = build("cc", "mlock_rounds.c", &[]) else {
+        return;
+    };
+    let exe = b.exe.to_str().expect("utf8");
+    let (native, r) = native_and_run(&[exe, "768", "30"], &b.dir, 120);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout, native,
+        "differs from the native run: {}",
+        r.stderr
+    );
+    assert!(native.ends_with("done wrong 0\n"), "{native}");
+    let j = run_json(&r.stderr);
+    assert_eq!(j["over_budget_bytes"], 0, "{j}");
+}
+
 /// The `--json` line of a run.
 fn run_json(stderr: &str) -> serde_json::Value {
     let line = stderr
