@@ -619,7 +619,7 @@ fn stats_line(
             .map_or("-".into(), |v| v.to_string())
     };
     format!(
-        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} scanned_written={} moved_out={} move_failed={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={} compressed_hits={} compressed={} {} at_peak: {}",
+        "tierstack: stats: exit={code} peak_rss={} ({peak_rss} B) paged_processes={procs} budget={} peak_resident={} index={} regions={} faults={} zero_fills={} prefetched={} prefetch_hits={} wp_faults={} scanned_written={} moved_out={} move_failed={} staging_faults={} evictions={} clean_drops={} sync_evictions={} bytes_in={} bytes_out={} store_reads={} store_read_mean_us={:.1} store_fault_mean_us={:.1} store_fault_p50_us={} store_fault_p99_us={} handed_over={} stolen={} compressed_hits={} compressed={} {} at_peak: {}",
         fmt_size(peak_rss),
         fmt_size(st.budget),
         fmt_size(g("peak_resident")),
@@ -633,6 +633,7 @@ fn stats_line(
         g("scanned_written"),
         g("moved_out"),
         g("move_failed"),
+        g("staging_faults"),
         g("evictions"),
         g("clean_drops"),
         g("sync_evictions"),

@@ -146,6 +146,9 @@ pub struct MemCounters {
     /// Pages `UFFDIO_MOVE` moved while answering an error (see the pager's eviction), found
     /// in the staging slot and counted moved.
     pub move_misreported: AtomicU64,
+    /// Faults the kernel raised in the staging area (a program's `mlockall` faulting every
+    /// mapping in), ended with a zero page.
+    pub staging_faults: AtomicU64,
     /// Highest resident bytes seen.
     pub peak_resident: AtomicU64,
     /// Regions mapped so far.
@@ -195,6 +198,8 @@ pub struct MemStats {
     pub move_failed: u64,
     #[serde(default)]
     pub move_misreported: u64,
+    #[serde(default)]
+    pub staging_faults: u64,
     pub peak_resident: u64,
     pub regions: u64,
     #[serde(default)]
@@ -238,6 +243,7 @@ impl MemCounters {
             move_unshared: self.move_unshared.load(Relaxed),
             move_failed: self.move_failed.load(Relaxed),
             move_misreported: self.move_misreported.load(Relaxed),
+            staging_faults: self.staging_faults.load(Relaxed),
             peak_resident: self.peak_resident.load(Relaxed),
             regions: self.regions.load(Relaxed),
             index_bytes: self.index_bytes.load(Relaxed),

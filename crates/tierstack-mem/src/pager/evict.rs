@@ -778,6 +778,11 @@ impl Staging {
         })
     }
 
+    /// Whether `addr` lies in the area.
+    pub(super) fn contains(&self, addr: usize) -> bool {
+        addr >= self.base && addr < self.base + self.len
+    }
+
     /// Unlocks the whole area (which a program's `mlockall(MCL_CURRENT)` locks with the rest
     /// of the process: `UFFDIO_MOVE` wants both mappings locked alike, and regions are kept
     /// unlocked).

@@ -176,8 +176,20 @@ impl Inner {
     fn fault(&self, me: usize, f: Fault) {
         let Fault { kind, addr, write } = f;
         let Some(core) = self.region_of(addr) else {
-            // Unmapped meanwhile: nothing to serve; never leave a thread asleep.
             let pa = addr & !4095;
+            if self.staging.as_ref().is_some_and(|s| s.contains(pa)) {
+                // The kernel touching the staging area, registered with the descriptor as
+                // `UFFDIO_MOVE`'s destination: a program's `mlockall(MCL_CURRENT)` faults in
+                // every mapping that is not locked on fault, and the area is unlocked while
+                // it runs when a move or a drop needed it. A wake alone would make it fault
+                // again for ever (the program hung inside `mlockall`, both fault threads
+                // busy): a zero page ends the fault; a move into that page later finds it
+                // and drops it first (`move_out`). Present already (a victim moved in): the
+                // wake suffices.
+                self.counters.staging_faults.fetch_add(1, Relaxed);
+                let _ = self.uffd.zeropage(pa, 4096);
+            }
+            // Otherwise unmapped meanwhile: nothing to serve; never leave a thread asleep.
             let _ = self.uffd.wake(pa, 4096);
             return;
         };
