@@ -371,7 +371,7 @@ impl MountSizes {
             );
         }
         MountSizes {
-            drive_size: fits.min(self.drive_size),
+            drive_size: fits,
             ..self
         }
     }

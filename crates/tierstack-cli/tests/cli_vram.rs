@@ -155,47 +155,35 @@ fn a_vram_mount_with_default_drives_may_hold_the_whole_tier() {
             serde_json::from_str(&ok(&["status", s(m), "--json"])).expect("status json");
         st["limit_bytes"].as_u64().expect("limit_bytes")
     };
-    let (_t, b, m, d) = folders();
-    let small = [
-        "mount",
-        s(&b),
-        s(&m),
-        "--dir",
-        s(&d),
-        "--dram",
-        "64M",
-        "--vram",
-        "8G",
-        "--drive-size",
-        "2G",
-    ];
-    let o = ts(&small);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    success_stdout(&small, o);
+    // A --vram 8G mount over 64M of DRAM with `extra`: its folders and stderr.
+    let mount = |extra: &[&str]| {
+        let (t, b, m, d) = folders();
+        let mut args = vec![
+            "mount",
+            s(&b),
+            s(&m),
+            "--dir",
+            s(&d),
+            "--dram",
+            "64M",
+            "--vram",
+            "8G",
+        ];
+        args.extend_from_slice(extra);
+        let o = ts(&args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        success_stdout(&args, o);
+        (t, m, err)
+    };
+    let (_t, m, err) = mount(&["--drive-size", "2G"]);
     assert!(
         err.contains("note") && err.contains("--drive-size 7G"),
         "no note on drives too small for the VRAM tier: {err}"
     );
     assert!(limit(&m) < 8 << 30);
     ok(&["umount", s(&m)]);
-    let (_t, b, m, d) = folders();
-    let o = ts(&[
-        "mount",
-        s(&b),
-        s(&m),
-        "--dir",
-        s(&d),
-        "--dram",
-        "64M",
-        "--vram",
-        "8G",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(
-        !String::from_utf8_lossy(&o.stderr).contains("note"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let (_t, m, err) = mount(&[]);
+    assert!(!err.contains("note"), "{err}");
     let held = limit(&m);
     assert!(
         held >= (8 << 30) + (64 << 20),
