@@ -18,7 +18,7 @@ impl Core {
     /// order: only committed rows reach BACKING (a row of a group that a `kill -9` would
     /// lose must not have been applied there). Both under one hold of `db`.
     pub fn committed_rows_after(&self, seq: i64, limit: usize) -> Result<Vec<JOp>> {
-        let mut db = self.db.lock();
+        let mut db = self.lock_db();
         db.commit_group().and_then(|()| db.ops_after(seq, limit))
     }
 
@@ -29,7 +29,7 @@ impl Core {
     /// here and applies it again before it serves (see [`Core::interrupted_row`]): reads
     /// would otherwise look for bases where BACKING no longer has them. Takes `db`.
     pub fn mark_in_flight(&self, seq: i64) -> Result<()> {
-        let mut db = self.db.lock();
+        let mut db = self.lock_db();
         db.meta_set(IN_FLIGHT, &seq.to_le_bytes())?;
         db.make_durable()
     }
@@ -37,7 +37,7 @@ impl Core {
     /// The row recorded by [`Core::mark_in_flight`], if it is still in the journal: its
     /// change to BACKING may have been made without the namespace knowing. Takes `db`.
     pub fn interrupted_row(&self) -> Result<Option<JOp>> {
-        let db = self.db.lock();
+        let db = self.lock_db();
         let Some(v) = db.meta_get(IN_FLIGHT)? else {
             return Ok(None);
         };
@@ -56,7 +56,7 @@ impl Core {
     /// name): a crash before the namespace records what became of it leaves a file nobody
     /// knows, which the drainer's sweep ([`Core::staging_files`]) then removes. Takes `db`.
     pub fn note_staging(&self, path: &[u8], ino: u64) -> Result<()> {
-        let mut db = self.db.lock();
+        let mut db = self.lock_db();
         db.staging_add(path, ino)?;
         db.commit_group()
     }
@@ -64,37 +64,37 @@ impl Core {
     /// The temporary files recorded by [`Core::note_staging`] and not yet forgotten, with
     /// their inodes. Takes `db`.
     pub fn staging_files(&self) -> Result<Vec<(Vec<u8>, u64)>> {
-        self.db.lock().staging_files()
+        self.lock_db().staging_files()
     }
 
     /// Forgets a temporary file (gone from BACKING, or removed by the sweep). Takes `db`.
     pub fn forget_staging(&self, path: &[u8]) -> Result<()> {
-        self.db.lock().staging_del(path)
+        self.lock_db().staging_del(path)
     }
 
     /// Whether the journal holds a row after `seq`. Takes `db`.
     pub fn has_rows_after(&self, seq: i64) -> Result<bool> {
-        self.db.lock().has_ops_after(seq)
+        self.lock_db().has_ops_after(seq)
     }
 
     /// The rows of inode `ino` after `seq`, in order. Takes `db`.
     pub fn rows_of(&self, ino: u64, seq: i64) -> Result<Vec<JOp>> {
-        self.db.lock().ops_of(ino, seq)
+        self.lock_db().ops_of(ino, seq)
     }
 
     /// Deletes row `seq` (applied to BACKING). Takes `db`.
     pub fn delete_row(&self, seq: i64) -> Result<()> {
-        self.db.lock().del_op(seq)
+        self.lock_db().del_op(seq)
     }
 
     /// Deletes the rows `seqs` in one transaction (they cancelled out). Takes `db`.
     pub fn delete_rows(&self, seqs: &[i64]) -> Result<()> {
-        self.db.lock().del_ops(seqs)
+        self.lock_db().del_ops(seqs)
     }
 
     /// How many rows the journal holds. Takes `db`.
     pub fn journal_len(&self) -> Result<u64> {
-        self.db.lock().count_ops()
+        self.lock_db().count_ops()
     }
 
     /// For `status`: the journal's committed rows and the quarantined rows, read through a
@@ -105,7 +105,7 @@ impl Core {
     pub fn journal_backlog(&self) -> (u64, Vec<Stuck>) {
         let mut reader = self.reader.lock();
         if reader.is_none() {
-            *reader = self.db.lock().reader().ok();
+            *reader = self.lock_db().reader().ok();
         }
         if let Some(r) = reader.as_ref() {
             if let (Ok(n), Ok(stuck)) = (r.count_ops(), r.stuck()) {
@@ -114,7 +114,7 @@ impl Core {
         }
         *reader = None;
         drop(reader);
-        let db = self.db.lock();
+        let db = self.lock_db();
         (db.count_ops().unwrap_or(0), db.stuck().unwrap_or_default())
     }
 
@@ -122,7 +122,7 @@ impl Core {
     /// inode as stuck (its dirty data stays in the fast tier). Takes `db`, lets it go, then
     /// takes `stuck_inos`.
     pub fn quarantine_row(&self, op: &JOp, msg: &str) -> Result<()> {
-        self.db.lock().quarantine(op, msg)?;
+        self.lock_db().quarantine(op, msg)?;
         self.stuck_inos.lock().insert(op.ino);
         Ok(())
     }
@@ -130,7 +130,7 @@ impl Core {
     /// Moves every quarantined row back into the journal (`drain --retry`) and forgets the
     /// stuck inodes. Takes `db`, and `stuck_inos` inside it (order `db` -> `stuck_inos`).
     pub fn release_quarantine(&self) -> Result<usize> {
-        let mut db = self.db.lock();
+        let mut db = self.lock_db();
         let n = db.release_stuck()?;
         self.stuck_inos.lock().clear();
         drop(db);
