@@ -654,9 +654,9 @@ impl Core {
     /// A failure is logged and shown by `status`, and stops the queueing (`later_failed`).
     fn run_later(&self, db: &mut Db) {
         let queued = std::mem::take(&mut *self.later.lock());
-        for f in queued {
+        for work in queued {
             // Counted in `db_commits` when it was queued.
-            if let Err(e) = self.tx_run(db, f) {
+            if let Err(e) = self.run_one(db, work) {
                 self.later_failed.store(true, Relaxed);
                 let msg = format!("writing the namespace journal: {e}");
                 tracing::error!("{msg}");
@@ -682,10 +682,17 @@ impl Core {
         if self.later_failed.load(Relaxed) {
             return self.tx(f);
         }
+        self.queue(Later::Rows(Box::new(f)));
+        Ok(())
+    }
+
+    /// Queues `work` for the next holder of `db` and wakes the committer if the queue was
+    /// empty.
+    fn queue(&self, work: Later) {
         self.touch();
         let first = {
             let mut q = self.later.lock();
-            q.push(Box::new(f));
+            q.push(work);
             q.len() == 1
         };
         // Counted after it is queued: a `journal_durable` that sees the count finds the work
@@ -696,7 +703,6 @@ impl Core {
             *self.group_open.lock() = true;
             self.group_cv.notify_one();
         }
-        Ok(())
     }
 
     /// Runs `f` in one transaction of the journal database.
@@ -751,20 +757,42 @@ impl Core {
     /// same node at the same path ([`Db::own_last_row`]): the drainer applies a node's
     /// attributes as they are when it gets to that row, which is after this change, so a
     /// second row would only repeat it (`tar` sets times, owner and mode of each file it
-    /// makes: one row instead of four, and no barrier for each).
+    /// makes: one row instead of four, and no barrier for each). Queued as
+    /// [`Core::tx_later`]'s work is (the test of the last row is made when it runs, after
+    /// the work queued before it).
     fn tx_attrs(&self, ino: u64, path: &[u8], row: &db::InodeRow) -> Result<()> {
-        let mut db = self.lock_db();
-        let repeat = matches!(
-            db.own_last_row()?,
-            Some((OpKind::Create | OpKind::SetAttr, i, p)) if i == ino && p == path
-        );
-        self.tx_in(&mut db, |tx| {
-            db::put_inode(tx, row)?;
-            if !repeat {
-                db::push_op(tx, OpKind::SetAttr, ino, path, &[])?;
+        let work = Later::Attrs {
+            ino,
+            path: path.to_vec(),
+            row: row.clone(),
+        };
+        if self.later_failed.load(Relaxed) {
+            let mut db = self.lock_db();
+            self.db_commits.fetch_add(1, Relaxed);
+            return self.run_one(&mut db, work);
+        }
+        self.queue(work);
+        Ok(())
+    }
+
+    /// Runs one piece of queued journal work on `db` (not counted in `db_commits`).
+    fn run_one(&self, db: &mut Db, work: Later) -> Result<()> {
+        match work {
+            Later::Rows(f) => self.tx_run(db, f),
+            Later::Attrs { ino, path, row } => {
+                let repeat = matches!(
+                    db.own_last_row()?,
+                    Some((OpKind::Create | OpKind::SetAttr, i, p)) if i == ino && p == path
+                );
+                self.tx_run(db, |tx| {
+                    db::put_inode(tx, &row)?;
+                    if !repeat {
+                        db::push_op(tx, OpKind::SetAttr, ino, &path, &[])?;
+                    }
+                    Ok(())
+                })
             }
-            Ok(())
-        })
+        }
     }
 
     /// The mount's committer thread: waits for a group transaction to open, lets it gather
@@ -1049,8 +1077,17 @@ fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
     }
 }
 
-/// Journal work queued by [`Core::tx_later`].
-type Later = Box<dyn FnOnce(&rusqlite::Connection) -> Result<()> + Send>;
+/// Journal work queued by [`Core::tx_later`] and [`Core::tx_attrs`].
+enum Later {
+    /// An operation's rows, in its own savepoint.
+    Rows(Box<dyn FnOnce(&rusqlite::Connection) -> Result<()> + Send>),
+    /// An attribute change ([`Core::tx_attrs`]).
+    Attrs {
+        ino: u64,
+        path: Vec<u8>,
+        row: db::InodeRow,
+    },
+}
 
 #[cfg(test)]
 mod tests {

@@ -901,3 +901,49 @@ fn queued_and_immediate_journal_rows_keep_the_order_of_the_changes() {
     );
     assert!(!backing.join("a").exists());
 }
+
+/// An attribute change queued behind its node's own row writes no row of its own (the test
+/// of the journal's last row is made when the queued change runs): `mkdir`, then a mode
+/// change and a time change (as `tar` makes them) give a mkdir row and one attribute row,
+/// and BACKING gets the mode and the time.
+#[test]
+fn queued_attribute_changes_of_the_same_node_share_one_row() {
+    let (_tmp, fast, backing) = folders();
+    let bed = Bed::open_with(&fast, &backing, true, false);
+    let d = match bed.ask(Op::Mkdir {
+        parent: ROOT,
+        name: b"d",
+        mode: 0o755,
+        umask: 0,
+    }) {
+        Out::Entry(a) => a.ino,
+        o => panic!("mkdir answered {o:?}"),
+    };
+    let set = |mode: Option<u32>, mtime: Option<Option<std::time::SystemTime>>| {
+        bed.ask(Op::Setattr {
+            ino: d,
+            mode,
+            uid: None,
+            gid: None,
+            size: None,
+            atime: None,
+            mtime,
+            fh: None,
+        });
+    };
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    set(Some(0o700), None);
+    set(None, Some(Some(when)));
+    let rows = bed.fs.core.committed_rows_after(0, 100).expect("journal");
+    use crate::db::OpKind as K;
+    let kinds: Vec<_> = rows.iter().map(|r| r.kind).collect();
+    assert_eq!(kinds, vec![K::Mkdir, K::SetAttr]);
+    bed.ask(Op::Fsyncdir { ino: d });
+    bed.crash();
+    let bed = Bed::open(&fast, &backing, false);
+    bed.drain();
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let m = std::fs::metadata(backing.join("d")).expect("drained");
+    assert_eq!(m.permissions().mode() & 0o7777, 0o700);
+    assert_eq!(m.mtime(), 1_000_000_000);
+}
