@@ -1077,10 +1077,13 @@ fn row_of(ino: u64, n: &Node, f: Option<&FileData>) -> InodeRow {
     }
 }
 
+/// An operation's rows, written in its own savepoint when the queue runs.
+type Rows = Box<dyn FnOnce(&rusqlite::Connection) -> Result<()> + Send>;
+
 /// Journal work queued by [`Core::tx_later`] and [`Core::tx_attrs`].
 enum Later {
-    /// An operation's rows, in its own savepoint.
-    Rows(Box<dyn FnOnce(&rusqlite::Connection) -> Result<()> + Send>),
+    /// An operation's rows.
+    Rows(Rows),
     /// An attribute change ([`Core::tx_attrs`]).
     Attrs {
         ino: u64,
