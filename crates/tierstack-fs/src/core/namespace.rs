@@ -812,8 +812,9 @@ impl Core {
         }
         let src = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
         let dst = Self::child_path(&ns, newparent, newname)?;
-        self.tx(|tx| {
-            db::add_dentry(tx, newparent, newname, ino)?;
+        let name_owned = newname.to_vec();
+        self.tx_later(move |tx| {
+            db::add_dentry(tx, newparent, &name_owned, ino)?;
             db::push_op(tx, OpKind::Link, ino, &src, &dst)
         })
         .map_err(eio)?;
