@@ -263,7 +263,7 @@ impl Core {
                 .ino;
         }
         let (data, obj, mut view) = {
-            let ns = self.lock_ns();
+            let ns = self.ns.lock();
             let n = ns.nodes.get(&ino).ok_or(Refusal::Missing)?;
             let Some(d) = n.data.clone().filter(|_| n.kind == Kind::File) else {
                 return Err(Refusal::NotAFile);

@@ -46,7 +46,7 @@ impl Core {
     /// Where file `ino`'s staging file is in BACKING (None: it has none, or it is gone).
     /// Takes `ns`, then the file's lock.
     pub fn staged_path(&self, ino: u64) -> Option<Vec<u8>> {
-        let d = self.lock_ns().nodes.get(&ino)?.data.clone()?;
+        let d = self.ns.lock().nodes.get(&ino)?.data.clone()?;
         let f = d.lock();
         f.staged.clone()
     }
@@ -55,13 +55,13 @@ impl Core {
     /// that put a page into the store as a crash would leave it. Takes `ns`.
     #[cfg(test)]
     pub(crate) fn object_of(&self, ino: u64) -> Option<u64> {
-        self.lock_ns().nodes.get(&ino).map(|n| n.obj)
+        self.ns.lock().nodes.get(&ino).map(|n| n.obj)
     }
 
     /// Node `ino`'s kind, the owner, mode and times BACKING must show, and its target (a
     /// symlink's, or a special node's device number); None when it is gone. Takes `ns`.
     pub fn backing_attrs(&self, ino: u64) -> Option<(Kind, Attrs, Vec<u8>)> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let n = ns.nodes.get(&ino)?;
         Some((
             n.kind,
@@ -79,7 +79,7 @@ impl Core {
     /// Extended attribute `name` of node `ino`: None when the node is gone, `Some(None)`
     /// when it has no such attribute. Takes `ns`.
     pub fn node_xattr(&self, ino: u64, name: &[u8]) -> Option<Option<Vec<u8>>> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         ns.nodes.get(&ino).map(|n| n.xattrs.get(name).cloned())
     }
 
@@ -107,7 +107,7 @@ impl Core {
         pinned: &AtomicU64,
     ) -> io::Result<()> {
         let victims: Vec<(u64, u64, Arc<Mutex<FileData>>)> = {
-            let mut ns = self.lock_ns();
+            let mut ns = self.ns.lock();
             let inos = match holders {
                 Holders::Only(i) => vec![i],
                 Holders::AllBut(except) => ns.nodes_at_or_under(path, except),
@@ -144,7 +144,7 @@ impl Core {
     /// has (its backing path, its file's, its file's staging file) that the index lacks, as
     /// "inode N: path". Empty when it holds. For tests; walks every node under `ns`.
     pub fn path_index_misses(&self) -> Vec<String> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let mut out = Vec::new();
         for (i, n) in &ns.nodes {
             let mut have = vec![n.bpath.clone()];
@@ -172,7 +172,7 @@ impl Core {
     /// [`Core::set_backing_path`].
     pub fn move_base_to_link(&self, ino: u64, path: &[u8]) -> bool {
         let others: Vec<Vec<u8>> = {
-            let ns = self.lock_ns();
+            let ns = self.ns.lock();
             let Some(n) = ns.nodes.get(&ino) else {
                 return false;
             };
@@ -218,7 +218,7 @@ impl Core {
     /// handle is dropped. Takes `ns` (with the file's lock inside it, let go), and writes the
     /// journal (`db`) while it holds `ns`.
     pub fn set_backing_path(&self, ino: u64, bp: Option<&[u8]>) {
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let ns = &mut *ns;
         if let Some(n) = ns.nodes.get_mut(&ino) {
             if let Some(old) = &n.bpath {
@@ -244,7 +244,7 @@ impl Core {
     /// journal (`db`).
     pub fn clear_backing_paths(&self, path: &[u8], holders: Holders) {
         let mut changed = Vec::new();
-        let mut guard = self.lock_ns();
+        let mut guard = self.ns.lock();
         let inos = match holders {
             Holders::Only(i) => vec![i],
             Holders::AllBut(except) => guard.nodes_at_or_under(path, except),
@@ -295,7 +295,7 @@ impl Core {
         let (tdir, _) = crate::backing::split(to);
         let nsp = join_rel(tdir, name);
         let d = {
-            let mut ns = self.lock_ns();
+            let mut ns = self.ns.lock();
             let d = match ns.nodes.get(&ino).and_then(|n| n.data.clone()) {
                 Some(d) => d,
                 None => return Ok(()),
@@ -326,7 +326,7 @@ impl Core {
         f.staged = Some(nsp.clone());
         f.base_fd = None;
         drop(f);
-        self.lock_ns().paths.forget(&sp, ino);
+        self.ns.lock().paths.forget(&sp, ino);
         self.tx(|tx| {
             tx.execute(
                 "UPDATE inodes SET staged=?2 WHERE ino=?1",
@@ -351,7 +351,7 @@ impl Core {
         self.clear_backing_paths(to, Holders::AllBut(Some(ino)));
         let mut changed = Vec::new();
         let mut staged = Vec::new();
-        let mut guard = self.lock_ns();
+        let mut guard = self.ns.lock();
         let inos = guard.nodes_at_or_under(from, None);
         let ns = &mut *guard;
         for i in inos {

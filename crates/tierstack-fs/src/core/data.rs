@@ -441,7 +441,7 @@ impl Core {
     }
 
     pub(super) fn file(&self, ino: u64) -> R<(Arc<Mutex<FileData>>, u64)> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         match &n.data {
             Some(d) => Ok((d.clone(), n.obj)),
@@ -492,7 +492,7 @@ impl Core {
                 Err(WriteErr::Other(e)) => return Err(eio(e)),
             }
         }
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         if let Some(n) = ns.nodes.get_mut(&ino) {
             let t = now_ns();
             n.mtime = t;
@@ -625,7 +625,7 @@ impl Core {
     /// without holes (a copy is then whole, never short of what was written).
     pub fn seek(&self, ino: u64, off: u64, whence: i32) -> R<u64> {
         let writers = {
-            let ns = self.lock_ns();
+            let ns = self.ns.lock();
             ns.nodes.get(&ino).ok_or(libc::ENOENT)?.open_w
         };
         let (d, _) = self.file(ino)?;
@@ -749,7 +749,7 @@ impl Core {
             grew
         };
         if grew || mode & (PUNCH | ZERO) != 0 {
-            let mut ns = self.lock_ns();
+            let mut ns = self.ns.lock();
             if let Some(n) = ns.nodes.get_mut(&ino) {
                 let t = now_ns();
                 n.mtime = t;

@@ -131,7 +131,7 @@ impl Core {
     /// `ns`, lets it go, then takes the file's lock.
     pub fn begin_drain(&self, ino: u64) -> Option<DrainPass> {
         let (data, obj, open) = {
-            let ns = self.lock_ns();
+            let ns = self.ns.lock();
             match ns.nodes.get(&ino) {
                 Some(n) if !n.links.is_empty() => match &n.data {
                     Some(d) => (d.clone(), n.obj, n.open > 0),
@@ -241,7 +241,7 @@ impl Core {
         let row = {
             // The namespace first (its lock, then the file's): the node's backing path, its
             // file's, its staging file and the index of paths change together.
-            let mut guard = self.lock_ns();
+            let mut guard = self.ns.lock();
             let ns = &mut *guard;
             let mut f = pass.data.lock();
             let node = ns.nodes.get_mut(&pass.ino);

@@ -399,7 +399,7 @@ impl Core {
             let db = self.lock_db();
             (db.load_inodes()?, db.load_dentries()?, db.load_xattrs()?)
         };
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let mut max_ino = ROOT;
         let mut max_obj = 0;
         // Files whose staging file a drain renamed into place just before the daemon stopped,
@@ -636,11 +636,6 @@ impl Core {
         Ok(())
     }
 
-    /// The namespace, locked.
-    fn lock_ns(&self) -> parking_lot::MutexGuard<'_, Ns> {
-        self.ns.lock()
-    }
-
     /// The journal, locked, with the queued operations' work run first
     /// ([`Core::tx_later`]): whoever reads or writes the database sees every operation that
     /// changed the namespace before it.
@@ -725,18 +720,19 @@ impl Core {
         db: &mut Db,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T>,
     ) -> Result<T> {
+        self.touch();
         self.db_commits.fetch_add(1, Relaxed);
         self.tx_run(db, f)
     }
 
     /// Runs `f` in its savepoint of the group (opened if need be), and commits the group
-    /// once it is [`GROUP_COMMIT`] old. Counted in `db_commits` by the caller.
+    /// once it is [`GROUP_COMMIT`] old. Counted in `db_commits`, and the foreground's
+    /// activity noted, by the caller (queued work was when it was queued).
     fn tx_run<T>(
         &self,
         db: &mut Db,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T>,
     ) -> Result<T> {
-        self.touch();
         if db.begin_group()? {
             *self.group_open.lock() = true;
             self.group_cv.notify_one();
@@ -768,6 +764,7 @@ impl Core {
         };
         if self.later_failed.load(Relaxed) {
             let mut db = self.lock_db();
+            self.touch();
             self.db_commits.fetch_add(1, Relaxed);
             return self.run_one(&mut db, work);
         }
@@ -961,7 +958,7 @@ impl Core {
     /// The paths (relative to the mount's root) of node `ino`'s names; none for a node the
     /// namespace does not hold or that has no name left.
     pub fn paths_of(&self, ino: u64) -> Vec<Vec<u8>> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         ns.nodes
             .get(&ino)
             .map(|n| Self::link_paths(&ns, n))
@@ -990,7 +987,7 @@ impl Core {
     /// allocated whole). The daemon's last step before it exits.
     pub fn record_clean_stop(&self) -> Result<()> {
         let files: Vec<(u64, Arc<Mutex<FileData>>)> = {
-            let ns = self.lock_ns();
+            let ns = self.ns.lock();
             ns.nodes
                 .iter()
                 .filter_map(|(i, n)| n.data.clone().map(|d| (*i, d)))

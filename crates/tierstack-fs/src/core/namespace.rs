@@ -314,7 +314,7 @@ impl Core {
 
     /// The attributes of `ino` (ENOENT if the mount does not know it).
     pub fn getattr(&self, ino: u64) -> R<Attr> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         Ok(self.attr_of(ino, n))
     }
@@ -332,7 +332,7 @@ impl Core {
     /// first if it was not yet.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> R<Attr> {
         check_name(name)?;
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let ino = self.lookup_in(&mut ns, parent, name)?;
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         Ok(self.attr_of(ino, n))
@@ -347,7 +347,7 @@ impl Core {
         if let Err(e) = check_name(name) {
             return ((gained, 0), Err(e));
         }
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let (lost_n, gained_n) = (self.count(lost), self.count(gained));
         match self.lookup_in(&mut ns, parent, name) {
             Ok(ino) => ((lost, lost_n), self.counted(&ns, ino)),
@@ -357,7 +357,7 @@ impl Core {
 
     /// As [`Core::getattr`], with the node's counts read before its attributes.
     pub fn getattr_v(&self, ino: u64) -> R<(Attr, Counts)> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         self.counted(&ns, ino)
     }
 
@@ -424,7 +424,7 @@ impl Core {
 
     /// A symlink's target (EINVAL for any other kind).
     pub fn readlink(&self, ino: u64) -> R<Vec<u8>> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         if n.kind != Kind::Symlink {
             return Err(libc::EINVAL);
@@ -434,7 +434,7 @@ impl Core {
 
     /// Entries of a directory from position `off` (0: ".", 1: "..", then children).
     pub fn readdir(&self, ino: u64, off: u64) -> R<Vec<(u64, Kind, Vec<u8>)>> {
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, ino)?;
         if off == 0 {
             self.refresh_dir(&mut ns, ino)?;
@@ -570,17 +570,16 @@ impl Core {
         };
         let xattrs = node.xattrs.clone();
         let name_owned = name.to_vec();
-        let path_owned = path.clone();
         self.tx_later(move |tx| {
             if let Some(r) = reserve {
                 db::set_ino_next(tx, r)?;
             }
             db::put_inode(tx, &row)?;
             db::add_dentry(tx, parent, &name_owned, ino)?;
-            db::push_op(tx, op, ino, &path_owned, &p2)?;
+            db::push_op(tx, op, ino, &path, &p2)?;
             for (k, v) in &xattrs {
                 db::put_xattr(tx, ino, k, Some(v))?;
-                db::push_op(tx, OpKind::Xattr, ino, &path_owned, k)?;
+                db::push_op(tx, OpKind::Xattr, ino, &path, k)?;
             }
             Ok(())
         })
@@ -606,7 +605,7 @@ impl Core {
     /// Makes directory `name` in `parent` for `uid` and `gid` (a set-group-ID parent gives its
     /// group and that bit), and journals a mkdir row.
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> R<Attr> {
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         self.new_node(
             &mut ns,
             parent,
@@ -631,7 +630,7 @@ impl Core {
         gid: u32,
         open: bool,
     ) -> R<Attr> {
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let (ino, attr) = self.new_node(
             &mut ns,
             parent,
@@ -657,7 +656,7 @@ impl Core {
 
     /// Makes symlink `name` in `parent` pointing at `target`, and journals a symlink row.
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> R<Attr> {
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         self.new_node(
             &mut ns,
             parent,
@@ -683,14 +682,14 @@ impl Core {
 
     /// Extended attribute `name` of `ino` (ENODATA when it has none of that name).
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> R<Vec<u8>> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         n.xattrs.get(name).cloned().ok_or(libc::ENODATA)
     }
 
     /// The names of `ino`'s extended attributes, each followed by a NUL.
     pub fn listxattr(&self, ino: u64) -> R<Vec<u8>> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
         let mut out = Vec::new();
         for k in n.xattrs.keys() {
@@ -712,7 +711,7 @@ impl Core {
         if value.is_some_and(|v| v.len() > 65536) {
             return Err(libc::E2BIG);
         }
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let path = Self::path_of(&ns, ino).ok_or(libc::ENOENT)?;
         let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
         let exists = n.xattrs.contains_key(name);
@@ -776,7 +775,7 @@ impl Core {
         } else {
             0
         };
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         self.new_node(
             &mut ns,
             parent,
@@ -795,7 +794,7 @@ impl Core {
     /// a link row.
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> R<Attr> {
         check_name(newname)?;
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, newparent)?;
         {
             let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
@@ -863,7 +862,7 @@ impl Core {
     /// open handle.
     pub fn unlink(&self, parent: u64, name: &[u8], dir: bool) -> R<()> {
         check_name(name)?;
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
         let ino = ns.child(parent, name).ok_or(libc::ENOENT)?;
         let kind = ns.nodes.get(&ino).map(|n| n.kind).ok_or(libc::ENOENT)?;
@@ -924,7 +923,7 @@ impl Core {
         }
         check_name(name)?;
         check_name(newname)?;
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         self.ensure_loaded(&mut ns, parent)?;
         self.ensure_loaded(&mut ns, newparent)?;
         let src = ns.child(parent, name).ok_or(libc::ENOENT)?;
@@ -1014,7 +1013,7 @@ impl Core {
     /// `setid` clears set-user-ID, and set-group-ID where the group may execute.
     pub fn kill_priv(&self, ino: u64, setid: bool) -> R<()> {
         let (mode, kind, caps) = {
-            let ns = self.lock_ns();
+            let ns = self.ns.lock();
             let n = ns.nodes.get(&ino).ok_or(libc::ENOENT)?;
             (
                 n.mode,
@@ -1071,7 +1070,7 @@ impl Core {
         if let Some(s) = size {
             self.truncate(ino, s)?;
         }
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let t = now_ns();
         let meta_change = mode.is_some() || uid.is_some() || gid.is_some();
         let time_change = atime.is_some() || mtime.is_some();
@@ -1145,7 +1144,7 @@ impl Core {
 
     /// The kernel evicted inode `ino` (FORGET): it holds no copy of its times any more.
     pub fn forget_kernel_copy(&self, ino: u64) {
-        if let Some(n) = self.lock_ns().nodes.get_mut(&ino) {
+        if let Some(n) = self.ns.lock().nodes.get_mut(&ino) {
             n.direct_opened = 0;
             n.direct_first = 0;
             n.kernel_stale = false;
@@ -1155,7 +1154,7 @@ impl Core {
     /// Notes an open handle on a regular file (counted in [`Node::open`], and in
     /// [`Node::open_w`] when it may write).
     pub fn open(&self, ino: u64, writes: bool) -> R<()> {
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
         if n.kind == Kind::File {
             n.open += 1;
@@ -1177,7 +1176,7 @@ impl Core {
     /// dropped from the kernel's cache now (after the reply): its copy is stale and no handle
     /// is open any more.
     pub fn release(&self, ino: u64, direct: Option<i64>, writes: bool) -> R<bool> {
-        let mut ns = self.lock_ns();
+        let mut ns = self.ns.lock();
         let (gone, dirty, drop_entries) = {
             let n = ns.nodes.get_mut(&ino).ok_or(libc::ENOENT)?;
             n.open = n.open.saturating_sub(1);

@@ -150,7 +150,7 @@ impl Core {
     /// Drops clean pages (BACKING holds them) until `want` bytes are free; whether any went.
     pub fn drop_clean(&self, want: u64) -> bool {
         let files: Vec<(Arc<Mutex<FileData>>, u64)> = {
-            let ns = self.lock_ns();
+            let ns = self.ns.lock();
             ns.nodes
                 .values()
                 .filter_map(|n| n.data.as_ref().map(|d| (d.clone(), n.obj)))
@@ -197,7 +197,7 @@ impl Core {
             return Ok(());
         }
         {
-            let ns = self.lock_ns();
+            let ns = self.ns.lock();
             self.persist_node(&ns, ino).map_err(eio)?;
         }
         if self.sync_mode {
@@ -291,7 +291,7 @@ impl Core {
         let mut applied = 0u64;
         for r in records {
             let same = {
-                let ns = self.lock_ns();
+                let ns = self.ns.lock();
                 ns.nodes
                     .get(&r.ino)
                     .is_some_and(|n| n.obj == r.obj && n.data.is_some())
@@ -444,19 +444,19 @@ impl Core {
     /// FUSE `flush` (a `close` of a handle): writes the node's attributes and contents
     /// fields through to the inode table.
     pub fn flush_handle(&self, ino: u64) -> R<()> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         self.persist_node(&ns, ino).map_err(eio)
     }
 
     /// The modification time (ns) of node `ino`.
     pub fn mtime_of(&self, ino: u64) -> Option<i64> {
-        self.lock_ns().nodes.get(&ino).map(|n| n.mtime)
+        self.ns.lock().nodes.get(&ino).map(|n| n.mtime)
     }
 
     /// The inode at `name` in `parent` if a direct-write handle ever wrote it (its mtime in
     /// the kernel's cache may then be older than the mount's: see `crate::refresh`).
     pub fn direct_written_at(&self, parent: u64, name: &[u8]) -> Option<u64> {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let ino = ns.child(parent, name)?;
         ns.nodes
             .get(&ino)
@@ -478,7 +478,7 @@ impl Core {
 
     /// (dirty files, dirty bytes) by a walk of the namespace.
     pub fn dirty_summary(&self) -> (u64, u64) {
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let mut files = 0;
         let mut bytes = 0;
         for n in ns.nodes.values() {
@@ -513,7 +513,7 @@ impl Core {
     /// wait.
     pub fn dirty_and_unsettled(&self) -> (u64, u64) {
         let stuck = self.stuck_inos.lock().clone();
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let (mut files, mut unsettled) = (0, 0);
         for (i, n) in ns.nodes.iter() {
             let Some(d) = &n.data else { continue };
@@ -531,7 +531,7 @@ impl Core {
     /// Dirty files whose drain is not quarantined.
     pub fn unsettled_dirty_files(&self) -> u64 {
         let stuck = self.stuck_inos.lock().clone();
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         ns.nodes
             .iter()
             .filter(|(i, n)| {
@@ -555,7 +555,7 @@ impl Core {
                 return Ok(false);
             }
         }
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         Ok(!ns
             .nodes
             .values()
@@ -566,7 +566,7 @@ impl Core {
     /// quarantined: they wait for `drain --retry` or the next mount).
     pub fn queue_all_dirty(&self) -> Result<()> {
         let stuck = self.stuck_inos.lock().clone();
-        let ns = self.lock_ns();
+        let ns = self.ns.lock();
         let inos: Vec<u64> = ns
             .nodes
             .iter()
