@@ -72,8 +72,14 @@ impl Core {
         self.lock_db().staging_del(path)
     }
 
-    /// Whether the journal holds a row after `seq`. Takes `db`.
+    /// Whether the journal holds a row after `seq`, or may once the queued journal work has
+    /// run (true then without taking `db`: the drainer asks this at every turn, and running
+    /// the queue for it would run it while the foreground is busy, which the committer waits
+    /// not to do, see [`super::journal_due`]). Takes `db` otherwise.
     pub fn has_rows_after(&self, seq: i64) -> Result<bool> {
+        if self.later_queued() {
+            return Ok(true);
+        }
         self.lock_db().has_ops_after(seq)
     }
 

@@ -947,3 +947,63 @@ fn queued_attribute_changes_of_the_same_node_share_one_row() {
     assert_eq!(m.permissions().mode() & 0o7777, 0o700);
     assert_eq!(m.mtime(), 1_000_000_000);
 }
+
+/// Queued journal work waits while the foreground is busy ([`crate::core::journal_due`]) but
+/// not past a gap: with the committer running, files made and written and then left alone
+/// for a moment (no `fsync`) are in the journal, committed, when the daemon dies.
+#[test]
+fn queued_journal_work_is_committed_in_the_first_gap() {
+    let (_tmp, fast, backing) = folders();
+    {
+        let bed = Bed::open_with(&fast, &backing, true, false);
+        let core = bed.fs.core.clone();
+        let committer = std::thread::spawn(move || core.group_committer());
+        for i in 0..200u8 {
+            let ino = create(&bed, format!("f{i}").as_bytes());
+            bed.write(ino, 0, &[i; 10]);
+        }
+        // A gap, longer than the quiet time, the committer's turn and its commit; nothing
+        // here takes the database meanwhile.
+        std::thread::sleep(crate::core::JOURNAL_QUIET * 10 + Duration::from_millis(200));
+        bed.fs.core.set_stopping();
+        committer.join().expect("committer");
+        bed.crash();
+    }
+    let bed = Bed::open_with(&fast, &backing, false, false);
+    for i in 0..200u8 {
+        assert!(
+            lookup(&bed, format!("f{i}").as_bytes()).is_some(),
+            "f{i} was made before a gap and is gone after the crash"
+        );
+    }
+}
+
+/// The queue runs in one savepoint; when a piece of it fails, the others are run again one
+/// by one and kept: only the failing piece is lost, the failure is shown by `status`, and
+/// later operations run their work at once (so that a failure reaches them as EIO).
+#[test]
+fn a_failing_piece_of_queued_journal_work_loses_only_itself() {
+    let (_tmp, fast, backing) = folders();
+    let bed = Bed::open_with(&fast, &backing, true, false);
+    create(&bed, b"before");
+    bed.fs.core.queue_rows(|tx| {
+        crate::db::push_op(tx, crate::db::OpKind::Mkdir, 999, b"half", b"")?;
+        Err(crate::error::FsError::Config("an injected failure".into()))
+    });
+    create(&bed, b"after");
+    let rows = bed.fs.core.committed_rows_after(0, 100).expect("journal");
+    let names: Vec<_> = rows
+        .iter()
+        .filter(|r| r.kind == crate::db::OpKind::Create || r.kind == crate::db::OpKind::Mkdir)
+        .map(|r| String::from_utf8_lossy(&r.p1).into_owned())
+        .collect();
+    assert_eq!(names, vec!["before".to_string(), "after".to_string()]);
+    let err = bed.fs.core.last_error().unwrap_or_default();
+    assert!(err.contains("an injected failure"), "status shows {err:?}");
+    // Queueing is off: the next create's rows are written at once.
+    create(&bed, b"third");
+    assert!(!bed.fs.core.has_rows_after(i64::MAX).expect("journal"));
+    bed.crash();
+    let bed = Bed::open_with(&fast, &backing, false, false);
+    drop(bed);
+}
