@@ -1037,7 +1037,8 @@ impl Daemon {
         spec.backing = backing;
         {
             // Group commit of the namespace journal: a group left open by the last operations
-            // of a burst is committed within a few milliseconds.
+            // of a burst is committed within a few milliseconds, queued journal work in the
+            // first gap in the foreground's work (`core::journal_due`).
             let core = core.clone();
             std::thread::Builder::new()
                 .name("journal-commit".into())

@@ -698,9 +698,10 @@ impl Core {
 
     /// As [`Core::tx`] for a namespace operation made under `ns`, without waiting for the
     /// database: `f` is queued and run, in the order of the queue, by the next holder of
-    /// `db` ([`Core::lock_db`]), at the latest by the committer within [`GROUP_COMMIT`].
-    /// Durability is the group commit's, as with [`Core::tx`]: the operation's rows are
-    /// committed with its group, and `kill -9` before that loses the group either way. What
+    /// `db` ([`Core::lock_db`]), at the latest by the committer once [`journal_due`] (in
+    /// the first gap of [`JOURNAL_QUIET`] in the foreground's work, at most
+    /// [`JOURNAL_MAX_DEFER`] after). The operation's rows are committed with the group they
+    /// run in, and `kill -9` before that loses them. What
     /// changes is that the namespace lock is no longer held across the SQLite statements
     /// (8-18 µs an operation, the longest hold of that lock: 4 client processes on a 16-CPU
     /// node spent more time waiting for it than creating). A failure of the queued work
@@ -732,7 +733,6 @@ impl Core {
         }
     }
 
-    /// Runs `f` in one transaction of the journal database.
     /// Runs `f` as one namespace operation: a savepoint (all of it or none of it) inside the
     /// group transaction that nearby operations share (group commit: one SQLite commit per
     /// [`GROUP_COMMIT`] instead of one per operation). What an operation wrote is seen at
