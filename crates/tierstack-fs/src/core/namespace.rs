@@ -973,9 +973,10 @@ impl Core {
                 .get(&e)
                 .is_some_and(|n| n.links.len() <= 1 && n.open == 0)
         });
-        self.tx(|tx| {
-            db::del_dentry(tx, parent, name)?;
-            db::add_dentry(tx, newparent, newname, src)?;
+        let (name_owned, newname_owned) = (name.to_vec(), newname.to_vec());
+        self.tx_later(move |tx| {
+            db::del_dentry(tx, parent, &name_owned)?;
+            db::add_dentry(tx, newparent, &newname_owned, src)?;
             db::push_op(tx, OpKind::Rename, src, &sp, &dp)?;
             if let (Some(e), true) = (existing, existing_gone) {
                 db::del_inode(tx, e)?;

@@ -852,8 +852,8 @@ fn an_fsynced_file_survives_a_crash_though_its_create_was_queued() {
     }
 }
 
-/// Queued journal work and work run at once (a rename) keep the order of the changes: the
-/// drainer reads create, rename, unlink, create in that order, and BACKING ends as the
+/// Queued journal work and work run at once (an extended attribute) keep the order of the
+/// changes: the drainer reads create, xattr, rename, unlink, create in that order, and BACKING ends as the
 /// mount shows it (after an `fsync` and a crash: what was fsynced is drained).
 #[test]
 fn queued_and_immediate_journal_rows_keep_the_order_of_the_changes() {
@@ -861,6 +861,13 @@ fn queued_and_immediate_journal_rows_keep_the_order_of_the_changes() {
     let bed = Bed::open_with(&fast, &backing, true, false);
     let a = create(&bed, b"a");
     bed.write(a, 0, b"first");
+    // An extended attribute's row is written at once (the others here are queued).
+    bed.ask(Op::Setxattr {
+        ino: a,
+        name: b"user.k",
+        value: b"v",
+        flags: 0,
+    });
     bed.ask(Op::Rename {
         parent: ROOT,
         name: b"a",
@@ -885,6 +892,7 @@ fn queued_and_immediate_journal_rows_keep_the_order_of_the_changes() {
         kinds,
         vec![
             (K::Create, "a".to_string()),
+            (K::Xattr, "a".to_string()),
             (K::Rename, "a".to_string()),
             (K::Unlink, "b".to_string()),
             (K::Create, "b".to_string()),
