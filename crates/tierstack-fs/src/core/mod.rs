@@ -296,15 +296,15 @@ pub const JOURNAL_QUIET: std::time::Duration = std::time::Duration::from_millis(
 /// 5 s) ...
 pub const JOURNAL_MAX_DEFER: std::time::Duration = std::time::Duration::from_secs(1);
 /// ... or until this many pieces are queued (the memory they hold, and the time a caller of
-/// [`Core::lock_db`] spends running them first: about 8 µs a piece).
+/// [`Core::lock_db`] spends running them first: about 5 µs a piece).
 pub const JOURNAL_MAX_QUEUED: usize = 16_384;
 
 /// Whether the committer runs the queued journal work now: `queued` pieces, the oldest
 /// queued `oldest` ago, the foreground quiet for `quiet`. The work is the journal's SQLite
-/// statements (about 8 µs for each create, release and unlink, in the daemon): run while
-/// the foreground is busy, it takes a CPU from the program or the daemon thread answering
-/// it (on two vCPUs, creates under the client at 27k/s against 63k/s with it run after the
-/// burst, docs/BENCHMARKS.md). Nothing waits for it: whoever needs the database (`fsync`,
+/// statements (about 5 µs for each create, release and unlink in one savepoint, 8-9 µs
+/// each in its own): run while the foreground is busy, it takes a CPU from the program or
+/// the daemon thread answering it (on two vCPUs, a create loop under the client at 26-27k/s
+/// against 38-39k/s with it run in the gaps, docs/BENCHMARKS.md). Nothing waits for it: whoever needs the database (`fsync`,
 /// the drainer, an operation run at once) runs the queue first ([`Core::lock_db`]).
 pub fn journal_due(queued: usize, oldest: std::time::Duration, quiet: std::time::Duration) -> bool {
     queued > 0
