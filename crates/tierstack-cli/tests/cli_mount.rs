@@ -2469,6 +2469,42 @@ fn writeback_cache_keeps_posix_semantics() {
     }
 }
 
+/// `drain --wait` returns once what was done before it is in BACKING: namespace changes
+/// made just before it (their journal rows still queued, or not committed) included. It
+/// returned at once after a rename or an `rm` whose rows the daemon had queued.
+#[test]
+fn drain_wait_returns_after_the_changes_made_just_before_it() {
+    if !can_run() {
+        return;
+    }
+    let mut fx = Fixture::new();
+    fx.mount(&[]);
+    let mnt = fx.mnt.to_str().expect("utf8").to_string();
+    fs::write(fx.m("a0"), b"moved about").expect("write");
+    ok(&["drain", &mnt, "--wait"]);
+    for i in 0..12 {
+        let (from, to) = (format!("a{i}"), format!("a{}", i + 1));
+        fs::rename(fx.m(&from), fx.m(&to)).expect("rename");
+        fs::create_dir(fx.m(&format!("d{i}"))).expect("mkdir");
+        ok(&["drain", &mnt, "--wait"]);
+        assert!(
+            fx.b(&to).exists(),
+            "round {i}: {to} not in BACKING after drain --wait"
+        );
+        assert!(!fx.b(&from).exists(), "round {i}: {from} still in BACKING");
+        assert!(
+            fx.b(&format!("d{i}")).is_dir(),
+            "round {i}: d{i} not in BACKING"
+        );
+    }
+    fs::remove_file(fx.m("a12")).expect("unlink");
+    ok(&["drain", &mnt, "--wait"]);
+    assert!(
+        !fx.b("a12").exists(),
+        "a12 still in BACKING after rm and drain --wait"
+    );
+}
+
 #[test]
 fn a_burst_of_created_and_removed_files_never_reaches_backing() {
     if !can_run() {

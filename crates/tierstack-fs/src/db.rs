@@ -23,6 +23,8 @@
 
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -312,6 +314,10 @@ pub struct Db {
     /// The journal's last `seq` when the open group began: rows after it are the group's
     /// own, not committed, unseen by the drainer (see [`Db::own_last_row`]).
     group_seq: i64,
+    /// Raised while a group transaction is open (rows may be written and not committed);
+    /// shared with whoever reads the journal through a [`DbReader`], which does not see
+    /// them (see [`Db::uncommitted_flag`]).
+    uncommitted: Arc<AtomicBool>,
     /// Where the database is (for [`Db::reader`]).
     path: PathBuf,
 }
@@ -410,6 +416,7 @@ impl Db {
             conn,
             group: None,
             group_seq: i64::MAX,
+            uncommitted: Arc::new(AtomicBool::new(false)),
             path: path.to_path_buf(),
         })
     }
@@ -689,6 +696,7 @@ impl Db {
             .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM journal")?
             .query_row([], |r| r.get(0))?;
         self.group = Some(std::time::Instant::now());
+        self.uncommitted.store(true, Ordering::SeqCst);
         Ok(true)
     }
 
@@ -698,6 +706,7 @@ impl Db {
             self.conn.execute_batch("COMMIT")?;
             self.group = None;
             self.group_seq = i64::MAX;
+            self.uncommitted.store(false, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -743,6 +752,12 @@ impl Db {
         Ok(row
             .filter(|(seq, ..)| *seq > self.group_seq)
             .and_then(|(_, k, ino, p1)| Some((OpKind::from_i64(k)?, ino as u64, p1))))
+    }
+
+    /// The flag raised while a group transaction is open: a [`DbReader`] that counts no row
+    /// cannot tell an empty journal from one whose rows are not committed yet while it is up.
+    pub fn uncommitted_flag(&self) -> Arc<AtomicBool> {
+        self.uncommitted.clone()
     }
 
     /// How long the open group transaction has been open.

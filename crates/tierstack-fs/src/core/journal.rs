@@ -5,6 +5,8 @@
 //! Every method here takes the database lock (`db`) for its own work and lets it go before
 //! it returns; none takes the namespace lock (`ns`) or a file's lock.
 
+use std::sync::atomic::Ordering::SeqCst;
+
 use crate::db::{JOp, Stuck};
 use crate::error::Result;
 
@@ -113,10 +115,22 @@ impl Core {
         if reader.is_none() {
             *reader = self.lock_db().reader().ok();
         }
-        if let Some(r) = reader.as_ref() {
-            if let (Ok(n), Ok(stuck)) = (r.count_ops(), r.stuck()) {
+        // The reader sees committed rows only: rows may also wait in the queue or in the
+        // open group. Looked at before the reader counts (work leaves the queue only into an
+        // open group, and the flag falls only once the group is committed), so that work
+        // in either then is seen by the reader or here.
+        let unseen = self.later_queued() || self.uncommitted.load(SeqCst);
+        let read = reader
+            .as_ref()
+            .and_then(|r| Some((r.count_ops().ok()?, r.stuck().ok()?)));
+        if let Some((n, stuck)) = read {
+            drop(reader);
+            // With none seen by the reader, counted under `db`, so that an empty count
+            // means an empty journal (`drain --wait` returns on it).
+            if n > 0 || !unseen {
                 return (n, stuck);
             }
+            return (self.lock_db().count_ops().unwrap_or(n), stuck);
         }
         *reader = None;
         drop(reader);

@@ -986,6 +986,32 @@ fn queued_journal_work_is_committed_in_the_first_gap() {
     }
 }
 
+/// `status` counts the rows the reader's connection cannot see yet: work still queued, and
+/// rows run into the open group and not committed. An empty count means an empty journal:
+/// `drain --wait` returns on it (it returned at once after an `rm` whose rows were queued,
+/// before the drain had seen them).
+#[test]
+fn status_counts_queued_and_uncommitted_rows() {
+    let (_tmp, fast, backing) = folders();
+    let bed = Bed::open_with(&fast, &backing, true, false);
+    let core = &bed.fs.core;
+    assert_eq!(core.journal_backlog().0, 0);
+    // Queued (no committer runs here): not in the database at all yet.
+    create(&bed, b"q1");
+    assert!(core.later_queued(), "a create's rows are queued");
+    let queued = core.journal_backlog().0;
+    assert!(queued > 0, "queued rows counted: {queued}");
+    // Run into the open group, not committed: the reader still sees none.
+    create(&bed, b"q2");
+    let all = core.journal_len().expect("journal");
+    assert!(!core.later_queued());
+    assert_eq!(core.journal_backlog().0, all, "uncommitted rows counted");
+    // Committed: the reader's own count.
+    let rows = core.committed_rows_after(0, 100).expect("journal");
+    assert_eq!(rows.len() as u64, all);
+    assert_eq!(core.journal_backlog().0, all);
+}
+
 /// The queue runs in one savepoint; when a piece of it fails, the others are run again one
 /// by one and kept: only the failing piece is lost, the failure is shown by `status`, and
 /// later operations run their work at once (so that a failure reaches them as EIO).

@@ -827,13 +827,15 @@ impl Drainer {
         if seqs.is_empty() {
             return true;
         }
+        // Counted before the rows go: a `status` that finds the journal empty (`drain
+        // --wait` returns on it) finds them counted.
+        let n = seqs.len() as u64;
+        self.cancelled_rows.fetch_add(n, Relaxed);
         let r = self.core.delete_rows(seqs);
         match r {
-            Ok(()) => {
-                self.cancelled_rows.fetch_add(seqs.len() as u64, Relaxed);
-                true
-            }
+            Ok(()) => true,
             Err(e) => {
+                self.cancelled_rows.fetch_sub(n, Relaxed);
                 self.note_error("dropping cancelled journal rows", &e);
                 false
             }
