@@ -2503,6 +2503,7 @@ fn drain_wait_returns_after_the_changes_made_just_before_it() {
         !fx.b("a12").exists(),
         "a12 still in BACKING after rm and drain --wait"
     );
+    ok(&["umount", &mnt]);
 }
 
 #[test]
