@@ -215,8 +215,8 @@ impl Core {
     }
 
     /// Records that node `ino` is at `bp` in BACKING (None: nowhere yet); a file's base
-    /// handle is dropped. Takes `ns` (with the file's lock inside it, let go), and queues the
-    /// journal's row while it holds `ns`.
+    /// handle is dropped. Takes `ns` (with the file's lock inside it, let go), and writes the
+    /// journal (`db`) while it holds `ns`.
     pub fn set_backing_path(&self, ino: u64, bp: Option<&[u8]>) {
         let mut ns = self.ns.lock();
         let ns = &mut *ns;
@@ -233,10 +233,7 @@ impl Core {
                 f.bpath = n.bpath.clone();
                 f.base_fd = None;
             }
-            // Queued (see `Core::tx_later`): the drainer calls this for every node it makes
-            // in BACKING, under `ns`, where running the whole queue first held `ns` for it.
-            let bp = bp.map(|b| b.to_vec());
-            if let Err(e) = self.tx_later(move |tx| db::set_bpath(tx, ino, bp.as_deref())) {
+            if let Err(e) = self.tx(|tx| db::set_bpath(tx, ino, bp)) {
                 tracing::warn!("recording the backing path of inode {ino}: {e}");
             }
         }

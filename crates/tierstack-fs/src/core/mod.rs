@@ -1030,11 +1030,8 @@ impl Core {
         let Some(first) = paths.first() else {
             return Ok(());
         };
-        let (first, rest) = (first.clone(), paths[1..].join(&0u8));
-        // Queued (see `tx_later`): this runs under `ns` (a truncation, a node made without a
-        // handle, the drain's urgent turn), where running the whole queue first would hold
-        // `ns` for it.
-        self.tx_later(move |tx| db::push_op(tx, OpKind::Data, ino, &first, &rest))?;
+        let rest = paths[1..].join(&0u8);
+        self.tx(|tx| db::push_op(tx, OpKind::Data, ino, first, &rest))?;
         f.data_pending = true;
         drop(f);
         self.wake_drainer();
@@ -1066,11 +1063,7 @@ impl Core {
         let f = n.data.as_ref().map(|d| d.lock());
         let row = row_of(ino, n, f.as_deref());
         drop(f);
-        // Queued (see `tx_later`): FUSE's `flush` at every close writes the row under `ns`,
-        // where running the whole queue first held `ns` for it (lookups through FUSE went
-        // from 3.4 to 10.2 µs once the queue waited for the foreground's gaps); `fsync`
-        // runs the queue before it makes the journal durable.
-        self.tx_later(move |tx| db::put_inode(tx, &row))
+        self.tx(|tx| db::put_inode(tx, &row))
     }
 
     /// Records every file's allocation and size, then marks the stop clean: the next mount

@@ -281,8 +281,7 @@ impl Core {
         if stamp.is_none() || (stamp == known && !recent) {
             return Ok(());
         }
-        // Without running the queued journal work: this runs under `ns` (a lookup's).
-        let pending = self.has_rows_after(0).unwrap_or(true);
+        let pending = self.lock_db().has_ops_after(0).unwrap_or(true);
         if pending || !self.stuck_inos.lock().is_empty() {
             // Looked at again next interval: the stamp stays the one last listed.
             return Ok(());
